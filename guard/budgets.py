@@ -1,0 +1,442 @@
+"""Thresholds YAML -> validated, immutable budget records. The only reader of raw YAML.
+
+Every error names the file, the line and the offending key (``ConfigError``, exit 2).
+The schema is declared as data (``*_KEYS`` below) beside this single loader; past this module
+everything works on the frozen records.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guard.errors import ConfigError
+
+SCHEMA_VERSION = 1
+EMBEDDED_PREFIX = "guard:"  # `model: guard:tiny-deepseek-ocr2` -> the checkpoint shipped in guard/models/
+PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class Match:
+    """How a hardware profile recognises its machine."""
+
+    cuda: bool  # True: needs a CUDA device; False: only matches a machine without one
+    gpu_name_regex: str | None = None  # searched in torch.cuda.get_device_name(0)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str  # HF id, absolute path, or path resolved against the YAML's folder
+    revision: str | None
+    load_format: str
+    dtype: str
+    max_model_len: int
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    mm_processor_cache_gb: float
+    cpu_kvcache_space_gb: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: int
+    warmup_requests: int
+    concurrency: int
+    image_sizes: tuple[tuple[int, int], ...]
+    prompt: str
+    max_tokens: int
+    seed: int
+    # Image sizes for the op-count profile pass (one request each). Defaults to image_sizes;
+    # add a > 768 px size to cover the tiled (S=288) encoder path without slowing the TTFT pass.
+    profile_image_sizes: tuple[tuple[int, int], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["image_sizes"] = [list(s) for s in self.image_sizes]
+        d["profile_image_sizes"] = [list(s) for s in self.profile_image_sizes]
+        return d
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """How TTFT percentiles are judged under noise (see guard/stats.py)."""
+
+    confidence: float = 0.95
+    max_requests: int | None = None  # cap when resampling an inconclusive check; None: no resampling
+    batch: int = 5  # extra requests per resampling round
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A code path (file + function, matched in each op's Python stack) or the whole request."""
+
+    kind: str  # "function" | "request"
+    file: str | None = None
+    function: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.file}:{self.function}" if self.kind == "function" else "whole request"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "file": self.file, "function": self.function}
+
+
+@dataclass(frozen=True)
+class OpBudget:
+    rule: str  # "exact" | "max"
+    count: int
+    line: int | None = None  # where it sits in the YAML (update-thresholds edits it there)
+
+    def fails(self, measured: int) -> bool:
+        return measured != self.count if self.rule == "exact" else measured > self.count
+
+    def describe(self) -> str:
+        return f"== {self.count}" if self.rule == "exact" else f"<= {self.count}"
+
+
+@dataclass(frozen=True)
+class ScopeBudget:
+    name: str
+    scope: Scope
+    ops: dict[str, OpBudget]
+    total_ops: OpBudget | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    match: Match
+    engine: EngineArgs
+    workload: Workload
+    statistics: Statistics
+    headroom_pct: float
+    ttft_ms: dict[str, float]  # percentile key ("p50") -> budget in milliseconds
+    ops: tuple[ScopeBudget, ...] = ()
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    path: Path
+    schema_version: int
+    model: str
+    profiles: dict[str, Profile] = field(default_factory=dict)
+
+    def profile(self, name: str) -> Profile:
+        if name not in self.profiles:
+            raise ConfigError(
+                str(self.path), None, f"profiles.{name}", "no such hardware profile",
+                hint=f"profiles in this file: {', '.join(self.profiles) or 'none'}",
+            )
+        return self.profiles[name]
+
+
+def percentile_value(key: str) -> float:
+    """'p50' -> 50.0. Keys are validated at load time."""
+    m = PERCENTILE_RE.match(key)
+    assert m, key
+    return float(m.group(1))
+
+
+# ----------------------------------------------------------------------------- schema
+# key -> required?  (types are checked by the converters below)
+TOP_KEYS = {"schema_version": True, "model": True, "profiles": True}
+PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": False,
+                "headroom_pct": False, "budgets": True, "provenance": False}
+MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
+ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
+               "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
+               "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False}
+WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
+                 "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
+STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
+BUDGETS_KEYS = {"ttft_ms": False, "ops": False}
+SCOPE_BUDGET_KEYS = {"scope": True, "ops": False, "total_ops": False}
+SCOPE_KEYS = {"file": True, "function": True}
+OP_BUDGET_KEYS = {"exact": False, "max": False}
+DEFAULT_HEADROOM_PCT = 10.0
+
+
+class _Reader:
+    """Walks a composed YAML node tree, so every value keeps its line number."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def error(self, node: yaml.Node | None, key: str, problem: str, hint: str | None = None) -> ConfigError:
+        line = node.start_mark.line + 1 if node is not None else None
+        return ConfigError(str(self.path), line, key, problem, hint=hint)
+
+    def mapping(self, node: yaml.Node, key: str, schema: dict[str, bool] | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, key, f"expected a mapping, got {_kind(node)}")
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for knode, vnode in node.value:
+            name = knode.value if isinstance(knode, yaml.ScalarNode) else None
+            if not isinstance(name, str) or name == "":
+                raise self.error(knode, key, "keys must be non-empty strings")
+            full = f"{key}.{name}" if key else name
+            if name in out:
+                raise self.error(knode, full, "duplicate key")
+            if schema is not None and name not in schema:
+                close = difflib.get_close_matches(name, list(schema), n=1)
+                hint = f"did you mean `{close[0]}`?" if close else f"allowed keys: {', '.join(schema)}"
+                raise self.error(knode, full, "unknown key", hint)
+            out[name] = (knode, vnode)
+        for name, required in (schema or {}).items():
+            if required and name not in out:
+                raise self.error(node, f"{key}.{name}" if key else name, "missing required key")
+        return out
+
+    def scalar(self, node: yaml.Node, key: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.error(node, key, f"expected a single value, got {_kind(node)}")
+        return yaml.safe_load(yaml.serialize(node))
+
+    def integer(self, node: yaml.Node, key: str, minimum: int | None = None) -> int:
+        v = self.scalar(node, key)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.error(node, key, f"expected an integer, got {v!r}")
+        if minimum is not None and v < minimum:
+            raise self.error(node, key, f"must be >= {minimum}, got {v}")
+        return v
+
+    def number(self, node: yaml.Node, key: str, positive: bool = False, minimum: float | None = None) -> float:
+        v = self.scalar(node, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.error(node, key, f"expected a number, got {v!r}")
+        if positive and not v > 0:
+            raise self.error(node, key, f"must be greater than 0, got {v}")
+        if minimum is not None and v < minimum:
+            raise self.error(node, key, f"must be >= {minimum}, got {v}")
+        return float(v)
+
+    def boolean(self, node: yaml.Node, key: str) -> bool:
+        v = self.scalar(node, key)
+        if not isinstance(v, bool):
+            raise self.error(node, key, f"expected true or false, got {v!r}")
+        return v
+
+    def string(self, node: yaml.Node, key: str) -> str:
+        v = self.scalar(node, key)
+        if not isinstance(v, str) or not v:
+            raise self.error(node, key, f"expected a non-empty string, got {v!r}")
+        return v
+
+
+def _kind(node: yaml.Node) -> str:
+    return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
+
+
+# ----------------------------------------------------------------------------- loader
+def load_thresholds(path: str | Path) -> Thresholds:
+    path = Path(path)
+    r = _Reader(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "(file)", "no such thresholds file",
+                          hint="pass --thresholds PATH, e.g. thresholds/deepseek-ocr-2.yaml") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise ConfigError(str(path), line, "(syntax)", f"not valid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), None, "(syntax)", f"not valid YAML: {exc}") from None
+    if root is None:
+        raise ConfigError(str(path), None, "(file)", "empty thresholds file")
+
+    top = r.mapping(root, "", TOP_KEYS)
+    version = r.integer(top["schema_version"][1], "schema_version")
+    if version != SCHEMA_VERSION:
+        raise r.error(top["schema_version"][1], "schema_version",
+                      f"unsupported schema version {version}; this guard reads version {SCHEMA_VERSION}")
+    model = r.string(top["model"][1], "model")
+    profiles_node = top["profiles"][1]
+    profiles = {
+        name: _profile(r, f"profiles.{name}", name, vnode)
+        for name, (_, vnode) in r.mapping(profiles_node, "profiles", None).items()
+    }
+    if not profiles:
+        raise r.error(profiles_node, "profiles", "at least one hardware profile is required")
+    return Thresholds(path=path, schema_version=version, model=model, profiles=profiles)
+
+
+def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
+    m = r.mapping(node, key, PROFILE_KEYS)
+    headroom = DEFAULT_HEADROOM_PCT
+    if "headroom_pct" in m:
+        headroom = r.number(m["headroom_pct"][1], f"{key}.headroom_pct", minimum=0.0)
+    budgets = r.mapping(m["budgets"][1], f"{key}.budgets", BUDGETS_KEYS)
+    ttft = _ttft(r, f"{key}.budgets.ttft_ms", budgets["ttft_ms"][1]) if "ttft_ms" in budgets else {}
+    ops = _ops(r, f"{key}.budgets.ops", budgets["ops"][1]) if "ops" in budgets else ()
+    if not ttft and not ops:
+        raise r.error(m["budgets"][1], f"{key}.budgets", "no budgets: give ttft_ms and/or ops")
+    return Profile(
+        name=name,
+        match=_match(r, f"{key}.match", m["match"][1]),
+        engine=_engine(r, f"{key}.engine", m["engine"][1]),
+        workload=_workload(r, f"{key}.workload", m["workload"][1]),
+        statistics=_statistics(r, f"{key}.statistics", m["statistics"][1]) if "statistics" in m else Statistics(),
+        headroom_pct=headroom,
+        ttft_ms=ttft,
+        ops=ops,
+        line=node.start_mark.line + 1,
+    )
+
+
+def _match(r: _Reader, key: str, node: yaml.Node) -> Match:
+    m = r.mapping(node, key, MATCH_KEYS)
+    cuda = r.boolean(m["cuda"][1], f"{key}.cuda")
+    regex = None
+    if "gpu_name_regex" in m:
+        regex = r.string(m["gpu_name_regex"][1], f"{key}.gpu_name_regex")
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise r.error(m["gpu_name_regex"][1], f"{key}.gpu_name_regex", f"not a valid regular expression: {exc}") from None
+        if not cuda:
+            raise r.error(m["gpu_name_regex"][1], f"{key}.gpu_name_regex", "only meaningful with cuda: true")
+    return Match(cuda=cuda, gpu_name_regex=regex)
+
+
+def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
+    m = r.mapping(node, key, ENGINE_KEYS)
+
+    def opt(name, conv, default, **kw):
+        return conv(m[name][1], f"{key}.{name}", **kw) if name in m else default
+
+    revision = None
+    if "revision" in m:
+        rv = r.scalar(m["revision"][1], f"{key}.revision")
+        revision = None if rv is None else str(rv)
+    model = r.string(m["model"][1], f"{key}.model")
+    if not model.startswith(EMBEDDED_PREFIX) and (model.startswith((".", "/"))):
+        resolved = (r.path.parent / model).resolve() if model.startswith(".") else Path(model)
+        model = str(resolved)
+    return EngineArgs(
+        model=model,
+        revision=revision,
+        load_format=opt("load_format", r.string, "auto"),
+        dtype=opt("dtype", r.string, "auto"),
+        max_model_len=r.integer(m["max_model_len"][1], f"{key}.max_model_len", minimum=1),
+        enforce_eager=opt("enforce_eager", r.boolean, False),
+        enable_prefix_caching=opt("enable_prefix_caching", r.boolean, False),
+        mm_processor_cache_gb=opt("mm_processor_cache_gb", r.number, 0.0, minimum=0.0),
+        cpu_kvcache_space_gb=opt("cpu_kvcache_space_gb", r.integer, None, minimum=1),
+    )
+
+
+def _workload(r: _Reader, key: str, node: yaml.Node) -> Workload:
+    m = r.mapping(node, key, WORKLOAD_KEYS)
+    sizes = _sizes(r, f"{key}.image_sizes", m["image_sizes"][1])
+    profile_sizes = _sizes(r, f"{key}.profile_image_sizes", m["profile_image_sizes"][1]) if "profile_image_sizes" in m else sizes
+
+    def opt(name, default, minimum):
+        return r.integer(m[name][1], f"{key}.{name}", minimum=minimum) if name in m else default
+
+    return Workload(
+        requests=r.integer(m["requests"][1], f"{key}.requests", minimum=1),
+        warmup_requests=opt("warmup_requests", 1, 0),
+        concurrency=opt("concurrency", 1, 1),
+        image_sizes=sizes,
+        profile_image_sizes=profile_sizes,
+        prompt=r.string(m["prompt"][1], f"{key}.prompt"),
+        max_tokens=opt("max_tokens", 1, 1),
+        seed=opt("seed", 0, 0),
+    )
+
+
+def _sizes(r: _Reader, key: str, node: yaml.Node) -> tuple[tuple[int, int], ...]:
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise r.error(node, key, "expected a non-empty list of [width, height]")
+    sizes = []
+    for i, item in enumerate(node.value):
+        k = f"{key}[{i}]"
+        if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
+            raise r.error(item, k, "expected [width, height]")
+        sizes.append((r.integer(item.value[0], k, minimum=16), r.integer(item.value[1], k, minimum=16)))
+    return tuple(sizes)
+
+
+def _statistics(r: _Reader, key: str, node: yaml.Node) -> Statistics:
+    m = r.mapping(node, key, STATISTICS_KEYS)
+    conf = Statistics.confidence
+    if "confidence" in m:
+        conf = r.number(m["confidence"][1], f"{key}.confidence")
+        if not 0.5 <= conf < 1.0:
+            raise r.error(m["confidence"][1], f"{key}.confidence", f"must be in [0.5, 1), got {conf}")
+    cap = r.integer(m["max_requests"][1], f"{key}.max_requests", minimum=1) if "max_requests" in m else None
+    batch = r.integer(m["batch"][1], f"{key}.batch", minimum=1) if "batch" in m else Statistics.batch
+    return Statistics(confidence=conf, max_requests=cap, batch=batch)
+
+
+def _ttft(r: _Reader, key: str, node: yaml.Node) -> dict[str, float]:
+    out = {}
+    for name, (knode, vnode) in r.mapping(node, key, None).items():
+        m = PERCENTILE_RE.match(name)
+        if not m or not 0 < float(m.group(1)) < 100:
+            raise r.error(knode, f"{key}.{name}", "unknown percentile",
+                          "use p<N> with 0 < N < 100, e.g. p50, p90, p99, p99.9")
+        out[name] = r.number(vnode, f"{key}.{name}", positive=True)
+    if not out:
+        raise r.error(node, key, "empty: give at least one percentile, e.g. p50")
+    return out
+
+
+def _ops(r: _Reader, key: str, node: yaml.Node) -> tuple[ScopeBudget, ...]:
+    out = []
+    for name, (_, vnode) in r.mapping(node, key, None).items():
+        k = f"{key}.{name}"
+        m = r.mapping(vnode, k, SCOPE_BUDGET_KEYS)
+        scope_node = m["scope"][1]
+        if isinstance(scope_node, yaml.ScalarNode):
+            if r.scalar(scope_node, f"{k}.scope") != "request":
+                raise r.error(scope_node, f"{k}.scope", "unknown scope form",
+                              "use `scope: request` or `scope: {file: path/to/file.py, function: name}`")
+            scope = Scope(kind="request")
+        else:
+            s = r.mapping(scope_node, f"{k}.scope", SCOPE_KEYS)
+            scope = Scope(kind="function", file=r.string(s["file"][1], f"{k}.scope.file"),
+                          function=r.string(s["function"][1], f"{k}.scope.function"))
+        ops = {}
+        if "ops" in m:
+            for op, (_, onode) in r.mapping(m["ops"][1], f"{k}.ops", None).items():
+                ops[op] = _op_budget(r, f"{k}.ops.{op}", onode)
+        total = _op_budget(r, f"{k}.total_ops", m["total_ops"][1]) if "total_ops" in m else None
+        if not ops and total is None:
+            raise r.error(vnode, k, "a scope needs `ops` and/or `total_ops`")
+        out.append(ScopeBudget(name=name, scope=scope, ops=ops, total_ops=total))
+    return tuple(out)
+
+
+def _op_budget(r: _Reader, key: str, node: yaml.Node) -> OpBudget:
+    m = r.mapping(node, key, OP_BUDGET_KEYS)
+    if len(m) != 1:
+        raise r.error(node, key, "give exactly one of `exact: N` or `max: N`")
+    (rule, (_, vnode)), = m.items()
+    return OpBudget(rule=rule, count=r.integer(vnode, f"{key}.{rule}", minimum=0), line=vnode.start_mark.line + 1)
+
+
+def resolve_model(model: str) -> str:
+    """`guard:NAME` -> the embedded checkpoint folder; anything else unchanged."""
+    if model.startswith(EMBEDDED_PREFIX):
+        return str(Path(__file__).parent / "models" / model[len(EMBEDDED_PREFIX):])
+    return model
