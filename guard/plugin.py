@@ -1,1 +1,103 @@
-"""pytest plugin (filled in below)."""
+"""pytest plugin (entry point ``pytest11: guard``): hooks and fixtures only.
+
+Inert unless ``--guard-profile`` is given (``guard check`` passes it). Then one session-scoped
+``GuardRun`` (one vLLM engine) serves every perf test; at session end the plugin writes
+``run.json`` for ``guard check``, prints the verdict table after pytest's summary, and fails
+the session on a regression or an invalid run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+RUN_KEY = pytest.StashKey["GuardRun"]()
+DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("guard", "guard: vLLM performance budgets")
+    g.addoption("--guard-profile", default=None, help="hardware profile to run (auto, cpu, a10, ...); enables the suite")
+    g.addoption("--guard-thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
+    g.addoption("--guard-output", default="guard-results", help="where run.json and traces go")
+    g.addoption("--guard-inject", default=None, choices=["legacy-mask"],
+                help="canary: re-inject the pre-#49531 mask before measuring (the guard must fail)")
+    g.addoption("--guard-no-summary", action="store_true", help="leave the verdict table to the caller (guard check)")
+
+
+def _progress(config: pytest.Config):
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(msg: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"[guard] {msg}", flush=True)
+        else:
+            print(f"[guard] {msg}", flush=True)
+
+    return say
+
+
+@pytest.fixture(scope="session")
+def guard_run(pytestconfig: pytest.Config):
+    """The session's GuardRun: budgets loaded, hardware matched, engine started lazily."""
+    if pytestconfig.getoption("guard_profile") is None:
+        pytest.skip("perf suite: run it through `guard check` (or pass --guard-profile)")
+    if RUN_KEY not in pytestconfig.stash:
+        from guard.budgets import load_thresholds
+        from guard.hardware import detect, select_profile
+        from guard.runner import GuardRun
+
+        thresholds = load_thresholds(pytestconfig.getoption("guard_thresholds"))
+        hw = detect()
+        profile = select_profile(thresholds, pytestconfig.getoption("guard_profile"), hw)
+        run = GuardRun(thresholds, profile, hw, Path(pytestconfig.getoption("guard_output")),
+                       progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"))
+        pytestconfig.stash[RUN_KEY] = run
+        if run.record.injected:
+            from guard.canary import inject_legacy_mask
+
+            run.progress("CANARY: the pre-#49531 mask is injected; this run must fail")
+            ctx = inject_legacy_mask(run.llm)
+            ctx.__enter__()
+    return pytestconfig.stash[RUN_KEY]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    run = session.config.stash.get(RUN_KEY, None)
+    if run is None:
+        return
+    from guard.results import run_to_dict, write_json_atomic
+
+    record = run.finish()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for outcome in ("failed", "error"):
+        for rep in (reporter.stats.get(outcome, []) if reporter else []):
+            crash = getattr(rep.longrepr, "reprcrash", None)
+            why = crash.message.splitlines()[0] if crash else str(rep.longrepr).splitlines()[-1]
+            record.invalid_reasons.append(f"perf test {rep.nodeid} {outcome}: {why}")
+    bench_json = session.config.getoption("benchmark_json", None)
+    if bench_json is not None:
+        record.benchmark_json = getattr(bench_json, "name", str(bench_json))
+    write_json_atomic(run.output / "run.json", run_to_dict(record))
+    from guard.evaluate import evaluate
+
+    results = evaluate(run.profile, record)
+    session.config.stash[_RESULTS_KEY] = results
+    if results.exit_code and session.exitstatus == 0:
+        session.exitstatus = results.exit_code
+
+
+_RESULTS_KEY = pytest.StashKey["object"]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    results = config.stash.get(_RESULTS_KEY, None)
+    if results is None or config.getoption("guard_no_summary"):
+        return
+    from guard.terminal import render_terminal
+
+    terminalreporter.write_sep("=", "guard")
+    for line in render_terminal(results).splitlines():
+        terminalreporter.write_line(line)

@@ -109,7 +109,7 @@ class RunRecord:
     op_counts: list[ScopeCounts] = field(default_factory=list)
     invalid_reasons: list[str] = field(default_factory=list)
     benchmark_json: str | None = None
-    trace: str | None = None
+    traces: list[str] = field(default_factory=list)  # compressed Chrome traces, relative to the output dir
     started_at: str | None = None
     duration_s: float | None = None
     injected: str | None = None  # canary injected into the engine (selftest / --inject), if any
@@ -183,7 +183,7 @@ def results_to_dict(res: Results) -> dict[str, Any]:
         "samples": {"ttft_client_s": client, "ttft_engine_s": engine},
         "run": asdict(res.run),
         "environment": res.run.environment,
-        "artifacts": {"benchmark_json": res.run.benchmark_json, "trace": res.run.trace},
+        "artifacts": {"benchmark_json": res.run.benchmark_json, "traces": res.run.traces},
     }
 
 
@@ -209,10 +209,17 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=False)
             f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_json(path: Path, schema: str) -> dict[str, Any]:

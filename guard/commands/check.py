@@ -1,0 +1,83 @@
+"""Run the perf suite on this machine and judge it against the budgets.
+
+Stages: budgets (validated here, before a minute is spent) -> run (the pytest suite in a child
+process, one vLLM engine, writes run.json) -> verdict (guard.evaluate) -> report (terminal,
+results.json, report.md). A child process keeps a crashing engine from taking the verdict with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from guard import __version__
+from guard.budgets import load_thresholds
+from guard.canary import LEGACY_MASK
+from guard.errors import InvalidRunError
+from guard.evaluate import evaluate
+from guard.hardware import detect, select_profile
+from guard.markdown import render_markdown
+from guard.results import RUN_SCHEMA, read_json, results_to_dict, run_from_dict, write_json_atomic
+from guard.terminal import render_terminal
+
+DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"
+DEFAULT_OUTPUT = "guard-results"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default="auto", help="hardware profile: auto (default), cpu, a10, ...")
+    parser.add_argument("--thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for results.json, report.md, traces (default: %(default)s)")
+    parser.add_argument("--inject", choices=[LEGACY_MASK], default=None,
+                        help="canary: run with the pre-#49531 mask re-injected; the check must then fail")
+
+
+def suite_dir() -> Path:
+    """The perf suite: tests/perf in a checkout, guard/_suite in an installed wheel."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "tests" / "perf", here / "_suite"):
+        if (candidate / "pytest.ini").is_file():
+            return candidate
+    raise InvalidRunError("the perf suite (tests/perf) is missing from this guard installation")
+
+
+def run_suite(profile_name: str, thresholds: Path, output: Path, inject: str | None) -> int:
+    suite = suite_dir()
+    cmd = [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
+           "-q", "--guard-no-summary", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
+           "--guard-output", str(output), "--benchmark-json", str(output / "benchmark.json")]
+    if inject:
+        cmd += ["--guard-inject", inject]
+    return subprocess.run(cmd, check=False).returncode
+
+
+def run(args: argparse.Namespace) -> int:
+    thresholds = load_thresholds(args.thresholds)
+    hw = detect()
+    profile = select_profile(thresholds, args.profile, hw)
+    output = Path(args.output).resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in ("run.json", "results.json", "report.md", "benchmark.json"):
+        (output / stale).unlink(missing_ok=True)
+    print(f"guard check: {thresholds.model}, profile '{profile.name}' on {hw.describe()}", flush=True)
+    print(f"guard check: {profile.workload.warmup_requests} warm-up + {profile.workload.requests} measured "
+          f"requests at concurrency {profile.workload.concurrency}, then the op-count profile pass", flush=True)
+
+    t0 = time.perf_counter()
+    code = run_suite(profile.name, thresholds.path.resolve(), output, args.inject)
+    run_file = output / "run.json"
+    if not run_file.exists():
+        raise InvalidRunError(f"the perf suite ended (pytest exit {code}) without writing {run_file}: "
+                              "the engine or the suite crashed; see the output above")
+    record = run_from_dict(read_json(run_file, RUN_SCHEMA))
+    results = evaluate(profile, record, guard_version=__version__)
+    write_json_atomic(output / "results.json", results_to_dict(results))
+    (output / "report.md").write_text(render_markdown(results), encoding="utf-8")
+
+    print()
+    print(render_terminal(results))
+    print(f"guard check: {time.perf_counter() - t0:.0f} s; wrote {output / 'results.json'} and {output / 'report.md'}")
+    return results.exit_code

@@ -1,0 +1,124 @@
+"""The run stage: one engine, the timing pass and the profile pass, recorded into a RunRecord.
+
+Used by the pytest suite (tests/perf) through the plugin's ``guard_run`` fixture, and directly
+by ``guard selftest``. Progress goes to the ``progress`` callback: runs take minutes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from guard.budgets import Profile, Thresholds
+from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
+from guard.errors import InvalidRunError
+from guard.hardware import Hardware, fingerprint
+from guard.probes import attribute, profile_request, save_events, scope_events
+from guard.results import RequestOutcome, RunRecord, ScopeCounts
+
+
+class GuardRun:
+    def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
+                 progress: Callable[[str], None] = print, injected: str | None = None) -> None:
+        self.thresholds, self.profile, self.output = thresholds, profile, output
+        self.progress = progress
+        self.record = RunRecord(
+            profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
+            environment=fingerprint(hw, profile), injected=injected,
+            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        )
+        self._t0 = time.perf_counter()
+        self._llm = None
+        self._next_index = 0
+        self._warm_sizes: set[tuple[int, int]] = set()
+
+    # -------------------------------------------------------------- engine
+    @property
+    def llm(self):
+        if self._llm is None:
+            e = self.profile.engine
+            self.progress(f"starting vLLM engine: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
+            t = time.perf_counter()
+            try:
+                self._llm = start_engine(e, seed=self.profile.workload.seed)
+            except InvalidRunError as exc:
+                self.record.invalid_reasons.append(str(exc))
+                raise
+            self.progress(f"engine ready in {time.perf_counter() - t:.1f} s")
+        return self._llm
+
+    def _jobs(self, count: int, warmup: bool, sizes=None) -> list[Job]:
+        jobs = plan_jobs(self.profile.workload, self._next_index, count, warmup)
+        if sizes is not None:
+            jobs = [Job(j.index, sizes[k % len(sizes)], warmup) for k, j in enumerate(jobs)]
+        self._next_index += count
+        return jobs
+
+    def _run(self, jobs: list[Job], label: str) -> list[RequestOutcome]:
+        total = len(jobs)
+        done = 0
+
+        def report(o: RequestOutcome) -> None:
+            nonlocal done
+            done += 1
+            size = f"{o.image_size[0]}x{o.image_size[1]}"
+            if o.success:
+                eng = f", engine {o.ttft_engine_s * 1000:.0f} ms" if o.ttft_engine_s else ""
+                self.progress(f"{label} {done}/{total} [{size}] TTFT {o.ttft_client_s * 1000:.0f} ms{eng}")
+            else:
+                self.progress(f"{label} {done}/{total} [{size}] FAILED: {o.error}")
+
+        try:
+            outcomes = run_jobs(self.llm, self.profile.workload, jobs, on_outcome=report)
+        except EngineDied as exc:
+            self.record.invalid_reasons.append(f"engine died during {label}: {exc}")
+            raise InvalidRunError(f"engine died during {label}: {exc}") from exc
+        self.record.outcomes.extend(outcomes)
+        for o in outcomes:
+            self._warm_sizes.add(o.image_size)
+        return outcomes
+
+    # -------------------------------------------------------------- timing pass
+    def warm_up(self) -> None:
+        n = self.profile.workload.warmup_requests
+        if n:
+            self._run(self._jobs(n, warmup=True), "warm-up")
+
+    def measure(self, count: int) -> list[RequestOutcome]:
+        """One round of measured requests."""
+        self.record.rounds += 1
+        return self._run(self._jobs(count, warmup=False), f"round {self.record.rounds}")
+
+    def measure_until_decided(self) -> None:
+        """The workload's measured requests; further rounds are added by the decision rule."""
+        self.measure(self.profile.workload.requests)
+
+    # -------------------------------------------------------------- profile pass
+    def profile_ops(self, label: str = "") -> list[ScopeCounts]:
+        """One profiled request per profile image size, in steady state; counts per scope."""
+        found: list[ScopeCounts] = []
+        sizes = self.profile.workload.profile_image_sizes
+        for size in sizes:
+            if size not in self._warm_sizes:  # first request of a size fills its caches
+                self._run(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}")
+            jobs = self._jobs(1, warmup=True, sizes=[size])  # profiled requests are not TTFT samples
+            name = f"trace{label}-{size[0]}x{size[1]}.json.gz"
+            self.output.mkdir(parents=True, exist_ok=True)
+            self.progress(f"profiling one {size[0]}x{size[1]} request{label and ' (' + label.strip('-') + ')'} ...")
+            events = profile_request(lambda: self._run(jobs, "profiled"), trace_path=self.output / name)
+            # Keep the events that touch the budgeted code paths: small, and enough to re-attribute.
+            save_events(scope_events(events, self.profile.ops), self.output / f"events{label}-{size[0]}x{size[1]}.json.gz")
+            self.record.traces.append(name)
+            counts = attribute(events, self.profile.ops, size)
+            for c in counts:
+                ops = ", ".join(f"{op} {n}" for op, n in list(c.counts.items())[:4]) or "none"
+                self.progress(f"  scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entered}x, "
+                              f"{c.total} op calls ({ops})")
+            found.extend(counts)
+        return found
+
+    def finish(self) -> RunRecord:
+        self.record.duration_s = round(time.perf_counter() - self._t0, 3)
+        return self.record
