@@ -34,6 +34,19 @@ def op_check(counts: ScopeCounts, label: str, budget: OpBudget, measured: int) -
     )
 
 
+def op_checks(profile: Profile, op_counts: list[ScopeCounts]) -> list[CheckResult]:
+    budgets = {sb.name: sb for sb in profile.ops}
+    checks = []
+    for counts in op_counts:
+        sb = budgets.get(counts.scope)
+        if sb is None or counts.entered == 0:
+            continue  # never entered: an invalid run, not a pass (see invalid_reasons)
+        checks += [op_check(counts, op, b, counts.counts.get(op, 0)) for op, b in sb.ops.items()]
+        if sb.total_ops is not None:
+            checks.append(op_check(counts, "total_ops", sb.total_ops, counts.total))
+    return checks
+
+
 def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
     """Why the run cannot be judged at all. Empty list: the run is valid."""
     reasons = list(run.invalid_reasons)
@@ -70,14 +83,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "") -> Resul
     samples = run.ttft_client_s()
     if samples:
         checks += [ttft_check(k, b, samples, run.rounds) for k, b in profile.ttft_ms.items()]
-    budgets = {sb.name: sb for sb in profile.ops}
-    for counts in run.op_counts:
-        sb = budgets.get(counts.scope)
-        if sb is None or counts.entered == 0:
-            continue
-        checks += [op_check(counts, op, b, counts.counts.get(op, 0)) for op, b in sb.ops.items()]
-        if sb.total_ops is not None:
-            checks.append(op_check(counts, "total_ops", sb.total_ops, counts.total))
+    checks += op_checks(profile, run.op_counts)
     if reasons:
         verdict, code = Verdict.INVALID, ExitCode.INVALID
     elif any(c.status == Status.FAIL for c in checks):

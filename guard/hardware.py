@@ -87,7 +87,9 @@ def git_commit(cwd: Path | None = None) -> str | None:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
 
 
 def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
