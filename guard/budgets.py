@@ -7,6 +7,7 @@ everything works on the frozen records.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import re
 from dataclasses import dataclass, field
@@ -126,6 +127,8 @@ class Profile:
     ttft_ms: dict[str, float]  # percentile key ("p50") -> budget in milliseconds
     ops: tuple[ScopeBudget, ...] = ()
     line: int | None = None
+    # Where the budgets came from (written by update-thresholds): date, commit, hardware, ... -> value
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,8 @@ class _Reader:
     def scalar(self, node: yaml.Node, key: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.error(node, key, f"expected a single value, got {_kind(node)}")
-        return yaml.safe_load(yaml.serialize(node))
+        # Construct the node directly: re-serialising an empty value (`revision:`) does not parse.
+        return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
 
     def integer(self, node: yaml.Node, key: str, minimum: int | None = None) -> int:
         v = self.scalar(node, key)
@@ -299,6 +303,7 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
         ttft_ms=ttft,
         ops=ops,
         line=node.start_mark.line + 1,
+        provenance=_provenance(r, f"{key}.provenance", m["provenance"][1]) if "provenance" in m else {},
     )
 
 
@@ -425,6 +430,20 @@ def _ops(r: _Reader, key: str, node: yaml.Node) -> tuple[ScopeBudget, ...]:
             raise r.error(vnode, k, "a scope needs `ops` and/or `total_ops`")
         out.append(ScopeBudget(name=name, scope=scope, ops=ops, total_ops=total))
     return tuple(out)
+
+
+def _provenance(r: _Reader, key: str, node: yaml.Node) -> dict[str, Any]:
+    """A flat mapping of single values; free-form keys (update-thresholds writes its own set)."""
+    out = {}
+    for name, (_, vnode) in r.mapping(node, key, None).items():
+        value = r.scalar(vnode, f"{key}.{name}")
+        # An unquoted `date: 2025-01-01` loads as a date; keep every value a plain JSON-able scalar.
+        if isinstance(value, (datetime.date, datetime.datetime)):
+            value = value.isoformat()
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            raise r.error(vnode, f"{key}.{name}", f"expected a string, number, true/false or null, got {value!r}")
+        out[name] = value
+    return out
 
 
 def _op_budget(r: _Reader, key: str, node: yaml.Node) -> OpBudget:

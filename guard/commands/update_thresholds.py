@@ -1,11 +1,362 @@
-"""Not built yet."""
+"""Rewrite a profile's budgets from a results.json, as a minimal, reviewable diff.
 
-from guard.errors import UsageError
+TTFT: new budget = measured percentile x (1 + headroom), rounded *up* to 3 significant figures
+(8130 ms x 1.15 = 9349.5 -> 9350; 12.34 ms x 1.1 = 13.574 -> 13.6). A budget moves only when the
+new value differs from the old one by more than a third of the headroom, so re-running on similar
+numbers leaves the file alone. Op counts ratchet: lowered to the measured count (the maximum over
+the profiled image sizes) automatically; raised only with --allow-increase, and loudly.
+
+Only the changed scalars are rewritten (``guard.yamledit``); a ``provenance:`` mapping in the
+profile records where the numbers came from. The write is atomic; --dry-run only prints the diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import difflib
+import math
+import os
+import re
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
+from pathlib import Path
+from typing import Any, TextIO
+
+from guard import yamledit
+from guard.budgets import Profile, Thresholds, load_thresholds
+from guard.errors import ConfigError, GuardError, UsageError
+from guard.hardware import git_commit
+from guard.results import Results, Verdict, load_results
+
+SIGNIFICANT_FIGURES = 3
+HYSTERESIS_FRACTION = 1 / 3  # of the headroom: smaller moves are noise, not a new baseline
+PROVENANCE_KEY = "provenance"
+_OP_NAME_RE = re.compile(r"^(?P<scope>[^\[\]]+)\[(?P<size>[^\]]*)\]\.(?P<label>.+)$")  # mask_path[640x480].aten::x
 
 
-def add_arguments(parser):
-    pass
+@dataclass(frozen=True)
+class Change:
+    """One budget looked at: moved (``applied``) or kept."""
+
+    path: tuple[str, ...]  # key path of the scalar in the YAML
+    label: str  # "ttft_ms.p50", "mask_path.ops.aten::_index_put_impl_ (max)"
+    old: float
+    new: float
+    measured: float
+    unit: str  # "ms" | "calls"
+    applied: bool
+    increase: bool = False  # an op-count budget raised: needs --allow-increase
 
 
-def run(args) -> int:
-    raise UsageError("not implemented yet")
+@dataclass(frozen=True)
+class Plan:
+    profile: str
+    headroom_pct: float
+    changes: tuple[Change, ...]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def applied(self) -> list[Change]:
+        return [c for c in self.changes if c.applied]
+
+    @property
+    def increases(self) -> list[Change]:
+        return [c for c in self.applied if c.increase]
+
+
+# ----------------------------------------------------------------------------- rules
+def ttft_budget(measured_ms: float, headroom_pct: float) -> int | float:
+    """measured x (1 + headroom), rounded up to 3 significant figures (never below the headroom).
+    Decimal, so 8000 x 1.1 is 8800 and not 8800.000000000002 rounded up to 8810."""
+    raw = Decimal(repr(measured_ms)) * (1 + Decimal(repr(headroom_pct)) / 100)
+    quantum = Decimal(1).scaleb(raw.adjusted() - (SIGNIFICANT_FIGURES - 1))
+    value = (raw / quantum).to_integral_value(rounding=ROUND_CEILING) * quantum
+    return int(value) if value == value.to_integral_value() else float(value)
+
+
+def moves(old: float, new: float, headroom_pct: float) -> bool:
+    """Hysteresis: move only when the change exceeds a third of the headroom (relative to old)."""
+    return abs(new - old) > old * headroom_pct / 100 * HYSTERESIS_FRACTION
+
+
+# ----------------------------------------------------------------------------- refusals
+def _refuse(results_path: Path, key: str, problem: str, hint: str | None = None) -> ConfigError:
+    return ConfigError(str(results_path), None, key, problem, hint=hint)
+
+
+def check_usable(results: Results, results_path: Path, profile: Profile, only: str | None,
+                 thresholds_model: str) -> None:
+    """Raise unless ``results`` is a valid, complete run of ``profile``. Never update from a failed run."""
+    if results.run.profile != profile.name:
+        raise UsageError(
+            f"{results_path} was measured with hardware profile '{results.run.profile}', not '{profile.name}': "
+            "budgets are only updated from a run on their own hardware",
+            hint=f"run `guard check --profile {profile.name}` on that hardware, or pass --profile {results.run.profile}",
+        )
+    if results.run.model and results.run.model != thresholds_model:
+        raise UsageError(f"{results_path} measured model '{results.run.model}'; this thresholds file is for "
+                         f"'{thresholds_model}'", hint="pass the --thresholds file the run used")
+    reasons = list(results.invalid_reasons) + [r for r in results.run.invalid_reasons if r not in results.invalid_reasons]
+    if results.verdict == Verdict.INVALID or reasons:
+        detail = "; ".join(reasons) or f"verdict is '{results.verdict}'"
+        raise _refuse(results_path, "verdict", f"the run was invalid ({detail}); an update is never made from a failed run",
+                      hint="fix the run and re-run `guard check`")
+    if results.run.injected:
+        raise _refuse(results_path, "run.injected",
+                      f"the run had a regression injected on purpose ({results.run.injected}); it is no baseline")
+    _check_same_config(results, results_path, profile)
+    if only != "ops" and profile.ttft_ms:
+        if not results.run.ttft_client_s():
+            raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
+                          hint="use --only ops to update the op-count budgets alone")
+        ttft = {c.name: c.measured for c in results.checks if c.kind == "ttft"}
+        for key in profile.ttft_ms:
+            got = ttft.get(f"ttft_ms.{key}")
+            if got is None:
+                raise _refuse(results_path, f"checks.ttft_ms.{key}", f"no TTFT {key} measurement in this run")
+            if not (isinstance(got, (int, float)) and math.isfinite(got) and got > 0):
+                raise _refuse(results_path, f"checks.ttft_ms.{key}", f"not a usable TTFT measurement: {got!r}")
+    if only != "ttft":
+        measured = _op_measurements(results)
+        for sb in profile.ops:
+            labels = [*sb.ops, *(["total_ops"] if sb.total_ops is not None else [])]
+            for label in labels:
+                if (sb.name, label) not in measured:
+                    raise _refuse(results_path, f"checks.{sb.name}.{label}",
+                                  f"op-count scope '{sb.name}' has no measurement of {label} in this run",
+                                  hint="use --only ttft to update the TTFT budgets alone")
+
+
+def _check_same_config(results: Results, results_path: Path, profile: Profile) -> None:
+    """The run must have used the engine and workload the YAML holds now, or its numbers mean
+    something else. Absolute model paths differ between checkouts, so those are not compared."""
+    recorded = results.profile_config or {}
+    current = {"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict()}
+    for section, now in current.items():
+        then = recorded.get(section)
+        if not isinstance(then, dict):
+            continue  # older results without the section: nothing to compare
+        for key, value in now.items():
+            if key == "model" and str(value).startswith("/"):
+                continue
+            if key in then and then[key] != value:
+                raise _refuse(results_path, f"profile_config.{section}.{key}",
+                              f"the run used {section}.{key} = {then[key]!r}, the thresholds file now says {value!r}",
+                              hint=f"re-run `guard check --profile {profile.name}` with the current thresholds file")
+
+
+def _op_measurements(results: Results) -> dict[tuple[str, str], int]:
+    """(scope, op or "total_ops") -> the largest count over the profiled image sizes: budgets are per request."""
+    out: dict[tuple[str, str], int] = {}
+    for c in results.checks:
+        if c.kind != "ops":
+            continue
+        m = _OP_NAME_RE.match(c.name)
+        if not m:
+            continue
+        key = (c.scope or m["scope"], m["label"])
+        out[key] = max(out.get(key, 0), int(round(c.measured)))
+    return out
+
+
+# ----------------------------------------------------------------------------- plan
+def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only: str | None,
+                allow_increase: bool, provenance: dict[str, Any]) -> Plan:
+    base = ("profiles", profile.name, "budgets")
+    changes: list[Change] = []
+    if only != "ops":
+        measured = {c.name: c.measured for c in results.checks if c.kind == "ttft"}
+        for key, old in profile.ttft_ms.items():
+            got = measured[f"ttft_ms.{key}"]  # present and positive: check_usable ran first
+            new = ttft_budget(got, headroom_pct)
+            changes.append(Change(base + ("ttft_ms", key), f"ttft_ms.{key}", old, new, got, "ms",
+                                  applied=moves(old, new, headroom_pct)))
+    if only != "ttft":
+        counts = _op_measurements(results)
+        for sb in profile.ops:
+            budgets = [(("ops", op), op, b) for op, b in sb.ops.items()]
+            if sb.total_ops is not None:
+                budgets.append((("total_ops",), "total_ops", sb.total_ops))
+            for sub, label, budget in budgets:
+                got = counts[(sb.name, label)]
+                if got == budget.count:
+                    continue
+                changes.append(Change(base + ("ops", sb.name) + sub + (budget.rule,),
+                                      f"{sb.name}.{'.'.join(sub)} ({budget.rule})", budget.count, got, got, "calls",
+                                      applied=True, increase=got > budget.count))
+    plan = Plan(profile.name, headroom_pct, tuple(changes), provenance)
+    if plan.increases and not allow_increase:
+        rises = ", ".join(f"{c.label} {_num(c.old)} -> {_num(c.new)}" for c in plan.increases)
+        raise UsageError(
+            f"refusing to raise op-count budgets: {rises}. More calls on a budgeted path is the regression "
+            "this guard exists to catch",
+            hint="if the new ops are intended, re-run with --allow-increase and say why in the pull request",
+        )
+    return plan
+
+
+def render(text: str, plan: Plan) -> str:
+    """The YAML text with the plan applied; unchanged text when nothing moves (no provenance churn)."""
+    if not plan.applied:
+        return text
+    root = yamledit.compose(text)
+    edits = [e for c in plan.applied if (e := yamledit.set_scalar(text, root, c.path, c.new))]
+    prov_path = ("profiles", plan.profile, PROVENANCE_KEY)
+    edits += yamledit.set_mapping(text, root, prov_path, plan.provenance)
+    new_text = yamledit.apply(text, edits)
+    yamledit.verify(text, new_text, {**{c.path: c.new for c in plan.applied}, prov_path: plan.provenance})
+    return new_text
+
+
+# ----------------------------------------------------------------------------- provenance
+def _utcnow() -> dt.datetime:  # one place for tests to pin the clock
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _hardware(env: dict[str, Any]) -> str:
+    """From guard.hardware.fingerprint: the GPU when there is one, else the CPU and its core
+    count (CPU TTFT scales with cores)."""
+    if env.get("gpu"):
+        return str(env["gpu"])
+    if env.get("cpu"):
+        return f"{env['cpu']} ({env['cpu_count']} cores)" if env.get("cpu_count") else str(env["cpu"])
+    return "unknown"
+
+
+def provenance_for(results: Results, headroom_pct: float, cwd: Path) -> dict[str, Any]:
+    env = results.run.environment or {}
+    return {
+        "date": _utcnow().astimezone(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "commit": str(env.get("git_commit") or git_commit(cwd) or "unknown"),
+        "hardware": _hardware(env),
+        "vllm": str(env.get("vllm") or "unknown"),
+        "samples": len(results.run.ttft_client_s()),
+        "headroom_pct": _num(headroom_pct),
+    }
+
+
+# ----------------------------------------------------------------------------- file
+def write_text_atomic(path: Path, text: str) -> None:
+    """Temp file in the same folder (same mode), checked by the loader, then os.replace: an
+    interrupted update leaves the old file, never half a new one, and no temp file behind."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        load_thresholds(tmp)  # never put a file in place that guard itself would reject
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def unified_diff(old: str, new: str, path: Path) -> str:
+    a, b = (f"a/{path}", f"b/{path}") if not path.is_absolute() else (str(path), str(path))  # git's look
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=a, tofile=b)
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+# ----------------------------------------------------------------------------- command
+def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profile: str | None,
+                      headroom_pct: float | None, only: str | None, allow_increase: bool, dry_run: bool,
+                      out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up per call, so a redirected stdout is honoured
+    results = load_results(results_path)
+    if thresholds_path is None:
+        if not results.run.thresholds_path:
+            raise UsageError(f"{results_path} does not name its thresholds file", hint="pass --thresholds PATH")
+        thresholds_path = Path(results.run.thresholds_path)
+    thresholds: Thresholds = load_thresholds(thresholds_path)
+    prof = thresholds.profile(profile or results.run.profile)
+    if only == "ttft" and not prof.ttft_ms:
+        raise UsageError(f"profile '{prof.name}' has no TTFT budgets to update")
+    if only == "ops" and not prof.ops:
+        raise UsageError(f"profile '{prof.name}' has no op-count budgets to update")
+    if headroom_pct is None:
+        headroom_pct = prof.headroom_pct
+    elif not (math.isfinite(headroom_pct) and 0 <= headroom_pct <= 1000):
+        raise UsageError(f"--headroom must be a percentage between 0 and 1000, got {headroom_pct}")
+    check_usable(results, results_path, prof, only, thresholds.model)
+
+    plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
+                       provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
+    old = thresholds_path.read_bytes().decode("utf-8")  # not read_text: keep \r\n line endings as they are
+    try:
+        new = render(old, plan)
+    except yamledit.YamlEditError as exc:
+        raise GuardError(f"{thresholds_path}: could not edit in place: {exc}") from None
+
+    _print_summary(plan, out)
+    if new == old:
+        print(f"no changes: {thresholds_path} already holds these budgets", file=out)
+        return 0
+    if plan.increases:
+        print(_warning(plan), file=out)
+    out.write(unified_diff(old, new, thresholds_path))
+    if dry_run:
+        print(f"dry run: {thresholds_path} not written", file=out)
+        return 0
+    try:
+        write_text_atomic(thresholds_path, new)
+    except OSError as exc:
+        raise ConfigError(str(thresholds_path), None, "(file)", f"cannot write: {exc}; the file is unchanged") from None
+    print(f"wrote {thresholds_path}", file=out)
+    if plan.increases:
+        print(f"WARNING: {len(plan.increases)} op-count budget(s) raised; see above", file=out)
+    return 0
+
+
+def _num(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+def _print_summary(plan: Plan, out: TextIO) -> None:
+    band = plan.headroom_pct * HYSTERESIS_FRACTION
+    print(f"profile {plan.profile}: headroom {_num(plan.headroom_pct)} %, budgets move beyond ±{band:.3g} %", file=out)
+    for c in plan.changes:
+        old, new = _num(c.old), _num(c.new)
+        if c.unit == "ms":
+            why = f"measured {c.measured:.1f} ms + {_num(plan.headroom_pct)} %"
+            what = f"{old} -> {new} ms" if c.applied else f"{old} ms kept (would be {new}: within ±{band:.3g} %)"
+        else:
+            why = f"measured {int(c.measured)}"
+            what = f"{old} -> {new} calls" + (" RAISED" if c.increase else " (ratchet down)")
+        print(f"  {c.label}: {what}; {why}", file=out)
+
+
+def _warning(plan: Plan) -> str:
+    rule = "!" * 78
+    lines = [rule, f"WARNING: this update RAISES {len(plan.increases)} op-count budget(s) (--allow-increase):"]
+    lines += [f"WARNING:   {c.label}: {_num(c.old)} -> {_num(c.new)} calls" for c in plan.increases]
+    lines += ["WARNING: more operator calls on a budgeted path is what this guard catches; make sure",
+              "WARNING: the pull request says why the new calls are needed.", rule]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="results", type=Path, required=True, metavar="RESULTS_JSON",
+                        help="results.json written by `guard check` on the profile's hardware")
+    parser.add_argument("--thresholds", type=Path, default=None, metavar="PATH",
+                        help="budget YAML to rewrite (default: the file the run used)")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="hardware profile to update (default: the run's); must match the run's")
+    parser.add_argument("--headroom", type=float, default=None, metavar="PCT",
+                        help="TTFT headroom in percent (default: the profile's headroom_pct, else 10)")
+    parser.add_argument("--only", choices=("ttft", "ops"), default=None, help="update only these budgets")
+    parser.add_argument("--allow-increase", action="store_true",
+                        help="allow raising op-count budgets (new ops on a budgeted path)")
+    parser.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    return update_thresholds(results_path=args.results, thresholds_path=args.thresholds, profile=args.profile,
+                             headroom_pct=args.headroom, only=args.only, allow_increase=args.allow_increase,
+                             dry_run=args.dry_run)
