@@ -13,6 +13,7 @@ class ExitCode(enum.IntEnum):
     REGRESSION = 1  # the run was valid and a budget was exceeded
     CONFIG = 2  # bad usage, bad thresholds YAML, bad results file, GitHub token missing
     INVALID = 3  # the run itself cannot be trusted: engine died, request errored, no samples
+    GITHUB = 4  # guard comment: GitHub kept failing after retries; says nothing about performance
 
 
 class GuardError(Exception):

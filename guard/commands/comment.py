@@ -1,11 +1,162 @@
-"""Not built yet."""
+"""Post the verdict on the pull request: sticky comment, commit status, job summary, annotations.
 
+Reads results.json only (never the engine). Exit 0 when it published, whatever the perf verdict
+was; 0 with a warning when GitHub refused a read-only token (fork PR); 2 for bad input (no token,
+bad results file, bad PR number, a PR whose head is not the measured commit); 4 when GitHub kept
+failing after retries. ``--dry-run`` prints what it would post and needs neither token nor network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+from pathlib import Path
+
+from guard import publish
 from guard.errors import UsageError
+from guard.markdown import render_markdown
+from guard.results import load_results
+
+DEFAULT_RESULTS = "guard-results/results.json"
 
 
-def add_arguments(parser):
-    pass
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", default=DEFAULT_RESULTS, help="results.json to publish (default: %(default)s)")
+    parser.add_argument("--report", default=None,
+                        help="post this Markdown instead of rendering results.json (only for reports you trust: "
+                             "the rendered one escapes everything that came from the run)")
+    parser.add_argument("--pr", default=None, help="pull-request number (default: from the Actions event payload)")
+    parser.add_argument("--sha", default=None,
+                        help="head commit that was measured (default: from the event payload, else the PR's head)")
+    parser.add_argument("--pr-file", default=None,
+                        help="read the PR number from this file (an artifact: untrusted, so the PR is verified)")
+    parser.add_argument("--sha-file", default=None,
+                        help="read the head SHA from this file (an artifact: must equal --sha when both are given)")
+    parser.add_argument("--expected-head-repo", default=None, metavar="OWNER/NAME",
+                        help="refuse unless the PR's head branch lives in this repository")
+    parser.add_argument("--run-url", default=None, help="link to the workflow run, shown in the comment and status")
+    parser.add_argument("--author", default=publish.DEFAULT_AUTHOR,
+                        help="login the token posts as; only its comments are edited (default: %(default)s)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the comment body and the status instead of posting; no token, no network")
+    parser.add_argument("--max-attempts", type=int, default=publish.RetryPolicy.attempts,
+                        help="tries per GitHub request for 5xx/429/rate limits (default: %(default)s)")
+    parser.add_argument("--backoff-base", type=float, default=publish.RetryPolicy.base_s,
+                        help="seconds before the first retry, doubled after each (default: %(default)s)")
 
 
-def run(args) -> int:
-    raise UsageError("not implemented yet")
+def _target(args: argparse.Namespace, env: dict[str, str]) -> tuple[int | None, str | None, str | None, bool]:
+    """(PR number, head SHA, expected head repository, verify?) from flags, files, or the event payload.
+
+    Flags and the event payload (written by the runner) are trusted; files are the PR run's artifact,
+    so reading one switches verification on, against the trusted SHA and head repository when known.
+    """
+    event_path = env.get("GITHUB_EVENT_PATH")
+    event = publish.target_from_event(event_path) if event_path else publish.EventTarget()
+    verify = bool(args.pr_file or args.sha_file or args.expected_head_repo)
+
+    if args.pr is not None and args.pr_file is not None:
+        raise UsageError("give --pr or --pr-file, not both")
+    if args.pr_file is not None:
+        pr = publish.parse_pr_number(publish.read_small_file(args.pr_file, what="--pr-file"), source=args.pr_file)
+    elif args.pr is not None:
+        pr = publish.parse_pr_number(args.pr, source="--pr")
+    else:
+        pr = event.pr if isinstance(event.pr, int) and event.pr > 0 else None
+
+    if args.sha is not None:
+        sha = publish.parse_sha(args.sha, source="--sha")
+    elif isinstance(event.sha, str):
+        sha = publish.parse_sha(event.sha, source="GITHUB_EVENT_PATH head SHA")
+    else:
+        sha = None
+    if args.sha_file is not None:
+        from_file = publish.parse_sha(publish.read_small_file(args.sha_file, what="--sha-file"), source=args.sha_file)
+        if sha is not None and from_file != sha:
+            raise UsageError(f"{args.sha_file} says {from_file} but the run measured {sha}: the artifact does not "
+                             "belong to the run that triggered this; refusing to post")
+        sha = from_file
+
+    head_repo = args.expected_head_repo or (event.head_repo if verify and isinstance(event.head_repo, str) else None)
+    if head_repo is not None:
+        publish.parse_repository(head_repo, source="--expected-head-repo")
+    return pr, sha, head_repo, verify
+
+
+def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha: str | None,
+                   env: dict[str, str]) -> None:
+    where = f"pull request #{pr}" if pr else "the pull request (none given)"
+    print(f"guard comment: dry run: would post this comment on {where}:")
+    # inside Actions, keep text from the run from being read as workflow commands
+    stop = secrets.token_hex(16) if env.get("GITHUB_ACTIONS") == "true" else None
+    if stop:
+        print(f"::stop-commands::{stop}")
+    print(body, end="" if body.endswith("\n") else "\n")
+    if stop:
+        print(f"::{stop}::")
+    print(f"guard comment: dry run: would set the commit status on {sha or 'the PR head'}:")
+    print(f"  state: {status.state}")
+    print(f"  context: {status.context}")
+    print(f"  description: {status.description}")
+    print(f"  target_url: {status.target_url or '(none)'}")
+    if env.get("GITHUB_STEP_SUMMARY"):
+        print("guard comment: dry run: would append the report to $GITHUB_STEP_SUMMARY")
+
+
+def run(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    results = load_results(Path(args.results))
+    report_md = None
+    if args.report is not None:
+        try:
+            report_md = Path(args.report).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--report: cannot read {args.report}: {exc.strerror or exc}") from None
+    run_url = args.run_url or None
+    report_text = report_md if report_md is not None else render_markdown(results, run_url=run_url)
+    body = publish.comment_body(results, run_url=run_url, report=report_text)
+    mark = publish.marker(results.run.model, results.run.profile)
+    status = publish.commit_status(results, run_url)
+    pr, sha, head_repo, verify = _target(args, env)
+
+    for line in publish.annotations(results):
+        print(line)
+    if args.dry_run:
+        _print_dry_run(body, status, pr, sha, env)
+        return 0
+
+    if env.get("GITHUB_STEP_SUMMARY"):  # first, so the verdict is visible even if GitHub then fails
+        publish.append_step_summary(env["GITHUB_STEP_SUMMARY"], publish.trim_body(report_text, publish.SUMMARY_LIMIT))
+    token = env.get("GITHUB_TOKEN")
+    if not token:
+        raise UsageError("GITHUB_TOKEN is not set: cannot post the comment or the status",
+                         hint="in a workflow, pass `env: GITHUB_TOKEN: ${{ github.token }}`; "
+                              "or run `guard comment --dry-run` to see what would be posted")
+    owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
+    if pr is None:
+        raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")
+    if args.max_attempts < 1 or args.backoff_base < 0:
+        raise UsageError("--max-attempts must be at least 1 and --backoff-base not negative")
+
+    gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
+                               retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
+    report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=mark, body=body, status=status, sha=sha,
+                             author=args.author, verify=verify, expected_head_repo=head_repo)
+
+    for line in report.retries:
+        print(f"guard comment: retried {line}")
+    if report.comment:
+        extra = f", deleted {len(report.deleted)} stale duplicate(s)" if report.deleted else ""
+        print(f"guard comment: comment {report.comment}: {report.comment_url or report.pr_url}{extra}")
+    if report.status:
+        print(f"guard comment: status {report.status.state} '{report.status.context}' on {report.status_sha}")
+    for refused in report.forbidden:
+        print(publish.workflow_command("warning", refused, title="guard comment: not published"))
+    if report.forbidden:
+        print(f"guard comment: warning: GitHub refused {len(report.forbidden)} step(s), see above. "
+              f"{publish.READ_ONLY_EXPLANATION}")
+    if report.errors:
+        raise publish.GitHubSideError("; ".join(report.errors),
+                                      hint="GitHub's side failed; the perf verdict above still stands. Re-run this job")
+    return 0

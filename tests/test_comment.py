@@ -1,0 +1,583 @@
+"""`guard comment` and guard.publish: real github3.py over real HTTP against a local imitation of the
+GitHub REST endpoints it uses (pytest-httpserver), with state, so each test asserts what ended up on
+the "pull request", not which functions were called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werkzeug import Request, Response
+
+from guard import cli, publish
+from guard.errors import ExitCode, UsageError
+from guard.results import CheckResult, Results, Status, load_results, results_to_dict
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
+OWNER, REPO = "acme", "guarded"
+TOKEN = "ghs_test_token"
+HEAD = "a" * 40  # PR #7's head commit: where the status must go
+MERGE = "b" * 40  # PR #7's test merge commit: where it must not
+OTHER = "c" * 40  # PR #8's head
+FORK = "contrib/guarded"
+MARK = "<!-- guard:v1 model=deepseek-ocr-2 profile=a10 -->"
+BOT = "github-actions[bot]"
+WRITES = {"POST", "PATCH", "DELETE", "PUT"}
+
+
+# ----------------------------------------------------------------------------- a small GitHub
+@dataclasses.dataclass
+class Call:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+
+
+class FakeGitHub:
+    """The REST endpoints guard comment uses, with state. Replies carry absolute URLs back to this
+    server, as GitHub's do, because github3 follows them. Like GitHub it rejects bodies over 65536
+    characters and status descriptions over 140."""
+
+    def __init__(self, server, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.base = server.url_for("/").rstrip("/") + prefix
+        self.pulls = {7: (HEAD, FORK, MERGE), 8: (OTHER, FORK, "d" * 40)}
+        self.comments: dict[int, list[dict]] = {7: [], 8: []}
+        self.statuses: list[tuple[str, dict]] = []
+        self.log: list[Call] = []
+        self.faults: list[tuple[str, str, int, dict[str, str]]] = []  # consumed first-match, in order
+        self.read_only = False
+        self.next_id = 1000
+        server.expect_request(re.compile(".*")).respond_with_handler(self.handle)
+
+    # --- state helpers
+    def add_comment(self, number: int, login: str, body: str) -> int:
+        self.next_id += 1
+        self.comments[number].append({"id": self.next_id, "login": login, "body": body})
+        return self.next_id
+
+    def fail(self, method: str, path: str, status: int, times: int = 1, **headers: str) -> None:
+        self.faults += [(method, path, status, headers)] * times
+
+    def writes(self) -> list[Call]:
+        return [c for c in self.log if c.method in WRITES]
+
+    # --- JSON in GitHub's shapes (every key github3 reads)
+    def user(self, login: str) -> dict:
+        u = f"{self.base}/users/{login}"
+        return {"login": login, "id": abs(hash(login)) % 10**6, "node_id": "U", "avatar_url": f"{u}/avatar",
+                "gravatar_id": "", "url": u, "html_url": u, "followers_url": f"{u}/followers",
+                "following_url": f"{u}/following{{/other_user}}", "gists_url": f"{u}/gists{{/gist_id}}",
+                "starred_url": f"{u}/starred{{/owner}}{{/repo}}", "subscriptions_url": f"{u}/subscriptions",
+                "organizations_url": f"{u}/orgs", "repos_url": f"{u}/repos", "events_url": f"{u}/events{{/privacy}}",
+                "received_events_url": f"{u}/received_events", "type": "Bot" if login.endswith("[bot]") else "User",
+                "site_admin": False}
+
+    def repo(self, full_name: str) -> dict:
+        owner, name = full_name.split("/")
+        u = f"{self.base}/repos/{full_name}"
+        tmpl = {k: f"{u}/{k.removesuffix('_url')}{{/x}}" for k in (
+            "archive_url", "assignees_url", "blobs_url", "branches_url", "collaborators_url", "comments_url",
+            "commits_url", "compare_url", "contents_url", "contributors_url", "deployments_url", "downloads_url",
+            "events_url", "forks_url", "git_commits_url", "git_refs_url", "git_tags_url", "hooks_url",
+            "issue_comment_url", "issue_events_url", "issues_url", "keys_url", "labels_url", "languages_url",
+            "merges_url", "milestones_url", "notifications_url", "pulls_url", "releases_url", "stargazers_url",
+            "subscribers_url", "subscription_url", "tags_url", "teams_url", "trees_url")}
+        tmpl["statuses_url"] = f"{u}/statuses/{{sha}}"
+        return {**tmpl, "id": abs(hash(full_name)) % 10**6, "node_id": "R", "name": name, "full_name": full_name,
+                "owner": self.user(owner), "private": False, "fork": full_name != f"{OWNER}/{REPO}",
+                "description": None, "url": u, "html_url": f"https://github.example/{full_name}"}
+
+    def pull(self, number: int) -> dict:
+        head_sha, head_repo, merge_sha = self.pulls[number]
+        u = f"{self.base}/repos/{OWNER}/{REPO}"
+        comments = f"{u}/issues/{number}/comments"
+        ref = {"label": "x", "ref": "x", "user": self.user("contrib")}
+        return {
+            "url": f"{u}/pulls/{number}", "id": number, "number": number, "state": "open", "locked": False,
+            "title": "Speed up the mask", "user": self.user("contrib"), "body": None, "body_html": None,
+            "body_text": None, "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z",
+            "closed_at": None, "merged_at": None, "merge_commit_sha": merge_sha, "assignee": None,
+            "assignees": [], "requested_reviewers": [], "requested_teams": [], "active_lock_reason": None,
+            "html_url": f"https://github.example/{OWNER}/{REPO}/pull/{number}", "diff_url": "d", "patch_url": "p",
+            "issue_url": f"{u}/issues/{number}", "commits_url": f"{u}/pulls/{number}/commits",
+            "review_comments_url": f"{u}/pulls/{number}/comments", "review_comment_url": f"{u}/pulls/comments{{/number}}",
+            "comments_url": comments, "statuses_url": f"{u}/statuses/{head_sha}",
+            "head": {**ref, "sha": head_sha, "repo": self.repo(head_repo)},
+            "base": {**ref, "sha": "e" * 40, "repo": self.repo(f"{OWNER}/{REPO}")},
+            "_links": {"comments": {"href": comments}, "self": {"href": f"{u}/pulls/{number}"}},
+            "author_association": "CONTRIBUTOR", "draft": False, "merged": False, "mergeable": True,
+            "mergeable_state": "clean", "merged_by": None, "comments": len(self.comments[number]),
+            "review_comments": 0, "commits": 1, "additions": 1, "deletions": 1,
+        }
+
+    def comment(self, number: int, c: dict) -> dict:
+        u = f"{self.base}/repos/{OWNER}/{REPO}/issues"
+        return {"id": c["id"], "node_id": "C", "url": f"{u}/comments/{c['id']}", "body": c["body"],
+                "body_html": "", "body_text": c["body"], "user": self.user(c["login"]),
+                "html_url": f"https://github.example/{OWNER}/{REPO}/pull/{number}#issuecomment-{c['id']}",
+                "issue_url": f"{u}/{number}", "author_association": "NONE",
+                "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z"}
+
+    # --- routing
+    def handle(self, req: Request) -> Response:
+        if not req.path.startswith(self.prefix):
+            return self.reply({"message": "Not Found"}, 404)
+        path = req.path[len(self.prefix):]
+        body = req.get_json(silent=True)
+        self.log.append(Call(req.method, path, dict(req.args), body))
+        for i, (method, pattern, status, headers) in enumerate(self.faults):
+            if method == req.method and re.fullmatch(pattern, path):
+                del self.faults[i]
+                return self.reply({"message": f"injected {status}"}, status, headers)
+        if req.headers.get("Authorization") != f"token {TOKEN}":
+            return self.reply({"message": "Bad credentials"}, 401)
+        if self.read_only and req.method in WRITES:
+            return self.reply({"message": "Resource not accessible by integration"}, 403)
+        repo = f"/repos/{OWNER}/{REPO}"
+        if m := re.fullmatch(rf"{repo}/pulls/(\d+)", path):
+            n = int(m[1])
+            return self.reply(self.pull(n)) if req.method == "GET" and n in self.pulls else self.reply({}, 404)
+        if m := re.fullmatch(rf"{repo}/issues/(\d+)/comments", path):
+            n = int(m[1])
+            if req.method == "GET":
+                return self.page(req, n)
+            if req.method == "POST":
+                if len(body["body"]) > publish.COMMENT_LIMIT:
+                    return self.reply({"message": "Validation Failed", "errors": [{"message": "body is too long"}]}, 422)
+                cid = self.add_comment(n, BOT, body["body"])
+                return self.reply(self.comment(n, self.comments[n][-1] | {"id": cid}), 201)
+        if m := re.fullmatch(rf"{repo}/issues/comments/(\d+)", path):
+            for n, cs in self.comments.items():
+                for c in cs:
+                    if c["id"] == int(m[1]):
+                        if req.method == "PATCH":
+                            if len(body["body"]) > publish.COMMENT_LIMIT:
+                                return self.reply({"message": "Validation Failed"}, 422)
+                            c["body"] = body["body"]
+                            return self.reply(self.comment(n, c))
+                        if req.method == "DELETE":
+                            cs.remove(c)
+                            return Response(status=204)
+            return self.reply({"message": "Not Found"}, 404)
+        if (m := re.fullmatch(rf"{repo}/statuses/([0-9a-f]{{40}})", path)) and req.method == "POST":
+            if body.get("state") not in ("error", "failure", "pending", "success") or \
+                    len(body.get("description") or "") > publish.STATUS_DESCRIPTION_LIMIT:
+                return self.reply({"message": "Validation Failed"}, 422)
+            self.statuses.append((m[1], body))
+            return self.reply({"url": f"{self.base}{path}", "id": len(self.statuses), "node_id": "S",
+                               "state": body["state"], "description": body.get("description"),
+                               "target_url": body.get("target_url"), "context": body.get("context", "default"),
+                               "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z",
+                               "creator": self.user(BOT)}, 201)
+        return self.reply({"message": "Not Found"}, 404)
+
+    def page(self, req: Request, n: int) -> Response:
+        per_page, page = int(req.args.get("per_page", 30)), int(req.args.get("page", 1))
+        items = self.comments[n]
+        last = max(1, -(-len(items) // per_page))
+        chunk = items[(page - 1) * per_page: page * per_page]
+        url = f"{self.base}/repos/{OWNER}/{REPO}/issues/{n}/comments?per_page={per_page}&page="
+        links = [f'<{url}{page + 1}>; rel="next"', f'<{url}{last}>; rel="last"'] if page < last else []
+        return self.reply([self.comment(n, c) for c in chunk], headers={"Link": ", ".join(links)} if links else {})
+
+    @staticmethod
+    def reply(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+        return Response(json.dumps(data), status=status, headers=headers or {}, content_type="application/json")
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """No real GitHub context leaks in (or out): every test sets exactly what it needs."""
+    import os
+    for name in list(os.environ):
+        if name.startswith(("GITHUB_", "GH_", "RUNNER_", "ACTIONS_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def fake(httpserver) -> FakeGitHub:
+    return FakeGitHub(httpserver)
+
+
+@pytest.fixture
+def gh_env(monkeypatch, fake):
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_REPOSITORY", f"{OWNER}/{REPO}")
+    monkeypatch.setenv("GITHUB_API_URL", fake.base)
+    return fake
+
+
+@pytest.fixture
+def guard(monkeypatch, capsys):
+    """Run `guard comment ...` through the real CLI dispatch (only the comment command registered,
+    so the test does not import the engine-side commands). Returns (exit code, stdout, stderr)."""
+    monkeypatch.setattr(cli, "COMMANDS", {"comment": cli.COMMANDS["comment"]})
+
+    def run(*argv: str, results: Path | str = FIXTURE) -> tuple[int, str, str]:
+        code = cli.main(["comment", "--results", str(results), "--backoff-base", "0", *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def regression() -> Results:
+    return load_results(FIXTURE)
+
+
+def write_results(tmp_path: Path, res: Results) -> Path:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results_to_dict(res)), encoding="utf-8")
+    return path
+
+
+def passing(res: Results) -> Results:
+    checks = [dataclasses.replace(c, status=Status.PASS) for c in res.checks]
+    return dataclasses.replace(res, verdict="pass", exit_code=0, checks=checks)
+
+
+# ----------------------------------------------------------------------------- the sticky comment
+def test_first_run_creates_the_comment_and_sets_the_status_on_the_head_sha(gh_env, guard):
+    code, out, err = guard("--pr", "7", "--run-url", "https://github.example/acme/guarded/actions/runs/9")
+    assert code == 0, err  # a regression verdict is still a successful publish
+    [c] = gh_env.comments[7]
+    assert c["login"] == BOT
+    assert c["body"].splitlines()[0] == MARK
+    assert "## ❌ guard: regression" in c["body"]
+    assert "[workflow run](https://github.example/acme/guarded/actions/runs/9)" in c["body"]
+    [(sha, status)] = gh_env.statuses
+    assert sha == HEAD and sha != MERGE
+    assert status == {"state": "failure", "context": "guard/deepseek-ocr-2/a10",
+                      "description": status["description"], "target_url": "https://github.example/acme/guarded/actions/runs/9"}
+    assert status["description"].startswith("4 of 6 budgets exceeded: ttft_ms.p50, mask_path[1024x1024]")
+    assert "comment created" in out and f"status failure 'guard/deepseek-ocr-2/a10' on {HEAD}" in out
+
+
+def test_second_run_edits_the_same_comment_in_place(gh_env, guard, tmp_path, regression):
+    assert guard("--pr", "7")[0] == 0
+    [first] = gh_env.comments[7]
+    first_id = first["id"]
+    code, out, _ = guard("--pr", "7", results=write_results(tmp_path, passing(regression)))
+    assert code == 0
+    [c] = gh_env.comments[7]
+    assert c["id"] == first_id
+    assert "## ✅ guard: pass" in c["body"] and c["body"].startswith(MARK)
+    assert [x.method for x in gh_env.writes()] == ["POST", "POST", "PATCH", "POST"]  # comment, status, edit, status
+    assert [s["state"] for _, s in gh_env.statuses] == ["failure", "success"]
+    assert "comment updated" in out
+
+
+def test_unchanged_body_is_not_rewritten(gh_env, guard):
+    guard("--pr", "7")
+    guard("--pr", "7")
+    assert [x.method for x in gh_env.writes()] == ["POST", "POST", "POST"]  # no PATCH the second time
+
+
+def test_another_authors_comment_with_the_same_marker_is_left_alone(gh_env, guard):
+    theirs = gh_env.add_comment(7, "mallory", f"{MARK}\nlooks like guard, is not")
+    code, _, _ = guard("--pr", "7")
+    assert code == 0
+    by_id = {c["id"]: c for c in gh_env.comments[7]}
+    assert by_id[theirs]["body"] == f"{MARK}\nlooks like guard, is not"
+    assert len(by_id) == 2
+    assert not [x for x in gh_env.writes() if x.path.endswith(f"/comments/{theirs}")]
+
+
+def test_finds_its_comment_past_the_first_page(gh_env, guard):
+    for i in range(140):
+        gh_env.add_comment(7, "reviewer", f"comment {i}")
+    ours = gh_env.add_comment(7, BOT, f"{MARK}\nold report")
+    for i in range(20):
+        gh_env.add_comment(7, "reviewer", f"later {i}")
+    code, out, _ = guard("--pr", "7")
+    assert code == 0
+    assert len(gh_env.comments[7]) == 161  # edited, not added
+    assert [c for c in gh_env.comments[7] if c["id"] == ours][0]["body"].startswith(f"{MARK}\n## ❌")
+    pages = [x.query.get("page", "1") for x in gh_env.log if x.method == "GET" and x.path.endswith("/7/comments")]
+    assert pages == ["1", "2"]
+
+
+def test_stale_duplicates_are_deleted_keeping_the_oldest(gh_env, guard):
+    keep = gh_env.add_comment(7, BOT, f"{MARK}\nfirst")
+    other_profile = gh_env.add_comment(7, BOT, "<!-- guard:v1 model=deepseek-ocr-2 profile=cpu -->\ncpu report")
+    dup1 = gh_env.add_comment(7, BOT, f"{MARK}\nsecond")
+    dup2 = gh_env.add_comment(7, BOT, f"note\r\n{MARK}\r\nthird")
+    code, out, _ = guard("--pr", "7")
+    assert code == 0
+    ids = [c["id"] for c in gh_env.comments[7]]
+    assert ids == [keep, other_profile]
+    assert {x.path for x in gh_env.writes() if x.method == "DELETE"} == {
+        f"/repos/{OWNER}/{REPO}/issues/comments/{dup1}", f"/repos/{OWNER}/{REPO}/issues/comments/{dup2}"}
+    assert "deleted 2 stale duplicate(s)" in out
+
+
+def test_author_flag_selects_whose_comments_are_ours(gh_env, guard):
+    pat_comment = gh_env.add_comment(7, "perf-bot", f"{MARK}\nold")
+    assert guard("--pr", "7", "--author", "perf-bot")[0] == 0
+    # the fake posts as github-actions[bot]; what matters here is that perf-bot's was the one edited
+    assert [c for c in gh_env.comments[7] if c["id"] == pat_comment][0]["body"].startswith(f"{MARK}\n## ❌")
+    assert len(gh_env.comments[7]) == 1
+
+
+def test_marker_text_is_pinned():
+    # Changing this breaks the link to every comment already posted: bump MARKER_VERSION on purpose only.
+    assert publish.marker("deepseek-ocr-2", "a10") == "<!-- guard:v1 model=deepseek-ocr-2 profile=a10 -->"
+    assert publish.marker("evil --> <b>", "a10") == "<!-- guard:v1 model=evil_--___b_ profile=a10 -->"
+
+
+# ----------------------------------------------------------------------------- GitHub failing
+def test_read_only_token_warns_and_exits_0(gh_env, guard):
+    gh_env.read_only = True
+    code, out, err = guard("--pr", "7")
+    assert code == 0
+    assert gh_env.comments[7] == [] and gh_env.statuses == []
+    assert "::warning title=guard comment%3A not published::GitHub refused to create the comment (403" in out
+    assert "fork" in out and "exits 0" in out
+
+
+def test_server_error_then_success_is_retried(gh_env, guard):
+    gh_env.fail("POST", rf"/repos/{OWNER}/{REPO}/issues/7/comments", 500)
+    code, out, _ = guard("--pr", "7")
+    assert code == 0
+    assert len(gh_env.comments[7]) == 1
+    assert "retried POST" in out and "500 server error" in out
+
+
+def test_persistent_server_error_is_exit_4_after_bounded_retries(gh_env, guard):
+    gh_env.fail("POST", rf"/repos/{OWNER}/{REPO}/statuses/{HEAD}", 502, times=10)
+    code, out, err = guard("--pr", "7", "--max-attempts", "3")
+    assert code == ExitCode.GITHUB == 4
+    assert "502" in err and "commit status" in err
+    assert len([x for x in gh_env.log if x.path.endswith(f"/statuses/{HEAD}")]) == 3
+    assert len(gh_env.comments[7]) == 1  # the comment was still posted: one failure does not stop the other
+
+
+def test_429_retry_after_is_honoured(fake):
+    fake.fail("POST", rf"/repos/{OWNER}/{REPO}/issues/7/comments", 429, **{"Retry-After": "7"})
+    waits: list[float] = []
+    gh = publish.github_client(TOKEN, fake.base, retry=publish.RetryPolicy(attempts=3, base_s=0.5, sleep=waits.append))
+    status = publish.CommitStatus("success", "guard/m/p", "ok")
+    report = publish.publish(gh, owner=OWNER, repo=REPO, number=7, mark=MARK, body=f"{MARK}\nhi", status=status)
+    assert waits == [7.0]
+    assert report.errors == [] and report.comment == "created"
+    assert len([x for x in fake.log if x.method == "POST" and x.path.endswith("/7/comments")]) == 2
+
+
+def test_backoff_doubles_and_a_long_retry_after_is_not_sat_out(fake):
+    fake.fail("POST", rf"/repos/{OWNER}/{REPO}/issues/7/comments", 503, times=2)
+    fake.fail("POST", rf"/repos/{OWNER}/{REPO}/statuses/{HEAD}", 429, **{"Retry-After": "3600"})
+    waits: list[float] = []
+    gh = publish.github_client(TOKEN, fake.base, retry=publish.RetryPolicy(attempts=4, base_s=0.5, sleep=waits.append))
+    status = publish.CommitStatus("success", "guard/m/p", "ok")
+    report = publish.publish(gh, owner=OWNER, repo=REPO, number=7, mark=MARK, body=f"{MARK}\nhi", status=status)
+    assert waits == [0.5, 1.0]  # the two 503s; the hour-long Retry-After made it give up at once
+    assert report.comment == "created"
+    assert len(report.errors) == 1 and "429" in report.errors[0]
+    assert fake.statuses == []
+
+
+def test_missing_token_is_a_usage_error(monkeypatch, fake, guard):
+    monkeypatch.setenv("GITHUB_REPOSITORY", f"{OWNER}/{REPO}")
+    monkeypatch.setenv("GITHUB_API_URL", fake.base)
+    code, _, err = guard("--pr", "7")
+    assert code == 2
+    assert "GITHUB_TOKEN is not set" in err
+    assert fake.log == []
+
+
+def test_rejected_token_is_a_usage_error(gh_env, guard, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "ghs_expired")
+    code, _, err = guard("--pr", "7")
+    assert code == 2 and "401" in err and gh_env.writes() == []
+
+
+def test_unknown_pr_is_a_usage_error(gh_env, guard):
+    code, _, err = guard("--pr", "99")
+    assert code == 2 and "no pull request #99" in err
+
+
+def test_bad_results_file_is_a_usage_error(gh_env, guard, tmp_path):
+    bad = tmp_path / "results.json"
+    bad.write_text("{not json", encoding="utf-8")
+    code, _, err = guard("--pr", "7", results=bad)
+    assert code == 2 and "not valid JSON" in err
+    assert gh_env.log == []
+
+
+# ----------------------------------------------------------------------------- body size, summary, annotations
+def test_too_long_body_is_trimmed_with_a_note(gh_env, guard, tmp_path, regression, monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    huge = dataclasses.replace(regression, notices=[f"notice {i}: " + "x" * 200 for i in range(600)])
+    code, _, err = guard("--pr", "7", results=write_results(tmp_path, huge))
+    assert code == 0, err  # the fake, like GitHub, would have answered 422 to an over-long body
+    [c] = gh_env.comments[7]
+    assert len(c["body"]) <= publish.COMMENT_LIMIT
+    assert c["body"].startswith(MARK) and "Report trimmed" in c["body"]
+    assert c["body"].count("<details>") == c["body"].count("</details>")
+    # the job summary, with its own larger limit, keeps the whole report the note points to
+    full = summary.read_text(encoding="utf-8")
+    assert len(full) > publish.COMMENT_LIMIT and "notice 599:" in full and "Report trimmed" not in full
+
+
+def test_trim_body_closes_what_the_cut_left_open():
+    body = MARK + "\n<details><summary>x</summary>\n\n```\n" + "\n".join("y" * 80 for _ in range(2000))
+    out = publish.trim_body(body)
+    assert len(body) > publish.COMMENT_LIMIT >= len(out)
+    assert sum(ln.startswith("```") for ln in out.splitlines()) % 2 == 0
+    assert out.count("<details>") == out.count("</details>")
+    assert out.startswith(MARK) and "Report trimmed" in out
+    assert publish.trim_body("short") == "short"
+
+
+def test_step_summary_is_appended(gh_env, guard, tmp_path, monkeypatch):
+    summary = tmp_path / "summary.md"
+    summary.write_text("# earlier step\n", encoding="utf-8")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert guard("--pr", "7")[0] == 0
+    text = summary.read_text(encoding="utf-8")
+    assert text.startswith("# earlier step\n## ❌ guard: regression")
+    assert MARK not in text
+
+
+def test_annotations_escape_as_the_runner_requires(regression):
+    assert publish.escape_data("100% done\r\nnext") == "100%25 done%0D%0Anext"
+    assert publish.escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
+    odd = CheckResult(kind="ttft", name="ttft_ms.p50,\nx:y", budget=100, measured=150, status=Status.FAIL,
+                      delta_pct=50.0)
+    res = dataclasses.replace(regression, checks=[odd], notices=[], invalid_reasons=[])
+    [line] = publish.annotations(res)
+    assert line == ("::error title=guard%3A ttft_ms.p50%2C%0Ax%3Ay over budget::ttft_ms.p50,%0Ax:y: measured 150 ms, "
+                    "budget at most 100 ms (+50.0 %25) (deepseek-ocr-2 / a10)")
+
+
+def test_annotations_one_error_per_failed_check(gh_env, guard, regression):
+    code, out, _ = guard("--pr", "7")
+    errors = [ln for ln in out.splitlines() if ln.startswith("::error ")]
+    assert len(errors) == len(regression.failed) == 4
+    assert errors[0].startswith("::error title=guard%3A ttft_ms.p50 over budget::ttft_ms.p50: measured 2619 ms")
+    assert any(ln.startswith("::notice title=guard notice::") for ln in out.splitlines())
+
+
+def test_status_description_fits_githubs_limit(regression):
+    many = [dataclasses.replace(regression.checks[0], name=f"ttft_ms.p{i}") for i in range(40)]
+    st = publish.commit_status(dataclasses.replace(regression, checks=many))
+    assert st.state == "failure" and len(st.description) <= publish.STATUS_DESCRIPTION_LIMIT
+    assert publish.commit_status(passing(regression)).state == "success"
+    invalid = dataclasses.replace(regression, verdict="invalid", invalid_reasons=["engine died"])
+    assert (publish.commit_status(invalid).state, publish.commit_status(invalid).description) == \
+        ("error", "invalid run: engine died")
+
+
+# ----------------------------------------------------------------------------- dry run, inputs
+def test_dry_run_prints_body_and_status_and_makes_no_requests(gh_env, guard, regression):
+    code, out, _ = guard("--pr", "7", "--dry-run", "--run-url", "https://github.example/r/1")
+    assert code == 0
+    assert gh_env.log == []  # token and API URL were there; it still did not call
+    assert publish.comment_body(regression, run_url="https://github.example/r/1") in out
+    assert "  state: failure\n  context: guard/deepseek-ocr-2/a10\n" in out
+    assert f"  description: {publish.commit_status(regression).description}\n" in out
+
+
+def test_dry_run_needs_no_token_or_repository(monkeypatch, guard):
+    code, out, _ = guard("--dry-run")
+    assert code == 0 and out.count(MARK) == 1
+
+
+def test_event_payload_supplies_pr_and_head_sha(gh_env, guard, tmp_path, monkeypatch):
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"number": 7, "head": {"sha": HEAD, "repo": {"full_name": FORK}}}}))
+    monkeypatch.setenv("GITHUB_EVENT_PATH", str(event))
+    assert guard()[0] == 0
+    assert len(gh_env.comments[7]) == 1 and gh_env.statuses[0][0] == HEAD
+
+
+def test_enterprise_api_root_is_used_as_given(httpserver, monkeypatch, guard):
+    ghe = FakeGitHub(httpserver, prefix="/api/v3")
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_REPOSITORY", f"{OWNER}/{REPO}")
+    monkeypatch.setenv("GITHUB_API_URL", ghe.base)  # https://HOST/api/v3 on a real GHES
+    assert guard("--pr", "7")[0] == 0
+    assert len(ghe.comments[7]) == 1
+    assert not any("/api/v3/api/v3" in c.path for c in ghe.log)
+
+
+@pytest.mark.parametrize("raw", ["7abc\n", " 7\n", "7 \n", "7\n\n", "7\r\n", "+7", "-7", "0", "07", "٧", "7.0",
+                                 "99999999999", "", "0x7"])
+def test_pr_number_is_parsed_strictly(raw):
+    with pytest.raises(UsageError) as info:
+        publish.parse_pr_number(raw)
+    assert info.value.exit_code == 2
+
+
+def test_pr_number_and_sha_accept_a_trailing_newline():
+    assert publish.parse_pr_number("7\n") == 7
+    assert publish.parse_sha(HEAD.upper() + "\n") == HEAD
+
+
+# ----------------------------------------------------------------------------- the comment workflow's checks
+def artifact(tmp_path: Path, pr: str, sha: str) -> list[str]:
+    (tmp_path / "pr_number.txt").write_text(pr, encoding="utf-8")
+    (tmp_path / "head_sha.txt").write_text(sha, encoding="utf-8")
+    return ["--pr-file", str(tmp_path / "pr_number.txt"), "--sha-file", str(tmp_path / "head_sha.txt")]
+
+
+def test_artifact_matching_the_triggering_run_is_posted(gh_env, guard, tmp_path):
+    code, _, err = guard(*artifact(tmp_path, "7\n", HEAD + "\n"), "--sha", HEAD, "--expected-head-repo", FORK)
+    assert code == 0, err
+    assert len(gh_env.comments[7]) == 1 and gh_env.statuses[0][0] == HEAD
+
+
+@pytest.mark.parametrize("pr, sha_file, sha_flag, head_repo, message", [
+    ("7abc\n", HEAD, HEAD, FORK, "not a pull-request number"),
+    ("7; rm -rf /\n", HEAD, HEAD, FORK, "not a pull-request number"),
+    ("8\n", HEAD, HEAD, FORK, "has head " + OTHER),  # another PR than the run's
+    ("7\n", OTHER, OTHER, FORK, "has head " + HEAD),  # a run of an older commit of the PR
+    ("7\n", OTHER, HEAD, FORK, "does not belong"),  # artifact SHA differs from the run's
+    ("7\n", "not-a-sha", HEAD, FORK, "not a full 40-character"),
+    ("7\n", HEAD, HEAD, "mallory/guarded", "comes from contrib/guarded, not mallory/guarded"),
+])
+def test_tampered_artifact_is_refused(gh_env, guard, tmp_path, pr, sha_file, sha_flag, head_repo, message):
+    code, _, err = guard(*artifact(tmp_path, pr, sha_file), "--sha", sha_flag, "--expected-head-repo", head_repo)
+    assert code == 2
+    assert message in err
+    assert gh_env.writes() == []
+    assert gh_env.comments[7] == [] and gh_env.statuses == []
+
+
+def test_oversized_artifact_file_is_refused(gh_env, guard, tmp_path):
+    args = artifact(tmp_path, "7" * 5000, HEAD)
+    code, _, err = guard(*args, "--sha", HEAD)
+    assert code == 2 and "longer than" in err and gh_env.log == []
+
+
+def workflow_run_event(tmp_path: Path, head_sha: str = HEAD, head_repo: str = FORK) -> str:
+    """What the runner writes for a workflow_run event of a fork PR: no pull_requests entry."""
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"workflow_run": {"head_sha": head_sha, "pull_requests": [],
+                                                  "head_repository": {"full_name": head_repo}}}))
+    return str(event)
+
+
+def test_workflow_run_event_verifies_the_artifact_even_without_flags(gh_env, guard, tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_EVENT_PATH", workflow_run_event(tmp_path))
+    # the artifact names PR #8 with PR #8's head: consistent with itself, but not the run that triggered us
+    code, _, err = guard(*artifact(tmp_path, "8\n", OTHER + "\n"))
+    assert code == 2 and "does not belong" in err
+    monkeypatch.setenv("GITHUB_EVENT_PATH", workflow_run_event(tmp_path, head_repo="mallory/guarded"))
+    code, _, err = guard(*artifact(tmp_path, "7\n", HEAD + "\n"))
+    assert code == 2 and "not mallory/guarded" in err
+    assert gh_env.writes() == []
+    monkeypatch.setenv("GITHUB_EVENT_PATH", workflow_run_event(tmp_path))
+    assert guard(*artifact(tmp_path, "7\n", HEAD + "\n"))[0] == 0
+    assert len(gh_env.comments[7]) == 1

@@ -1,0 +1,201 @@
+"""guard.markdown: the report people read on the PR, and what run data can (not) do to it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from guard.markdown import code, render_markdown, text
+from guard.results import CheckResult, OpSite, RequestOutcome, Results, Status, load_results
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
+HOSTILE = ("x | y `z` <img src=x onerror=alert(1)> </details> & [a](javascript:alert(1)) **b** _c_ @maintainers"
+           "\n# not a heading\r\n- not a list")
+
+
+@pytest.fixture
+def regression() -> Results:
+    return load_results(FIXTURE)
+
+
+def passing(res: Results) -> Results:
+    checks = [dataclasses.replace(c, status=Status.PASS, measured=0.0 if c.kind == "ops" else c.measured)
+              for c in res.checks]
+    return dataclasses.replace(res, verdict="pass", exit_code=0, checks=checks, notices=[])
+
+
+def html(markdown: str) -> str:
+    """GitHub-flavoured rendering (tables on, raw HTML passed through, as GitHub would before sanitising)."""
+    markdown_it = pytest.importorskip("markdown_it")
+    return markdown_it.MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(markdown)
+
+
+def table_after(md: str, heading: str) -> list[str]:
+    lines = md.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|") and i > lines.index(heading))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def cells(row: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+
+
+# ----------------------------------------------------------------------------- content
+def test_regression_report_has_headline_tables_sites_and_footer(regression):
+    md = render_markdown(regression, run_url="https://github.com/acme/guarded/actions/runs/42")
+    assert md.startswith("## ❌ guard: regression — deepseek-ocr-2 on `a10`\n")
+    assert "**4 of 6 budgets exceeded:**" in md
+
+    ttft = table_after(md, "### Time to first token")
+    assert cells(ttft[0]) == ["metric", "budget", "measured", "delta", "95 % CI", "samples", "rounds", "status"]
+    assert cells(ttft[2]) == ["`ttft_ms.p50`", "2511 ms", "2619 ms", "+4.3 %", "[2610, 2628]", "100", "1", "❌ fail"]
+    assert cells(ttft[3])[-1] == "✅ pass"
+
+    ops = table_after(md, "### Operator counts per request")
+    assert cells(ops[0]) == ["scope", "image size", "op", "budget", "measured", "status"]
+    assert ["`mask_path`", "1024×1024", "`aten::_index_put_impl_`", "≤ 0", "12", "❌ fail"] in [cells(r) for r in ops]
+    assert ["`mask_path`", "1024×1024", "`cuda::sync`", "≤ 0", "0", "✅ pass"] in [cells(r) for r in ops]
+
+    # the failing op's code site, and only its own op's sites under it
+    sites_at = md.index("**`mask_path[1024x1024].aten::_index_put_impl_`**")
+    block = md[sites_at: md.index("**`mask_path[1024x1024].cuda::memcpy_htod`**")]
+    assert "| 12 | `aten::_index_put_impl_` | `_update_causal_mask` | `vllm/model_executor/models/deepencoder2.py:214` |" in block
+    assert "memcpy" not in block
+
+    assert "- budgets for profile 'a10' were seeded from PR #49531, not measured by guard" in md
+    assert "guard check --profile a10\n" in md
+    assert "guard update-thresholds --from guard-results/results.json --profile a10\n" in md
+    assert "| `gpu` | `NVIDIA A10` |" in md
+    env_at = md.index("<details><summary>Environment</summary>")
+    assert md.index("| `gpu` | `NVIDIA A10` |") > env_at
+    assert "[workflow run](https://github.com/acme/guarded/actions/runs/42)" in md
+    assert md.count("<details>") == md.count("</details>") == 4
+
+
+def test_mermaid_chart_plots_sorted_samples_in_ms_against_each_budget(regression):
+    md = render_markdown(regression)
+    chart = re.search(r"```mermaid\n(.*?)```", md, re.S)
+    assert chart, md
+    body = chart.group(1)
+    assert body.startswith("xychart-beta\n")
+    bars = [float(v) for v in re.search(r"bar \[(.*?)\]", body).group(1).split(", ")]
+    expected = sorted(round(s * 1000) for s in regression.run.ttft_client_s())
+    assert bars == expected  # ms, sorted, warm-up excluded
+    lines = re.findall(r"line \[(.*?)\]", body)
+    assert [set(ln.split(", ")) for ln in lines] == [{"2511"}, {"2721"}]
+    assert all(len(ln.split(", ")) == len(bars) for ln in lines)
+    assert "Lines: the budgets (p50 = 2511 ms, p99 = 2721 ms)" in md
+
+
+def test_chart_downsamples_long_runs_but_keeps_the_extremes(regression):
+    outcomes = [RequestOutcome(index=i, image_size=(64, 64), warmup=False, success=True, ttft_client_s=1 + i / 1000)
+                for i in range(250)]
+    res = dataclasses.replace(regression, run=dataclasses.replace(regression.run, outcomes=outcomes))
+    body = re.search(r"```mermaid\n(.*?)```", render_markdown(res), re.S).group(1)
+    bars = re.search(r"bar \[(.*?)\]", body).group(1).split(", ")
+    assert len(bars) == 100
+    assert (bars[0], bars[-1]) == ("1000", "1249")
+    assert "Bars: 100 of 250 (evenly spaced) measured requests" in render_markdown(res)
+
+
+def test_interval_samples_rounds_columns_only_when_recorded(regression):
+    bare = [dataclasses.replace(c, interval=None, samples=None, rounds=None) for c in regression.checks]
+    md = render_markdown(dataclasses.replace(regression, checks=bare))
+    assert cells(table_after(md, "### Time to first token")[0]) == ["metric", "budget", "measured", "delta", "status"]
+
+
+def test_pass_and_invalid_headlines(regression):
+    md = render_markdown(passing(regression))
+    assert md.splitlines()[0].startswith("## ✅ guard: pass")
+    assert "**All 6 budgets held.**" in md
+    assert "Where the offending calls came from" not in md
+
+    invalid = dataclasses.replace(regression, verdict="invalid", exit_code=3, checks=[],
+                                  invalid_reasons=["request 3 (1024x1024) failed: CUDA out of memory"])
+    md = render_markdown(invalid)
+    assert md.splitlines()[0].startswith("## ⚠️ guard: invalid")
+    assert "- request 3 (1024x1024) failed: CUDA out of memory" in md
+    assert "budgets exceeded" not in md
+
+
+def test_no_samples_no_chart(regression):
+    run = dataclasses.replace(regression.run, outcomes=[])
+    md = render_markdown(dataclasses.replace(regression, verdict="invalid", run=run,
+                                             invalid_reasons=["no TTFT samples were measured"]))
+    assert "```mermaid" not in md
+
+
+# ----------------------------------------------------------------------------- escaping
+def hostile_results(res: Results) -> Results:
+    site = OpSite(location=HOSTILE, function="mask|fn", op="aten::_index_put_impl_", count=3)
+    counts = dataclasses.replace(res.run.op_counts[0], sites=(site,))
+    run = dataclasses.replace(res.run, model="evil | model", profile="a10 `x`", op_counts=[counts],
+                              environment={"gpu": HOSTILE, HOSTILE: "v", "cmd": "vllm | tee"})
+    checks = [dataclasses.replace(c, note=HOSTILE) if c.kind == "ttft" else c for c in res.checks]
+    return dataclasses.replace(res, run=run, checks=checks, notices=[HOSTILE], invalid_reasons=[HOSTILE],
+                               verdict="invalid")
+
+
+def test_run_strings_cannot_inject_html_or_break_structure(regression):
+    md = render_markdown(hostile_results(regression), run_url="javascript:alert(1)")
+    # no raw HTML from data, and our own <details> blocks stay balanced
+    assert "<img" not in md
+    assert not re.search(r"(?<!\\)\]\(javascript", md)  # no live link, from the data or from run_url
+    assert md.count("<details>") == md.count("</details>") == 4
+    # @-mentions are defused; "# ..." and "- ..." inside data never start a line
+    assert "@maintainers" not in md and "@\u200bmaintainers" in md
+    assert not any(ln.startswith(("# not", "- not")) for ln in md.splitlines())
+    # every table row keeps its column count
+    for heading in ("### Time to first token", "### Operator counts per request", "#### Where the offending calls came from"):
+        rows = table_after(md, heading)
+        assert len({len(cells(r)) for r in rows}) == 1, rows
+    # shell commands never carry run data
+    assert "guard check --profile PROFILE\n" in md
+
+
+def test_rendered_html_has_no_injected_tags_and_intact_tables(regression):
+    out = html(render_markdown(hostile_results(regression), run_url="javascript:alert(1)"))
+    assert "<img" not in out and "<script" not in out and 'href="javascript' not in out
+    assert "<h1>" not in out  # "# not a heading" stayed text
+    assert out.count("<details>") == 4
+    for table in re.findall(r"<table>.*?</table>", out, re.S):
+        widths = {len(re.findall(r"<t[hd]", row)) for row in re.findall(r"<tr>.*?</tr>", table, re.S)}
+        assert len(widths) == 1, table
+    assert "&lt;img src=x onerror=alert(1)&gt;" in out  # shown, as text
+    assert "<td><code>vllm | tee</code></td>" in out  # a pipe inside a cell stays in its cell
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("a|b", "a\\|b"),
+    ("`x`", "&#96;x&#96;"),
+    ("<b>&", "&lt;b&gt;&amp;"),
+    ("one\ntwo\r\nthree", "one two three"),
+    ("- item", "\\- item"),
+    ("1. item", "1\\. item"),
+    ("0.1.0", "0.1.0"),
+    ("*bold* _it_ [l](u)", "\\*bold\\* \\_it\\_ \\[l\\](u)"),
+])
+def test_text_escaping(value, expected):
+    assert text(value) == expected
+
+
+def test_code_spans_fall_back_to_text_when_they_could_not_hold_the_value():
+    assert code("aten::add") == "`aten::add`"
+    assert code("a|b", in_table=True) == "`a\\|b`"
+    assert code("a`b") == "a&#96;b"
+    assert code("line\nbreak") == "`line break`"
+
+
+def test_render_markdown_never_adds_the_comment_marker(regression):
+    assert "<!--" not in render_markdown(regression)
+
+
+def test_unknown_status_and_verdict_are_shown_as_text(regression):
+    odd = CheckResult(kind="ttft", name="ttft_ms.p50", budget=1, measured=2, status="weird<b>")
+    md = render_markdown(dataclasses.replace(regression, verdict="mystery", checks=[odd]))
+    assert md.startswith("## ❔ guard: mystery")
+    assert "weird&lt;b&gt;" in md

@@ -1,0 +1,167 @@
+"""The GitHub workflows: valid against GitHub's schema, clean under zizmor (offline), and holding the
+properties that make the perf-guard / perf-guard-comment split safe for fork pull requests."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+FILES = ["perf-guard.yml", "perf-guard-comment.yml", "ci.yml"]
+PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+(\.\d+)*$")
+
+
+def tool(name: str) -> str:
+    """A dev-group console script from this interpreter's environment (never a global one)."""
+    path = Path(sys.executable).parent / name
+    found = str(path) if path.exists() else shutil.which(name)
+    assert found, f"{name} is missing: run `uv sync --extra cpu` (it is in the dev dependency group)"
+    return found
+
+
+def load(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text(encoding="utf-8"))
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as True
+    return data
+
+
+def steps(wf: dict) -> list[dict]:
+    return [s for job in wf["jobs"].values() for s in job.get("steps", [])]
+
+
+def test_workflows_match_githubs_schema():
+    proc = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                           *(str(WORKFLOWS / f) for f in FILES)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_zizmor_offline_has_no_findings_above_low():
+    proc = subprocess.run([tool("zizmor"), "--offline", "--no-progress", "--format", "json",
+                           "--min-severity", "medium", str(WORKFLOWS)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
+def test_the_only_zizmor_suppression_is_the_reviewed_workflow_run_trigger():
+    ignores = [(f, ln.strip()) for f in FILES for ln in (WORKFLOWS / f).read_text().splitlines() if "zizmor:" in ln]
+    assert ignores == [("perf-guard-comment.yml",
+                        "workflow_run:  # zizmor: ignore[dangerous-triggers] runs no PR code; the artifact is verified data")]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_actions_are_pinned_by_commit_with_a_version_comment(name):
+    uses = [ln.split("uses:", 1)[1].strip() for ln in (WORKFLOWS / name).read_text().splitlines()
+            if ln.strip().startswith(("uses:", "- uses:"))]
+    assert uses
+    for u in uses:
+        assert PINNED.match(u), u
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_no_expressions_inside_run_scripts(name):
+    # template injection: data reaches scripts through env:, never spliced into the script text
+    for step in steps(load(name)):
+        assert "${{" not in step.get("run", ""), step
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_checkouts_do_not_persist_credentials(name):
+    checkouts = [s for s in steps(load(name)) if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkouts
+    assert all(s["with"]["persist-credentials"] is False for s in checkouts)
+
+
+def test_perf_guard_runs_pr_code_with_nothing_to_steal():
+    wf = load("perf-guard.yml")
+    text = (WORKFLOWS / "perf-guard.yml").read_text()
+    assert wf["permissions"] == {"contents": "read"}
+    assert "secrets." not in text and "github.token" not in text and "GITHUB_TOKEN" not in text
+    [job] = wf["jobs"].values()
+    assert "permissions" not in job
+    assert job["runs-on"] == ["self-hosted", "linux", "gpu", "a10"]
+    assert job["concurrency"]["cancel-in-progress"] is True
+    assert set(wf["on"]["pull_request"]["paths"]) == {
+        "guard/**", "thresholds/**", "tests/perf/**", "pyproject.toml", "uv.lock", ".github/workflows/perf-guard.yml"}
+    assert set(wf["on"]["workflow_call"]["inputs"]) >= {"profile", "thresholds", "vllm"}
+    runs = "\n".join(s.get("run", "") for s in job["steps"])
+    assert "uv sync --locked --extra gpu" in runs
+    assert re.search(r"uv run .*guard check --profile \"\$PROFILE\"", runs)
+
+
+def test_perf_guard_uploads_results_with_pr_number_and_head_sha():
+    wf = load("perf-guard.yml")
+    [job] = wf["jobs"].values()
+    record = next(s for s in job["steps"] if "pr_number.txt" in s.get("run", ""))
+    assert record["env"] == {"PR_NUMBER": "${{ github.event.pull_request.number }}",
+                             "HEAD_SHA": "${{ github.event.pull_request.head.sha }}"}
+    assert "head_sha.txt" in record["run"]
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["with"]["name"] == "guard-results"
+    assert upload["if"] == "${{ !cancelled() }}"  # a regression fails the check step; the results still go up
+    assert upload["with"]["path"].split() == ["guard-results/", "guard-pr/"]
+
+
+def test_comment_workflow_is_triggered_by_perf_guard_with_minimal_permissions():
+    wf, guard_wf = load("perf-guard-comment.yml"), load("perf-guard.yml")
+    assert wf["on"] == {"workflow_run": {"workflows": [guard_wf["name"]], "types": ["completed"]}}
+    assert wf["permissions"] == {}
+    [job] = wf["jobs"].values()
+    assert job["permissions"] == {"pull-requests": "write", "statuses": "write", "actions": "read"}
+    assert job["runs-on"] == "ubuntu-latest"
+    assert "'cancelled'" not in job["if"] and "conclusion == 'success'" in job["if"]  # only runs with a verdict
+    assert "workflow_run.event == 'pull_request'" in job["if"]
+
+
+def test_comment_workflow_never_runs_the_pull_requests_code():
+    wf = load("perf-guard-comment.yml")
+    [job] = wf["jobs"].values()
+    checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["ref"] == "${{ github.event.repository.default_branch }}"
+    assert "repository" not in checkout["with"]
+    text = (WORKFLOWS / "perf-guard-comment.yml").read_text()
+    assert "head_branch }}" not in text.split("jobs:", 1)[1]  # no PR ref is ever checked out or used in a job
+    download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+    assert download["with"]["path"].startswith("${{ runner.temp }}")  # outside the checkout
+
+
+def test_comment_workflow_verifies_the_artifact_against_the_triggering_run():
+    wf = load("perf-guard-comment.yml")
+    [job] = wf["jobs"].values()
+    post = next(s for s in job["steps"] if "guard comment" in s.get("run", ""))
+    assert post["env"]["RUN_HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
+    assert post["env"]["RUN_HEAD_REPO"] == "${{ github.event.workflow_run.head_repository.full_name }}"
+    assert post["env"]["GITHUB_TOKEN"] == "${{ github.token }}"
+    cmd = post["run"]
+    for flag in ('--pr-file "$ARTIFACT/guard-pr/pr_number.txt"', '--sha-file "$ARTIFACT/guard-pr/head_sha.txt"',
+                 '--sha "$RUN_HEAD_SHA"', '--expected-head-repo "$RUN_HEAD_REPO"',
+                 '--results "$ARTIFACT/guard-results/results.json"'):
+        assert flag in cmd
+    assert "--report" not in cmd  # the artifact's Markdown is not trusted; the body is re-rendered, escaped
+
+
+def test_comment_workflow_flags_exist_in_guard_comment():
+    from guard.commands import comment
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    comment.add_arguments(parser)
+    known = {opt for a in parser._actions for opt in a.option_strings}
+    cmd = next(s["run"] for s in steps(load("perf-guard-comment.yml")) if "guard comment" in s.get("run", ""))
+    assert set(re.findall(r"--[a-z-]+", cmd)) - {"--no-sync"} <= known
+
+
+def test_ci_runs_the_readme_test_command():
+    wf = load("ci.yml")
+    assert wf["permissions"] == {"contents": "read"}
+    [job] = wf["jobs"].values()
+    assert job["runs-on"] == "ubuntu-latest"
+    assert [s["run"] for s in job["steps"] if "run" in s] == ["bash .ci/run"]
