@@ -8,6 +8,7 @@ the session on a regression or an invalid run.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _progress(config: pytest.Config):
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def say(msg: str) -> None:
-        if reporter is not None:
-            reporter.write_line(f"[guard] {msg}", flush=True)
-        else:
-            print(f"[guard] {msg}", flush=True)
+        # Progress must reach the terminal while a test runs, so step around output capture.
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            if reporter is not None:
+                reporter.write_line(f"[guard] {msg}", flush=True)
+            else:
+                print(f"[guard] {msg}", flush=True)
 
     return say
 

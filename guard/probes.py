@@ -115,7 +115,7 @@ def attribute(events: list[ProfEvent], budgets: tuple[ScopeBudget, ...], image_s
         # Keep the sites of budgeted ops first (they explain a failure), then the busiest others.
         ordered = sorted(sites.items(), key=lambda kv: (kv[0][2] not in budgeted, -kv[1]))
         result.append(ScopeCounts(
-            scope=sb.name, image_size=image_size, entered=entered, counts=dict(counts.most_common()), total=total,
+            scope=sb.name, where=scope.describe(), image_size=image_size, entered=entered, counts=dict(counts.most_common()), total=total,
             sites=tuple(OpSite(location=loc, function=func, op=op, count=n) for (loc, func, op), n in ordered[:TOP_SITES]),
         ))
     return result

@@ -74,6 +74,7 @@ class ScopeCounts:
     counts: dict[str, int]  # op name -> calls
     total: int  # all operator calls in the scope
     sites: tuple[OpSite, ...] = ()  # where the calls came from, most frequent first
+    where: str = ""  # the scope's code path, "file:function" (or "whole request")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ def render_terminal(results: Results) -> str:
         for counts in results.run.op_counts:
             failed = [c for c in ops if c.status == Status.FAIL and c.scope == counts.scope and c.image_size == counts.image_size]
             if failed and counts.sites:
-                lines.append(f"  calls in {counts.scope} [{counts.image_size[0]}x{counts.image_size[1]}] came from:")
+                lines.append(f"  calls in {counts.scope} ({counts.where}) [{counts.image_size[0]}x{counts.image_size[1]}] "
+                             "came from:")
                 lines += [f"    {s.count:>6}  {s.op:<28} {s.function} ({s.location})" for s in counts.sites[:6]]
         lines.append("")
     for reason in results.invalid_reasons:

@@ -1,0 +1,86 @@
+"""guard's overhead: `guard check` on the CPU profile vs a bare vLLM script sending the same requests.
+
+Both run as fresh processes, alternately (guard, bare, guard, bare, ...), so drifts of the machine
+hit both alike; the figure is the ratio of median wall times. The bare script sends exactly the
+requests guard sends (warm-up, measured, and the profile pass's warm-up and profiled requests,
+same sizes, same images) with the same engine arguments, without pytest, the profiler, or reports.
+
+    uv run --extra cpu python benchmarks/overhead.py --pairs 2      # prints a table; target <= 1.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def bare(thresholds: str, profile_name: str) -> None:
+    """The baseline: plain vLLM, the same requests, nothing else."""
+    from guard.budgets import load_thresholds, resolve_model
+    from guard.engine import synthetic_image
+
+    profile = load_thresholds(thresholds).profile(profile_name)
+    e, w = profile.engine, profile.workload
+    import os
+
+    if e.cpu_kvcache_space_gb:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(e.cpu_kvcache_space_gb))
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=resolve_model(e.model), load_format=e.load_format, dtype=e.dtype, max_model_len=e.max_model_len,
+              enforce_eager=e.enforce_eager, enable_prefix_caching=e.enable_prefix_caching,
+              mm_processor_cache_gb=e.mm_processor_cache_gb, limit_mm_per_prompt={"image": 1}, seed=w.seed)
+    params = SamplingParams(max_tokens=w.max_tokens, temperature=0.0, ignore_eos=True)
+    sizes = [w.image_sizes[i % len(w.image_sizes)] for i in range(w.warmup_requests + w.requests)]
+    seen = set(sizes)
+    for s in w.profile_image_sizes:
+        sizes += ([s] if s in seen else [s, s])  # guard warms a new size once, then profiles it
+        seen.add(s)
+    for i, size in enumerate(sizes):
+        llm.generate([{"prompt": w.prompt, "multi_modal_data": {"image": synthetic_image(w.seed, i, size)}}],
+                     params, use_tqdm=False)
+
+
+def timed(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--thresholds", default=str(REPO / "thresholds" / "deepseek-ocr-2.yaml"))
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.bare:
+        bare(args.thresholds, args.profile)
+        return
+    out = tempfile.mkdtemp(prefix="guard-overhead-")
+    guard_cmd = [sys.executable, "-m", "guard.cli", "check", "--profile", args.profile,
+                 "--thresholds", args.thresholds, "--output", out]
+    bare_cmd = [sys.executable, __file__, "--bare", "--thresholds", args.thresholds, "--profile", args.profile]
+    g, b = [], []
+    for i in range(args.pairs):
+        g.append(timed(guard_cmd))
+        b.append(timed(bare_cmd))
+        print(f"pair {i + 1}/{args.pairs}: guard check {g[-1]:.1f} s, bare vLLM {b[-1]:.1f} s", flush=True)
+    ratio = statistics.median(g) / statistics.median(b)
+    print("\n| run | median wall time (s) | all runs (s) |\n|---|---:|---|")
+    print(f"| guard check --profile {args.profile} | {statistics.median(g):.1f} | {', '.join(f'{x:.1f}' for x in g)} |")
+    print(f"| bare vLLM, same requests | {statistics.median(b):.1f} | {', '.join(f'{x:.1f}' for x in b)} |")
+    print(f"\noverhead ratio guard / bare = {ratio:.3f} ({(ratio - 1) * 100:+.1f} %), target <= 1.05")
+
+
+if __name__ == "__main__":
+    main()

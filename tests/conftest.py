@@ -1,0 +1,27 @@
+"""Shared fixtures. Tests stay away from the real home directory, GitHub and stray env vars."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED_THRESHOLDS = REPO / "thresholds" / "deepseek-ocr-2.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("GITHUB_", "GUARD_")) or name in ("CI_GITHUB_TOKEN",):
+            monkeypatch.delenv(name, raising=False)
+
+
+def run_guard(*args: str, cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """The real `guard` console entry point, in a child process, as a person would run it."""
+    exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"
+    return subprocess.run([exe, *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,153 @@
+"""The thresholds YAML: the shipped file loads, and every bad input names file, line and key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from guard.budgets import load_thresholds, resolve_model
+from guard.errors import ConfigError, ExitCode
+from tests.conftest import SHIPPED_THRESHOLDS, run_guard
+
+GOOD = """\
+schema_version: 1
+model: m
+profiles:
+  cpu:
+    match: {cuda: false}
+    engine:
+      model: guard:tiny-deepseek-ocr2
+      max_model_len: 2048
+    workload:
+      requests: 3
+      image_sizes: [[640, 480]]
+      prompt: "<image>\\nFree OCR."
+    budgets:
+      ttft_ms: {p50: 9000, p99: 10000}
+      ops:
+        mask_path:
+          scope: {file: vllm/model_executor/models/deepencoder2.py, function: _update_causal_mask}
+          ops:
+            aten::_index_put_impl_: {max: 0}
+          total_ops: {exact: 2}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "budget.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_thresholds_load_with_both_profiles() -> None:
+    t = load_thresholds(SHIPPED_THRESHOLDS)
+    assert set(t.profiles) == {"a10", "cpu"}
+    a10, cpu = t.profiles["a10"], t.profiles["cpu"]
+    assert a10.engine.model == "deepseek-ai/DeepSeek-OCR-2" and a10.workload.requests == 100
+    assert a10.workload.concurrency == 10 and a10.workload.max_tokens == 1
+    assert a10.match.cuda and not cpu.match.cuda
+    assert cpu.engine.load_format == "dummy" and cpu.workload.concurrency == 1
+    for p in (a10, cpu):
+        mask = {sb.name: sb for sb in p.ops}["mask_path"]
+        assert mask.ops["aten::_index_put_impl_"].count == 0
+        assert mask.total_ops is not None
+    assert {"cuda::memcpy_htod", "cuda::sync"} <= set({sb.name: sb for sb in a10.ops}["mask_path"].ops)
+    assert Path(resolve_model(cpu.engine.model), "config.json").is_file()
+
+
+def test_good_file_gives_typed_records(tmp_path: Path) -> None:
+    t = load_thresholds(write(tmp_path, GOOD))
+    p = t.profile("cpu")
+    assert p.ttft_ms == {"p50": 9000.0, "p99": 10000.0}
+    assert p.workload.image_sizes == ((640, 480),) and p.workload.profile_image_sizes == ((640, 480),)
+    assert p.workload.warmup_requests == 1 and p.engine.enable_prefix_caching is False
+    assert p.ops[0].total_ops.rule == "exact" and p.ops[0].total_ops.fails(3) and not p.ops[0].total_ops.fails(2)
+
+
+# (replace this, with that) -> expected line, key and words of the problem
+BAD = [
+    ("      requests: 3", "      requests: 3\n      reqests: 4", 11, "profiles.cpu.workload.reqests", "unknown key"),
+    ("      requests: 3", "      requests: three", 10, "profiles.cpu.workload.requests", "expected an integer"),
+    ("p50: 9000", "p50: -5", 14, "profiles.cpu.budgets.ttft_ms.p50", "greater than 0"),
+    ("p50: 9000", "p50: 0", 14, "profiles.cpu.budgets.ttft_ms.p50", "greater than 0"),
+    ("p50: 9000", "median: 9000", 14, "profiles.cpu.budgets.ttft_ms.median", "unknown percentile"),
+    ("p50: 9000", "p100: 9000", 14, "profiles.cpu.budgets.ttft_ms.p100", "unknown percentile"),
+    ("schema_version: 1", "schema_version: 7", 1, "schema_version", "unsupported schema version"),
+    ("      max_model_len: 2048\n", "", 7, "profiles.cpu.engine.max_model_len", "missing required key"),
+    ("{max: 0}", "{max: -1}", 19, "aten::_index_put_impl_.max", "must be >= 0"),
+    ("{max: 0}", "{max: 1.5}", 19, "aten::_index_put_impl_.max", "expected an integer"),
+    ("{max: 0}", "{max: 0, exact: 0}", 19, "aten::_index_put_impl_", "exactly one of"),
+    ("{max: 0}", "{atmost: 0}", 19, "aten::_index_put_impl_.atmost", "unknown key"),
+    ("scope: {file: vllm/model_executor/models/deepencoder2.py, function: _update_causal_mask}",
+     "scope: everything", 17, "mask_path.scope", "unknown scope form"),
+    ("scope: {file: vllm/model_executor/models/deepencoder2.py, function: _update_causal_mask}",
+     "scope: {file: x.py}", 17, "mask_path.scope.function", "missing required key"),
+    ("    match: {cuda: false}", "    match: {cuda: nope}", 5, "profiles.cpu.match.cuda", "expected true or false"),
+    ("      image_sizes: [[640, 480]]", "      image_sizes: [[640]]", 11, "image_sizes[0]", "expected [width, height]"),
+    ("  cpu:", "  cpu:\n    headroom_pct: 5\n    headroom_pct: 6", 6, "profiles.cpu.headroom_pct", "duplicate key"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "line", "key", "problem"), BAD, ids=[b[3] + ":" + b[4] for b in BAD])
+def test_bad_input_names_file_line_and_key(tmp_path: Path, old, new, line, key, problem) -> None:
+    assert old in GOOD
+    path = write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(ConfigError) as err:
+        load_thresholds(path)
+    e = err.value
+    assert e.exit_code == ExitCode.CONFIG
+    assert e.path == str(path) and e.line == line, str(e)
+    assert key in e.key and problem in e.problem, str(e)
+    assert str(e).startswith(f"{path}:{line}: ")
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_thresholds(write(tmp_path, GOOD.replace("      requests: 3", "      requests: 3\n      warmup_request: 1")))
+    assert "did you mean `warmup_requests`" in str(err.value)
+
+
+def test_yaml_syntax_error_has_a_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_thresholds(write(tmp_path, GOOD.replace("    budgets:", "    budgets: [unclosed")))
+    assert err.value.line is not None and "not valid YAML" in err.value.problem
+
+
+def test_missing_profile_is_a_config_error(tmp_path: Path) -> None:
+    t = load_thresholds(write(tmp_path, GOOD))
+    with pytest.raises(ConfigError) as err:
+        t.profile("h100")
+    assert "profiles.h100" in str(err.value) and "profiles in this file: cpu" in str(err.value)
+
+
+def test_missing_file_and_empty_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such thresholds file"):
+        load_thresholds(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="empty thresholds file"):
+        load_thresholds(write(tmp_path, "# nothing\n"))
+
+
+def test_cli_exits_2_with_file_line_before_starting_any_engine(tmp_path: Path) -> None:
+    bad = write(tmp_path, GOOD.replace("p50: 9000", "p50: fast"))
+    proc = run_guard("check", "--thresholds", str(bad), "--output", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{bad}:14: profiles.cpu.budgets.ttft_ms.p50: expected a number" in proc.stderr
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_cli_unknown_profile_exits_2(tmp_path: Path) -> None:
+    proc = run_guard("check", "--profile", "h100", "--output", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 2 and "profiles.h100" in proc.stderr
+
+
+def test_cli_profile_for_other_hardware_is_an_invalid_environment(tmp_path: Path) -> None:
+    # No CUDA device on CI machines: asking for the A10 profile must not measure and compare.
+    proc = run_guard("check", "--profile", "a10", "--output", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 3 and "needs a CUDA device" in proc.stderr
+
+
+def test_cli_usage_error_exits_2() -> None:
+    proc = run_guard("check", "--bogus", timeout=60)
+    assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr

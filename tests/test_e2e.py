@@ -1,0 +1,131 @@
+"""End to end: the real `guard` CLI, the real vLLM engine on CPU, the real torch profiler.
+
+Each test runs `guard check` (or `selftest`) on a small copy of the shipped CPU profile:
+1 warm-up + 2 measured requests and one profiled 640x480 request, about a minute each.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import SHIPPED_THRESHOLDS, run_guard
+
+pytestmark = pytest.mark.engine
+
+
+def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | None = None,
+                   profile_sizes: list | None = None) -> Path:
+    """The shipped file with the CPU profile cut down, written elsewhere (the shipped one stays)."""
+    data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
+    cpu = data["profiles"]["cpu"]
+    cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=profile_sizes or [[640, 480]])
+    cpu["statistics"] = {"confidence": 0.95}  # no resampling rounds: keep the test short
+    cpu["budgets"]["ttft_ms"] = ttft_ms or {"p50": 600_000, "p99": 600_000}
+    if model:
+        cpu["engine"]["model"] = model
+    path = tmp_path / "budget.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def results_of(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def passing_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pass")
+    out = tmp / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp)), "--output", str(out))
+    return proc, out
+
+
+def test_check_passes_and_writes_results(passing_run) -> None:
+    proc, out = passing_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = results_of(out)
+    assert res["schema"] == "guard/results" and res["verdict"] == "pass" and res["exit_code"] == 0
+    samples = res["samples"]["ttft_client_s"]
+    assert len(samples) == 2 and all(s > 0 for s in samples)
+    assert len(res["samples"]["ttft_engine_s"]) == 2
+    # the engine's own clock starts after input processing, so it never exceeds the client's
+    assert all(0 < e <= c for e, c in zip(res["samples"]["ttft_engine_s"], samples))
+    names = {c["name"]: c for c in res["checks"]}
+    assert {"ttft_ms.p50", "ttft_ms.p99"} <= set(names)
+    index_put = names["mask_path[640x480].aten::_index_put_impl_"]
+    assert index_put["measured"] == 0 and index_put["budget"] == 0 and index_put["status"] == "pass"
+    env = res["environment"]
+    for key in ("cpu", "vllm", "torch", "transformers", "guard", "model"):
+        assert env.get(key), key
+    assert (out / "report.md").read_text().strip()
+    assert res["artifacts"]["traces"] and (out / res["artifacts"]["traces"][0]).stat().st_size > 0
+
+
+def test_check_prints_progress_table_and_verdict(passing_run) -> None:
+    proc, _ = passing_run
+    assert "engine ready" in proc.stdout
+    assert proc.stdout.count("TTFT") >= 3  # one progress line per request
+    assert "ttft_ms.p50" in proc.stdout and "PASS:" in proc.stdout
+
+
+def test_benchmark_json_carries_the_samples(passing_run) -> None:
+    _, out = passing_run
+    bench = json.loads((out / "benchmark.json").read_text())
+    (b,) = [b for b in bench["benchmarks"] if b["name"] == "test_ttft"]
+    samples = results_of(out)["samples"]["ttft_client_s"]
+    assert b["stats"]["rounds"] == len(samples)
+    assert b["stats"]["median"] == pytest.approx(sorted(samples)[len(samples) // 2] if len(samples) % 2 else
+                                                 sum(sorted(samples)[len(samples) // 2 - 1:][:2]) / 2)
+    assert b["extra_info"]["ttft_client_s"] == samples
+
+
+def test_tight_budget_exits_1_and_names_the_metric(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, ttft_ms={"p50": 1})), "--output", str(out))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "REGRESSION" in proc.stdout and "ttft_ms.p50" in proc.stdout
+    res = results_of(out)
+    assert res["verdict"] == "regression"
+    (p50,) = [c for c in res["checks"] if c["name"] == "ttft_ms.p50"]
+    assert p50["status"] == "fail" and p50["measured"] > 1
+
+
+def test_legacy_mask_injected_exits_1_and_names_the_code_path(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path)), "--output", str(out),
+                     "--inject", "legacy-mask")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = results_of(out)
+    (ip,) = [c for c in res["checks"] if c["name"] == "mask_path[640x480].aten::_index_put_impl_"]
+    assert ip["status"] == "fail" and ip["measured"] == 513
+    assert "_update_causal_mask" in proc.stdout and "513" in proc.stdout
+    report = (out / "report.md").read_text()
+    assert "_update_causal_mask" in report and "513" in report
+    assert res["run"]["injected"] == "legacy-mask"
+
+
+def test_missing_model_path_is_an_invalid_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, model="/nonexistent/deepseek-ocr-2")),
+                     "--output", str(out))
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "/nonexistent/deepseek-ocr-2" in proc.stdout + proc.stderr
+    assert results_of(out)["verdict"] == "invalid"
+
+
+def test_selftest_catches_the_legacy_mask(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_guard("selftest", "--thresholds", str(small_cpu_yaml(tmp_path, profile_sizes=[[640, 480], [800, 400]])),
+                     "--output", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    st = json.loads((out / "selftest.json").read_text())
+    assert st["caught"] is True
+    canary = {tuple(c["image_size"]): c["counts"].get("aten::_index_put_impl_", 0) for c in st["counts"]["canary"]}
+    assert canary == {(640, 480): 513, (800, 400): 513 + 2 * 289}
+    for phase in ("clean", "restored"):
+        assert all(c["counts"].get("aten::_index_put_impl_", 0) == 0 for c in st["counts"][phase])
+    assert st["counts"]["clean"] == st["counts"]["restored"]
