@@ -1,7 +1,15 @@
-"""Which machine is this, which hardware profile fits it, and the environment fingerprint."""
+"""Which machine is this, which hardware profile fits it, and the environment fingerprint.
+
+On a GPU the fingerprint also records the device's state through NVML (``gpu_state``): driver
+and CUDA versions, clocks, throttle reasons and the other processes on the device, sampled when
+the run starts and when its timing pass ends. ``gpu_state_problems`` decides, from that record
+alone, whether the numbers can be trusted; evaluation re-checks the recorded hardware against
+the profile (``recorded_hardware_problems``), so a results file never passes on the wrong machine.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import platform
 import re
@@ -94,8 +102,12 @@ def git_commit(cwd: Path | None = None) -> str | None:
 
 def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
     """What results.json records about where and with what the numbers were measured."""
+    why = mismatch(profile, hw)
     fp: dict[str, Any] = {
         "hardware_profile": profile.name,
+        "hardware_match": {"ok": why is None, "reason": why,
+                           "rule": {"cuda": profile.match.cuda, "gpu_name_regex": profile.match.gpu_name_regex}},
+        "cuda": hw.cuda,
         "cpu": hw.cpu_name,
         "cpu_count": hw.cpu_count,
         "gpu": hw.gpu_name,
@@ -117,4 +129,160 @@ def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
         fp["cuda_runtime"] = torch.version.cuda
     except Exception:  # noqa: BLE001
         fp["cuda_runtime"] = None
+    # None: no GPU, or NVML unreadable (evaluation then adds a notice on GPU profiles)
+    start = read_gpu_state() if hw.cuda else None
+    fp["gpu_state"] = {"start": start, "end": None} if start is not None else None
     return fp
+
+
+def recorded_hardware_problems(profile: Profile, env: dict[str, Any]) -> list[str]:
+    """Re-check, at evaluation, that the recorded machine is the profile's: a run.json carried to
+    another profile, or a profile edited since the run, must not be judged against its budgets."""
+    if not env:
+        return []
+    out = []
+    measured_as = env.get("hardware_profile")
+    if measured_as is not None and measured_as != profile.name:
+        out.append(f"hardware does not match: measured under profile '{measured_as}', judged against '{profile.name}'")
+    match = env.get("hardware_match")
+    if isinstance(match, dict) and match.get("ok") is False:
+        out.append(f"hardware did not match when the run started: {match.get('reason')}")
+    if "gpu" in env or "cuda" in env:
+        cuda = env.get("cuda")
+        hw = Hardware(cuda=bool(env.get("gpu")) if cuda is None else bool(cuda), gpu_name=env.get("gpu"),
+                      cpu_name=str(env.get("cpu") or "unknown CPU"), cpu_count=int(env.get("cpu_count") or 0))
+        why = mismatch(profile, hw)
+        if why and not (isinstance(match, dict) and match.get("reason") == why):  # said once is enough
+            out.append(f"hardware does not match: recorded {hw.describe()}: {why}")
+    return out
+
+
+# ----------------------------------------------------------------------------- GPU state (NVML)
+# nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h; stable across driver versions)
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# Settings, not slowdowns under load: an idle GPU at a sample point, clocks pinned by the admin,
+# the display clock, multi-GPU sync boost. Everything else lowers the clocks the budgets assume.
+BENIGN_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting", "sync_boost"})
+
+
+def throttle_reason_names(mask: int) -> list[str]:
+    names = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_REASONS)
+    return names + ([f"unknown_0x{unknown:x}"] if unknown else [])
+
+
+def _nvml_handle(nvml: Any) -> Any:
+    """The device torch calls cuda:0: the first entry of CUDA_VISIBLE_DEVICES (an index or a UUID)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.startswith(("GPU-", "MIG-")):
+        return nvml.nvmlDeviceGetHandleByUUID(first)
+    return nvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_gpu_state(own_pids: frozenset[int] | None = None) -> dict[str, Any] | None:
+    """One NVML snapshot of the device, or None when NVML is unavailable (no pynvml, no driver).
+    Each field that NVML refuses is None rather than failing the run."""
+    try:
+        import pynvml as nvml
+    except ImportError:
+        return None
+    try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - NVMLError, or a broken driver install
+        return None
+    try:
+        handle = _nvml_handle(nvml)
+
+        def get(fn: Any, *args: Any) -> Any:
+            try:
+                return fn(*args)
+            except Exception:  # noqa: BLE001 - not supported on this device / driver
+                return None
+
+        cuda = get(getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None) or nvml.nvmlSystemGetCudaDriverVersion)
+        # renamed in newer NVML; the old name is kept as an alias for a while
+        reasons_fn = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                      or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+        mask = get(reasons_fn, handle)
+        procs = get(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        mem = [getattr(p, "usedGpuMemory", None) for p in procs]
+        name = get(nvml.nvmlDeviceGetName, handle)
+        driver = get(nvml.nvmlSystemGetDriverVersion)
+        return {
+            "sampled_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "name": None if name is None else _text(name),
+            "driver_version": None if driver is None else _text(driver),
+            "cuda_driver_version": None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "clocks_mhz": {
+                "sm": get(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+                "sm_max": get(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM),
+                "mem": get(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
+                "mem_max": get(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_MEM),
+            },
+            "temperature_c": get(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
+            "throttle_mask": mask,
+            "throttle_reasons": None if mask is None else throttle_reason_names(mask),
+            "processes": [
+                # usedGpuMemory is None (or NVML's "not available" sentinel) without permission
+                {"pid": int(p.pid), "used_memory_mib": m // 2**20 if isinstance(m, int) and m < 2**63 else None}
+                for p, m in zip(procs, mem)
+            ],
+            # this process, and `guard check` that started it: neither competes with the timing
+            "own_pids": sorted(own_pids if own_pids is not None else {os.getpid(), os.getppid()}),
+        }
+    except Exception:  # noqa: BLE001 - a half-readable NVML must not fail the run; the notice says so
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def other_gpu_processes(snapshot: dict[str, Any], holding_device: bool) -> list[dict[str, Any]]:
+    """Processes on the device that are not this run. ``holding_device``: the engine had the device
+    when the snapshot was taken, so this process must be listed; if none of the listed pids is
+    ours, NVML is reporting another PID namespace (a container) and one entry, the largest, is us."""
+    procs = list(snapshot.get("processes") or [])
+    own = set(snapshot.get("own_pids") or [])
+    others = [p for p in procs if p.get("pid") not in own]
+    if holding_device and others and len(others) == len(procs):
+        others.sort(key=lambda p: p.get("used_memory_mib") or 0)
+        others = others[:-1]
+    return others
+
+
+def gpu_state_problems(gpu_state: dict[str, Any] | None) -> list[str]:
+    """Why the recorded GPU state makes the timing untrustworthy; empty: nothing seen (or nothing recorded)."""
+    if not gpu_state:
+        return []
+    out = []
+    for when, holding in (("start", False), ("end", True)):
+        snap = gpu_state.get(when)
+        if not snap:
+            continue
+        others = other_gpu_processes(snap, holding_device=holding)
+        if others:
+            who = ", ".join(f"pid {p.get('pid')}" + (f" ({p['used_memory_mib']} MiB)" if p.get("used_memory_mib") else "")
+                            for p in others)
+            out.append(f"another process was using the GPU at the {when} of the run: {who}")
+        slow = [r for r in (snap.get("throttle_reasons") or []) if r not in BENIGN_THROTTLE_REASONS]
+        if slow:
+            clocks = snap.get("clocks_mhz") or {}
+            at = f" (SM clock {clocks['sm']} of {clocks['sm_max']} MHz)" if clocks.get("sm") and clocks.get("sm_max") else ""
+            out.append(f"GPU clocks were throttled at the {when} of the run: {', '.join(slow)}{at}")
+    return out

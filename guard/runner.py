@@ -92,8 +92,27 @@ class GuardRun:
         return self._run(self._jobs(count, warmup=False), f"round {self.record.rounds}")
 
     def measure_until_decided(self) -> None:
-        """The workload's measured requests; further rounds are added by the decision rule."""
+        """The workload's measured requests, then another ``statistics.batch`` while any budgeted
+        TTFT percentile's interval straddles its budget, up to ``statistics.max_requests``.
+        The rule is guard.evaluate's, so this stage and the verdict agree."""
+        # imported here: evaluate/hardware are this method's concern only
+        from guard.evaluate import more_requests, undecided_ttft
+        from guard.hardware import read_gpu_state
+
+        stats = self.profile.statistics
         self.measure(self.profile.workload.requests)
+        while all(o.success for o in self.record.measured):  # a failed request makes the run invalid: stop
+            undecided = undecided_ttft(self.profile, self.record.ttft_client_s())
+            extra = more_requests(stats, len(self.record.measured), bool(undecided))
+            if not extra:
+                break
+            self.progress(f"inconclusive after {len(self.record.measured)} requests: "
+                          + "; ".join(d.describe() for d in undecided)
+                          + f"; measuring {extra} more (round {self.record.rounds + 1}, cap {stats.max_requests})")
+            self.measure(extra)
+        gpu_state = self.record.environment.get("gpu_state")
+        if gpu_state is not None:  # the end of the timing pass, while the engine holds the device
+            gpu_state["end"] = read_gpu_state()
 
     # -------------------------------------------------------------- profile pass
     def profile_ops(self, label: str = "") -> list[ScopeCounts]:

@@ -1,0 +1,284 @@
+"""The validity gate: each condition that makes a run untrustworthy gives exit 3 (INVALID) with its
+reason, never a regression. Hand-built RunRecords through guard.evaluate.evaluate; GPU state as
+recorded dicts and through a fake pynvml (no GPU needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from guard.budgets import load_thresholds
+from guard.errors import ExitCode
+from guard.evaluate import evaluate
+from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
+from guard.results import RequestOutcome, RunRecord, Verdict
+from guard.runner import GuardRun
+
+THRESHOLDS = Path(__file__).parent.parent / "thresholds" / "deepseek-ocr-2.yaml"
+CPU_HW = Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2)
+OWN_PID = 1000
+
+
+def env_for(profile: str, gpu: str | None, gpu_state=None) -> dict:
+    return {"hardware_profile": profile, "cuda": gpu is not None, "gpu": gpu, "cpu": "Test CPU", "cpu_count": 2,
+            "hardware_match": {"ok": True, "reason": None, "rule": {}}, "gpu_state": gpu_state}
+
+
+def snap(reasons=("gpu_idle",), processes=(), own=(OWN_PID,)) -> dict:
+    """A gpu_state snapshot as read_gpu_state records it."""
+    return {"name": "NVIDIA A10", "driver_version": "550.54.15", "cuda_driver_version": "12.4",
+            "clocks_mhz": {"sm": 1695, "sm_max": 1695, "mem": 6251, "mem_max": 6251}, "temperature_c": 60,
+            "throttle_mask": 1, "throttle_reasons": list(reasons),
+            "processes": [{"pid": pid, "used_memory_mib": mib} for pid, mib in processes], "own_pids": list(own)}
+
+
+@pytest.fixture(scope="module")
+def thresholds():
+    return load_thresholds(THRESHOLDS)
+
+
+@pytest.fixture
+def cpu(thresholds):
+    return dataclasses.replace(thresholds.profile("cpu"), ops=())
+
+
+@pytest.fixture
+def a10(thresholds):
+    return dataclasses.replace(thresholds.profile("a10"), ops=())
+
+
+def outcomes(n: int, ttft_s: float) -> list[RequestOutcome]:
+    return [RequestOutcome(index=i, image_size=(640, 480), warmup=False, success=True, ttft_client_s=ttft_s * (1 + i / 1000))
+            for i in range(n)]
+
+
+def cpu_run(**changes) -> RunRecord:
+    base = RunRecord(profile="cpu", thresholds_path=str(THRESHOLDS), model="deepseek-ocr-2",
+                     environment=env_for("cpu", None), outcomes=outcomes(15, 7.2), rounds=3)
+    return dataclasses.replace(base, **changes)
+
+
+def a10_run(gpu_state, gpu="NVIDIA A10") -> RunRecord:
+    return RunRecord(profile="a10", thresholds_path=str(THRESHOLDS), model="deepseek-ocr-2",
+                     environment=env_for("a10", gpu, gpu_state), outcomes=outcomes(100, 2.283), rounds=1)
+
+
+def assert_invalid(res, fragment: str) -> None:
+    assert res.verdict == Verdict.INVALID
+    assert res.exit_code == ExitCode.INVALID == 3
+    assert any(fragment in r for r in res.invalid_reasons), res.invalid_reasons
+
+
+# ----------------------------------------------------------------------------- baselines
+def test_a_clean_cpu_run_is_valid(cpu):
+    res = evaluate(cpu, cpu_run())
+    assert res.verdict == Verdict.PASS and res.invalid_reasons == [] and res.notices == []
+
+
+def test_a_clean_gpu_run_is_valid(a10):
+    res = evaluate(a10, a10_run({"start": snap(), "end": snap(processes=[(OWN_PID, 20000)])}))
+    assert res.verdict == Verdict.PASS and res.invalid_reasons == []
+
+
+# ----------------------------------------------------------------------------- requests and engine
+def test_errored_request(cpu):
+    bad = RequestOutcome(index=15, image_size=(640, 480), warmup=False, success=False, error="RuntimeError: boom")
+    assert_invalid(evaluate(cpu, cpu_run(outcomes=outcomes(15, 7.2) + [bad])), "request 15 (640x480) failed: RuntimeError: boom")
+
+
+def test_timed_out_request(cpu):
+    late = RequestOutcome(index=3, image_size=(640, 480), warmup=False, success=False, error="timed out after 600 s")
+    assert_invalid(evaluate(cpu, cpu_run(outcomes=outcomes(15, 7.2) + [late])), "timed out after 600 s")
+
+
+def test_engine_died(cpu):
+    res = evaluate(cpu, cpu_run(invalid_reasons=["engine died during round 2: RuntimeError: CUDA error"]))
+    assert_invalid(res, "engine died during round 2")
+
+
+def test_too_few_samples(cpu):
+    assert_invalid(evaluate(cpu, cpu_run(outcomes=outcomes(3, 7.2), rounds=1)), "too few TTFT samples: 3 of 5")
+
+
+def test_a_regression_in_an_invalid_run_is_not_reported_as_one(cpu):
+    slow = cpu_run(outcomes=outcomes(15, 12.0), invalid_reasons=["engine died during round 3: boom"])
+    res = evaluate(cpu, slow)
+    assert res.exit_code == 3 and res.verdict == Verdict.INVALID
+
+
+# ----------------------------------------------------------------------------- hardware re-checked at evaluation
+@pytest.mark.parametrize("env_change, fragment", [
+    ({"cuda": True, "gpu": "NVIDIA A10"}, "is for machines without CUDA; this one has NVIDIA A10"),
+    ({"hardware_profile": "a10"}, "measured under profile 'a10', judged against 'cpu'"),
+    ({"hardware_match": {"ok": False, "reason": "profile 'cpu' is for machines without CUDA; this one has X"}},
+     "did not match when the run started"),
+])
+def test_hardware_mismatch_in_the_fingerprint(cpu, env_change, fragment):
+    run = cpu_run()
+    run.environment.update(env_change)
+    assert_invalid(evaluate(cpu, run), fragment)
+
+
+def test_gpu_name_outside_the_profile_regex(a10):
+    # "A10" alone would match an A100: the profile's regex must reject it at evaluation too
+    assert_invalid(evaluate(a10, a10_run({"start": snap(), "end": None}, gpu="NVIDIA A100-SXM4-80GB")),
+                   "wants a GPU matching")
+
+
+def test_a_mismatch_is_reported_once(cpu):
+    why = "profile 'cpu' is for machines without CUDA; this one has NVIDIA A10"
+    run = cpu_run()
+    run.environment.update({"cuda": True, "gpu": "NVIDIA A10", "hardware_match": {"ok": False, "reason": why}})
+    assert sum(why in r for r in evaluate(cpu, run).invalid_reasons) == 1
+
+
+def test_fingerprint_records_the_match_and_no_gpu_state_on_cpu(cpu, a10, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # no torch import in a unit test
+    monkeypatch.setattr("guard.hardware.git_commit", lambda cwd=None: None)
+    fp = fingerprint(CPU_HW, cpu)
+    assert fp["hardware_profile"] == "cpu" and fp["cuda"] is False
+    assert fp["hardware_match"]["ok"] is True and fp["gpu_state"] is None
+    wrong = fingerprint(CPU_HW, a10)
+    assert wrong["hardware_match"] == {"ok": False, "reason": "profile 'a10' needs a CUDA device; this machine has none",
+                                       "rule": {"cuda": True, "gpu_name_regex": r"\bA10G?\b"}}
+
+
+# ----------------------------------------------------------------------------- GPU state
+def test_another_process_on_the_gpu(a10):
+    state = {"start": snap(processes=[(4242, 2048)]), "end": snap(processes=[(OWN_PID, 20000)])}
+    assert_invalid(evaluate(a10, a10_run(state)), "another process was using the GPU at the start of the run: pid 4242 (2048 MiB)")
+
+
+def test_thermal_throttling(a10):
+    state = {"start": snap(), "end": snap(reasons=["sw_thermal_slowdown", "hw_thermal_slowdown"])}
+    assert_invalid(evaluate(a10, a10_run(state)),
+                   "GPU clocks were throttled at the end of the run: sw_thermal_slowdown, hw_thermal_slowdown")
+
+
+@pytest.mark.parametrize("reasons", [["gpu_idle"], ["applications_clocks_setting"], ["display_clock_setting", "sync_boost"], []])
+def test_settings_are_not_throttling(reasons):
+    assert gpu_state_problems({"start": snap(reasons=reasons), "end": snap(reasons=reasons)}) == []
+
+
+def test_power_cap_is_throttling():
+    assert gpu_state_problems({"start": None, "end": snap(reasons=["sw_power_cap"])}) == [
+        "GPU clocks were throttled at the end of the run: sw_power_cap (SM clock 1695 of 1695 MHz)"]
+
+
+def test_own_processes_are_not_others():
+    assert gpu_state_problems({"start": snap(processes=[(OWN_PID, 10), (OWN_PID + 1, 10)], own=(OWN_PID, OWN_PID + 1)),
+                               "end": None}) == []
+
+
+def test_in_a_container_the_largest_unknown_pid_at_the_end_is_this_run():
+    # NVML reports host PIDs inside a PID namespace: our own process shows up under a foreign pid
+    end = snap(processes=[(87654, 20000)])
+    assert other_gpu_processes(end, holding_device=True) == []
+    assert other_gpu_processes(end, holding_device=False) == [{"pid": 87654, "used_memory_mib": 20000}]
+    two = snap(processes=[(87654, 20000), (99999, 512)])
+    assert other_gpu_processes(two, holding_device=True) == [{"pid": 99999, "used_memory_mib": 512}]
+
+
+def test_no_gpu_state_on_a_gpu_profile_is_a_notice_not_invalid(a10):
+    res = evaluate(a10, a10_run(None))
+    assert res.verdict == Verdict.PASS
+    assert any("nvidia-ml-py" in n for n in res.notices)
+
+
+def test_read_gpu_state_without_pynvml_is_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert read_gpu_state() is None
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_pynvml(*, init_fails=False, mask=0x21):
+    """The slice of pynvml that read_gpu_state uses, answering like an A10 with one stranger."""
+    m = types.ModuleType("pynvml")
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 1, 2, 0
+    m.calls = []
+
+    def init():
+        if init_fails:
+            raise NVMLError("Driver Not Loaded")
+
+    def by_uuid(uuid):
+        m.calls.append(("uuid", uuid))
+        return "h"
+
+    def by_index(i):
+        m.calls.append(("index", i))
+        return "h"
+
+    def unsupported(*args):
+        raise NVMLError("Not Supported")
+
+    m.nvmlInit, m.nvmlShutdown = init, lambda: None
+    m.nvmlDeviceGetHandleByUUID, m.nvmlDeviceGetHandleByIndex = by_uuid, by_index
+    m.nvmlDeviceGetName = lambda h: b"NVIDIA A10"
+    m.nvmlSystemGetDriverVersion = lambda: "550.54.15"
+    m.nvmlSystemGetCudaDriverVersion = lambda: 12040
+    m.nvmlDeviceGetClockInfo = lambda h, kind: {1: 1410, 2: 6251}[kind]
+    m.nvmlDeviceGetMaxClockInfo = lambda h, kind: {1: 1695, 2: 6251}[kind]
+    m.nvmlDeviceGetTemperature = unsupported  # one refused field must not lose the others
+    m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: mask  # older pynvml: no ...EventReasons
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [types.SimpleNamespace(pid=OWN_PID, usedGpuMemory=20000 * 2**20),
+                                                        types.SimpleNamespace(pid=777, usedGpuMemory=None)]
+    return m
+
+
+def test_read_gpu_state_through_nvml(monkeypatch):
+    nvml = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234abcd,GPU-5678")
+    state = read_gpu_state(own_pids=frozenset({OWN_PID}))
+    assert nvml.calls == [("uuid", "GPU-1234abcd")]  # torch's cuda:0 is the first visible device
+    assert state["name"] == "NVIDIA A10" and state["driver_version"] == "550.54.15"
+    assert state["cuda_driver_version"] == "12.4"
+    assert state["clocks_mhz"] == {"sm": 1410, "sm_max": 1695, "mem": 6251, "mem_max": 6251}
+    assert state["temperature_c"] is None
+    assert state["throttle_reasons"] == ["gpu_idle", "sw_thermal_slowdown"]
+    assert state["processes"] == [{"pid": OWN_PID, "used_memory_mib": 20000}, {"pid": 777, "used_memory_mib": None}]
+    assert gpu_state_problems({"start": state, "end": None}) == [
+        "another process was using the GPU at the start of the run: pid 777",
+        "GPU clocks were throttled at the start of the run: sw_thermal_slowdown (SM clock 1410 of 1695 MHz)",
+    ]
+
+
+def test_read_gpu_state_uses_the_device_index(monkeypatch):
+    nvml = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    read_gpu_state()
+    assert nvml.calls == [("index", 3)]
+
+
+def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_fails=True))
+    assert read_gpu_state() is None
+
+
+def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monkeypatch, tmp_path):
+    start = snap()
+    monkeypatch.setattr("guard.runner.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
+    monkeypatch.setattr("guard.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
+
+    class Scripted(GuardRun):
+        def measure(self, count):
+            self.record.rounds += 1
+            new = outcomes(count, 2.283)
+            self.record.outcomes.extend(new)
+            return new
+
+    run = Scripted(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
+                   progress=lambda m: None)
+    run.measure_until_decided()
+    state = run.record.environment["gpu_state"]
+    assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]
+    assert_invalid(evaluate(a10, run.finish()), "throttled at the end of the run: hw_slowdown")
