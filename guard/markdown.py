@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+from guard.evaluate import fmt_interval
 from guard.results import CheckResult, Results, ScopeCounts, Status
 
 MAX_CHART_POINTS = 100  # xychart-beta gets unreadable (and the comment long) past this
@@ -127,7 +128,7 @@ def _ttft_table(results: Results, ttft: list[CheckResult]) -> list[str]:
     ]
     if any(c.interval for c in ttft):
         cols.append((_confidence(results), "---:",
-                     lambda c: f"[{c.interval[0]:.0f}, {c.interval[1]:.0f}]" if c.interval else "—"))
+                     lambda c: fmt_interval(c.interval) if c.interval else "—"))
     if any(c.samples is not None for c in ttft):
         cols.append(("samples", "---:", lambda c: "—" if c.samples is None else str(int(c.samples))))
     if any(c.rounds is not None for c in ttft):

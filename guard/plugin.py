@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 RUN_KEY = pytest.StashKey["GuardRun"]()
+_CANARY_KEY = pytest.StashKey[contextlib.ExitStack]()
 DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"
 
 
@@ -62,8 +63,11 @@ def guard_run(pytestconfig: pytest.Config):
             from guard.canary import inject_legacy_mask
 
             run.progress("CANARY: the pre-#49531 mask is injected; this run must fail")
-            ctx = inject_legacy_mask(run.llm)
-            ctx.__enter__()
+            # Held in the stash until the session ends: a dropped generator context would be
+            # closed by the garbage collector, silently restoring the current mask.
+            canary = contextlib.ExitStack()
+            canary.enter_context(inject_legacy_mask(run.llm))
+            pytestconfig.stash[_CANARY_KEY] = canary
     return pytestconfig.stash[RUN_KEY]
 
 
@@ -72,6 +76,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
+    canary = session.config.stash.get(_CANARY_KEY, None)
+    if canary is not None:
+        canary.close()
     from guard.results import run_to_dict, write_json_atomic
 
     record = run.finish()
@@ -87,7 +94,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     write_json_atomic(run.output / "run.json", run_to_dict(record))
     from guard.evaluate import evaluate
 
-    results = evaluate(run.profile, record)
+    results = evaluate(run.profile, record, output=str(run.output))
     session.config.stash[_RESULTS_KEY] = results
     if results.exit_code and session.exitstatus == 0:
         session.exitstatus = results.exit_code

@@ -8,6 +8,7 @@ Seconds inside; milliseconds only in keys that say ``_ms``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -150,6 +151,21 @@ def _tupled(d: dict[str, Any], *keys: str) -> dict[str, Any]:
     return d
 
 
+def _json_interval(check: dict[str, Any]) -> dict[str, Any]:
+    """Strict JSON has no Infinity: an interval side that does not exist at this sample count
+    is written as null (read back as -inf / inf)."""
+    if check.get("interval") is not None:
+        check["interval"] = [None if math.isinf(x) else x for x in check["interval"]]
+    return check
+
+
+def _interval_from_json(check: dict[str, Any]) -> dict[str, Any]:
+    if check.get("interval") is not None:
+        lo, hi = check["interval"]
+        check["interval"] = (-math.inf if lo is None else lo, math.inf if hi is None else hi)
+    return check
+
+
 def run_to_dict(run: RunRecord) -> dict[str, Any]:
     return {"schema": RUN_SCHEMA, "schema_version": RESULTS_SCHEMA_VERSION, **asdict(run)}
 
@@ -178,7 +194,7 @@ def results_to_dict(res: Results) -> dict[str, Any]:
         "profile_config": res.profile_config,
         "thresholds_file": res.run.thresholds_path,
         "ttft_definition": res.ttft_definition,
-        "checks": [asdict(c) for c in res.checks],
+        "checks": [_json_interval(asdict(c)) for c in res.checks],
         "notices": res.notices,
         "invalid_reasons": res.invalid_reasons,
         "samples": {"ttft_client_s": client, "ttft_engine_s": engine},
@@ -193,7 +209,7 @@ def results_from_dict(d: dict[str, Any]) -> Results:
         verdict=d["verdict"],
         exit_code=d["exit_code"],
         run=run_from_dict(d["run"]),
-        checks=[CheckResult(**_tupled(dict(c), "interval", "image_size")) for c in d["checks"]],
+        checks=[CheckResult(**_tupled(_interval_from_json(dict(c)), "image_size")) for c in d["checks"]],
         invalid_reasons=list(d.get("invalid_reasons", [])),
         notices=list(d.get("notices", [])),
         guard_version=d.get("guard_version", ""),
@@ -208,7 +224,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
+            json.dump(data, f, indent=2, sort_keys=False, allow_nan=False)
             f.write("\n")
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from guard.evaluate import fmt_interval
 from guard.results import CheckResult, Results, Status
 
 _MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok"}
@@ -18,7 +19,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def _ttft_row(c: CheckResult) -> list[str]:
     delta = "" if c.delta_pct is None else f"{c.delta_pct:+.1f}%"
-    ci = f"[{c.interval[0]:.0f}, {c.interval[1]:.0f}]" if c.interval else ""
+    ci = fmt_interval(c.interval) if c.interval else ""
     return [c.name, f"{c.budget:.0f} ms", f"{c.measured:.0f} ms", delta, ci, str(c.samples or ""), _MARK[c.status]]
 
 

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     record = run_from_dict(read_json(run_file, RUN_SCHEMA))
     if code not in (0, 1, 3):  # pytest: 2 interrupted, 4 usage error, 5 no tests ran
         record.invalid_reasons.append(f"the perf suite exited with pytest status {code}; see the output above")
-    results = evaluate(profile, record, guard_version=__version__)
+    results = evaluate(profile, record, guard_version=__version__, output=args.output)
     write_json_atomic(output / "results.json", results_to_dict(results))
     (output / "report.md").write_text(render_markdown(results), encoding="utf-8")
 
