@@ -191,7 +191,8 @@ def _sites(results: Results, failed_ops: list[CheckResult]) -> list[str]:
         op = _op_label(c)
         sites = [] if counts is None else [s for s in counts.sites if op == "total_ops" or s.op == op]
         sites = sorted(sites, key=lambda s: -s.count)
-        lines += ["", f"**{code(c.name)}** — {c.measured:.0f} calls, budget {_rule(c)}:", ""]
+        inside = f" in {code(counts.where)}" if counts is not None and counts.where else ""
+        lines += ["", f"**{code(c.name)}** — {c.measured:.0f} calls{inside}, budget {_rule(c)}:", ""]
         if not sites:
             lines.append("_No call sites were recorded for this op._")
             continue

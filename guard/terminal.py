@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from guard.evaluate import fmt_interval
 from guard.results import CheckResult, Results, Status
+from guard.stats import percentile
 
 _MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok"}
 
@@ -27,8 +28,20 @@ def _op_row(c: CheckResult) -> list[str]:
     return [c.name, f"{'==' if c.rule == 'exact' else '<='} {c.budget:.0f}", f"{c.measured:.0f}", _MARK[c.status]]
 
 
+def percentile_summary(results: Results) -> str | None:
+    """p50/p90/p99 of every measured request, budgeted or not: the numbers people look for."""
+    samples = results.run.ttft_client_s()
+    if not samples:
+        return None
+    cells = " · ".join(f"p{p} {percentile(samples, p) * 1000:.0f} ms" for p in (50, 90, 99))
+    return f"TTFT over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
+
+
 def render_terminal(results: Results) -> str:
     lines: list[str] = []
+    summary = percentile_summary(results)
+    if summary:
+        lines += [summary, ""]
     ttft = [c for c in results.checks if c.kind == "ttft"]
     if ttft:
         lines += _table(["metric", "budget", "measured", "delta", "interval", "n", "status"], [_ttft_row(c) for c in ttft])
@@ -39,8 +52,8 @@ def render_terminal(results: Results) -> str:
         for counts in results.run.op_counts:
             failed = [c for c in ops if c.status == Status.FAIL and c.scope == counts.scope and c.image_size == counts.image_size]
             if failed and counts.sites:
-                lines.append(f"  calls in {counts.scope} ({counts.where}) [{counts.image_size[0]}x{counts.image_size[1]}] "
-                             "came from:")
+                where = f" ({counts.where})" if counts.where else ""
+                lines.append(f"  calls in {counts.scope}{where} [{counts.image_size[0]}x{counts.image_size[1]}] came from:")
                 lines += [f"    {s.count:>6}  {s.op:<28} {s.function} ({s.location})" for s in counts.sites[:6]]
         lines.append("")
     for reason in results.invalid_reasons:

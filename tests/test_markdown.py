@@ -199,3 +199,11 @@ def test_unknown_status_and_verdict_are_shown_as_text(regression):
     md = render_markdown(dataclasses.replace(regression, verdict="mystery", checks=[odd]))
     assert md.startswith("## ❔ guard: mystery")
     assert "weird&lt;b&gt;" in md
+
+
+def test_failed_op_sites_name_the_scope_code_path() -> None:
+    res = load_results(FIXTURE)
+    where = "vllm/model_executor/models/deepencoder2.py:_update_causal_mask"
+    res.run.op_counts = [dataclasses.replace(c, where=where) for c in res.run.op_counts]
+    md = render_markdown(res)
+    assert f"calls in `{where}`" in md
