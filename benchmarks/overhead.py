@@ -30,6 +30,9 @@ def bare(thresholds: str, profile_name: str) -> None:
     e, w = profile.engine, profile.workload
     import os
 
+    # The same engine mode as guard (engine core in this process), so the difference measured is
+    # guard's harness, not vLLM's process layout (the default multiprocess layout ran slower here).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if e.cpu_kvcache_space_gb:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(e.cpu_kvcache_space_gb))
     from vllm import LLM, SamplingParams

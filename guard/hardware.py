@@ -45,7 +45,11 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def detect() -> Hardware:
+def detect(quick: bool = False) -> Hardware:
+    """What this machine is. ``quick``: skip importing torch (seconds) when the machine has no
+    NVIDIA device node at all; the run stage detects again with torch and records the truth."""
+    if quick and not any(Path("/dev").glob("nvidia[0-9]*")):
+        return Hardware(cuda=False, gpu_name=None, cpu_name=cpu_name(), cpu_count=os.cpu_count() or 1)
     try:
         import torch
 

@@ -25,6 +25,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--guard-output", default="guard-results", help="where run.json and traces go")
     g.addoption("--guard-inject", default=None, choices=["legacy-mask"],
                 help="canary: re-inject the pre-#49531 mask before measuring (the guard must fail)")
+    g.addoption("--guard-traces", default="on-failure", choices=["on-failure", "always"],
+                help="save the profiled requests' Chrome traces always, or only when an op budget fails")
     g.addoption("--guard-no-summary", action="store_true", help="leave the verdict table to the caller (guard check)")
 
 
@@ -57,7 +59,8 @@ def guard_run(pytestconfig: pytest.Config):
         hw = detect()
         profile = select_profile(thresholds, pytestconfig.getoption("guard_profile"), hw)
         run = GuardRun(thresholds, profile, hw, Path(pytestconfig.getoption("guard_output")),
-                       progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"))
+                       progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"),
+                       traces=pytestconfig.getoption("guard_traces"))
         pytestconfig.stash[RUN_KEY] = run
         if run.record.injected:
             from guard.canary import inject_legacy_mask

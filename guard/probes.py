@@ -142,10 +142,10 @@ def load_events(path: Path) -> list[ProfEvent]:
         return [ProfEvent.from_list(row) for row in json.load(f)]
 
 
-def profile_request(run_one, trace_path: Path | None = None) -> list[ProfEvent]:
-    """Run ``run_one()`` (one request, start to finish) under torch.profiler; return its events.
+def profile_request(run_one):
+    """Run ``run_one()`` (one request, start to finish) under torch.profiler.
 
-    With ``trace_path``, also saves the Chrome trace there, gzip-compressed.
+    Returns the events and the profiler, for ``save_trace`` when the trace is wanted.
     """
     import torch
     from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
@@ -156,10 +156,13 @@ def profile_request(run_one, trace_path: Path | None = None) -> list[ProfEvent]:
     with profile(activities=activities, with_stack=True,
                  experimental_config=_ExperimentalConfig(verbose=True)) as prof:
         run_one()
-    if trace_path is not None:
-        raw = trace_path.with_suffix("")  # "x.json.gz" -> "x.json"
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        raw.unlink()
-    return from_profiler(prof.events())
+    return from_profiler(prof.events()), prof
+
+
+def save_trace(prof, trace_path: Path) -> None:
+    """The Chrome trace, gzip-compressed (open it in chrome://tracing or Perfetto)."""
+    raw = trace_path.with_suffix("")  # "x.json.gz" -> "x.json"
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()

@@ -14,15 +14,21 @@ from pathlib import Path
 from guard.budgets import Profile, Thresholds
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
+from guard.evaluate import op_checks
 from guard.hardware import Hardware, fingerprint
-from guard.probes import attribute, profile_request, save_events, scope_events
-from guard.results import RequestOutcome, RunRecord, ScopeCounts
+from guard.probes import attribute, profile_request, save_events, save_trace, scope_events
+from guard.results import RequestOutcome, RunRecord, ScopeCounts, Status
+
+
+TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 
 
 class GuardRun:
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
-                 progress: Callable[[str], None] = print, injected: str | None = None) -> None:
+                 progress: Callable[[str], None] = print, injected: str | None = None,
+                 traces: str = TRACES_ON_FAILURE) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
+        self.traces = traces
         self.progress = progress
         self.record = RunRecord(
             profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
@@ -123,14 +129,18 @@ class GuardRun:
             if size not in self._warm_sizes:  # first request of a size fills its caches
                 self._run(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}")
             jobs = self._jobs(1, warmup=True, sizes=[size])  # profiled requests are not TTFT samples
-            name = f"trace{label}-{size[0]}x{size[1]}.json.gz"
             self.output.mkdir(parents=True, exist_ok=True)
             self.progress(f"profiling one {size[0]}x{size[1]} request{label and ' (' + label.strip('-') + ')'} ...")
-            events = profile_request(lambda: self._run(jobs, "profiled"), trace_path=self.output / name)
+            events, prof = profile_request(lambda: self._run(jobs, "profiled"))
             # Keep the events that touch the budgeted code paths: small, and enough to re-attribute.
             save_events(scope_events(events, self.profile.ops), self.output / f"events{label}-{size[0]}x{size[1]}.json.gz")
-            self.record.traces.append(name)
             counts = attribute(events, self.profile.ops, size)
+            # The full trace costs seconds to write; it is there to explain a failure.
+            if self.traces == TRACES_ALWAYS or any(c.status == Status.FAIL for c in op_checks(self.profile, counts)):
+                name = f"trace{label}-{size[0]}x{size[1]}.json.gz"
+                save_trace(prof, self.output / name)
+                self.record.traces.append(name)
+            del prof
             for c in counts:
                 ops = ", ".join(f"{op} {n}" for op, n in list(c.counts.items())[:4]) or "none"
                 self.progress(f"  scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entered}x, "

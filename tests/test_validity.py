@@ -18,7 +18,7 @@ from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_
 from guard.results import RequestOutcome, RunRecord, Verdict
 from guard.runner import GuardRun
 
-THRESHOLDS = Path(__file__).parent.parent / "thresholds" / "deepseek-ocr-2.yaml"
+THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
 CPU_HW = Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2)
 OWN_PID = 1000
 

@@ -8,6 +8,7 @@ results.json, report.md). A child process keeps a crashing engine from taking th
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for results.json, report.md, traces (default: %(default)s)")
     parser.add_argument("--inject", choices=[LEGACY_MASK], default=None,
                         help="canary: run with the pre-#49531 mask re-injected; the check must then fail")
+    parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",
+                        help="save Chrome traces of the profiled requests only when an op budget fails (default), or always")
 
 
 def suite_dir() -> Path:
@@ -44,19 +47,27 @@ def suite_dir() -> Path:
     raise InvalidRunError("the perf suite (tests/perf) is missing from this guard installation")
 
 
-def run_suite(profile_name: str, thresholds: Path, output: Path, inject: str | None) -> int:
+def run_suite(profile_name: str, thresholds: Path, output: Path, inject: str | None, traces: str) -> int:
     suite = suite_dir()
     cmd = [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
            "-q", "--guard-no-summary", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
-           "--guard-output", str(output), "--benchmark-json", str(output / "benchmark.json")]
+           "--guard-output", str(output), "--guard-traces", traces, "--benchmark-json", str(output / "benchmark.json")]
     if inject:
         cmd += ["--guard-inject", inject]
-    return subprocess.run(cmd, check=False).returncode
+
+    def stop(signum, frame):  # a terminated guard must not leave the engine running behind it
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return subprocess.run(cmd, check=False).returncode  # kills the child when interrupted
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(args: argparse.Namespace) -> int:
     thresholds = load_thresholds(args.thresholds)
-    hw = detect()
+    hw = detect(quick=True)  # the suite's own detection (with torch) is recorded and re-checked
     profile = select_profile(thresholds, args.profile, hw)
     output = Path(args.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
@@ -67,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
           f"requests at concurrency {profile.workload.concurrency}, then the op-count profile pass", flush=True)
 
     t0 = time.perf_counter()
-    code = run_suite(profile.name, thresholds.path.resolve(), output, args.inject)
+    code = run_suite(profile.name, thresholds.path.resolve(), output, args.inject, args.traces)
     run_file = output / "run.json"
     if not run_file.exists():
         raise InvalidRunError(f"the perf suite ended (pytest exit {code}) without writing {run_file}: "
