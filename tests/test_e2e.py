@@ -62,7 +62,8 @@ def test_check_passes_and_writes_results(passing_run) -> None:
     for key in ("cpu", "vllm", "torch", "transformers", "guard", "model"):
         assert env.get(key), key
     assert (out / "report.md").read_text().strip()
-    assert res["artifacts"]["traces"] and (out / res["artifacts"]["traces"][0]).stat().st_size > 0
+    assert res["artifacts"]["traces"] == []  # traces are written to explain a failing op budget
+    assert (out / "events-640x480.json.gz").stat().st_size > 0
 
 
 def test_check_prints_progress_table_and_verdict(passing_run) -> None:
@@ -106,6 +107,8 @@ def test_legacy_mask_injected_exits_1_and_names_the_code_path(tmp_path: Path) ->
     report = (out / "report.md").read_text()
     assert "_update_causal_mask" in report and "513" in report
     assert res["run"]["injected"] == "legacy-mask"
+    (trace,) = res["artifacts"]["traces"]
+    assert trace == "trace-640x480.json.gz" and (out / trace).stat().st_size > 100_000
 
 
 def test_missing_model_path_is_an_invalid_run(tmp_path: Path) -> None:
