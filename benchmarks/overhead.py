@@ -5,7 +5,8 @@ hit both alike; the figure is the ratio of median wall times. The bare script se
 requests guard sends (warm-up, measured, and the profile pass's warm-up and profiled requests,
 same sizes, same images) with the same engine arguments, without pytest, the profiler, or reports.
 
-    uv run --extra cpu python benchmarks/overhead.py --pairs 2      # prints a table; target <= 1.05
+    uv run --extra cpu python benchmarks/overhead.py --pairs 2                  # the whole check
+    uv run --extra cpu python benchmarks/overhead.py --pairs 2 --timing-only    # harness only, no profile pass
 """
 
 from __future__ import annotations
@@ -43,12 +44,23 @@ def bare(thresholds: str, profile_name: str) -> None:
     params = SamplingParams(max_tokens=w.max_tokens, temperature=0.0, ignore_eos=True)
     sizes = [w.image_sizes[i % len(w.image_sizes)] for i in range(w.warmup_requests + w.requests)]
     seen = set(sizes)
-    for s in w.profile_image_sizes:
+    for s in (w.profile_image_sizes if profile.ops else ()):
         sizes += ([s] if s in seen else [s, s])  # guard warms a new size once, then profiles it
         seen.add(s)
     for i, size in enumerate(sizes):
         llm.generate([{"prompt": w.prompt, "multi_modal_data": {"image": synthetic_image(w.seed, i, size)}}],
                      params, use_tqdm=False)
+
+
+def timing_only_copy(thresholds: str, profile: str) -> str:
+    """The thresholds with the profile's op budgets removed (a profile without ops has no profile pass)."""
+    import yaml
+
+    data = yaml.safe_load(Path(thresholds).read_text())
+    data["profiles"][profile]["budgets"].pop("ops", None)
+    path = Path(tempfile.mkdtemp(prefix="guard-overhead-")) / "timing-only.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
 
 
 def timed(cmd: list[str]) -> float:
@@ -64,8 +76,12 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--thresholds", default=str(REPO / "thresholds" / "deepseek-ocr-2.yaml"))
     ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--timing-only", action="store_true",
+                    help="drop the op budgets (and so the profile pass): guard's harness alone vs bare vLLM")
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.timing_only and not args.bare:
+        args.thresholds = timing_only_copy(args.thresholds, args.profile)
     if args.bare:
         bare(args.thresholds, args.profile)
         return
@@ -80,7 +96,8 @@ def main() -> None:
         print(f"pair {i + 1}/{args.pairs}: guard check {g[-1]:.1f} s, bare vLLM {b[-1]:.1f} s", flush=True)
     ratio = statistics.median(g) / statistics.median(b)
     print("\n| run | median wall time (s) | all runs (s) |\n|---|---:|---|")
-    print(f"| guard check --profile {args.profile} | {statistics.median(g):.1f} | {', '.join(f'{x:.1f}' for x in g)} |")
+    what = "guard check (timing pass only)" if args.timing_only else "guard check"
+    print(f"| {what} --profile {args.profile} | {statistics.median(g):.1f} | {', '.join(f'{x:.1f}' for x in g)} |")
     print(f"| bare vLLM, same requests | {statistics.median(b):.1f} | {', '.join(f'{x:.1f}' for x in b)} |")
     print(f"\noverhead ratio guard / bare = {ratio:.3f} ({(ratio - 1) * 100:+.1f} %), target <= 1.05")
 
