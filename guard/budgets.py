@@ -19,6 +19,7 @@ import yaml
 from guard.errors import ConfigError
 
 SCHEMA_VERSION = 1
+DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"  # relative to the working directory
 EMBEDDED_PREFIX = "guard:"  # `model: guard:tiny-deepseek-ocr2` -> the checkpoint shipped in guard/models/
 PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 
@@ -253,7 +254,7 @@ def load_thresholds(path: str | Path) -> Thresholds:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such thresholds file",
-                          hint="pass --thresholds PATH, e.g. thresholds/deepseek-ocr-2.yaml") from None
+                          hint=f"pass --thresholds PATH, e.g. {DEFAULT_THRESHOLDS}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), None, "(file)", f"cannot read: {exc}") from None
     try:

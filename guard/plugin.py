@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from guard.budgets import DEFAULT_THRESHOLDS
+
 RUN_KEY = pytest.StashKey["GuardRun"]()
 _CANARY_KEY = pytest.StashKey[contextlib.ExitStack]()
-DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,7 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="canary: re-inject the pre-#49531 mask before measuring (the guard must fail)")
     g.addoption("--guard-traces", default="on-failure", choices=["on-failure", "always"],
                 help="save the profiled requests' Chrome traces always, or only when an op budget fails")
-    g.addoption("--guard-no-summary", action="store_true", help="leave the verdict table to the caller (guard check)")
+    g.addoption("--guard-record-only", action="store_true", help="only write run.json; the caller (guard check) judges and reports it")
 
 
 def _progress(config: pytest.Config):
@@ -95,6 +96,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if bench_json is not None:
         record.benchmark_json = getattr(bench_json, "name", str(bench_json))
     write_json_atomic(run.output / "run.json", run_to_dict(record))
+    if session.config.getoption("guard_record_only"):
+        return  # run by guard check, which judges run.json itself
     from guard.evaluate import evaluate
 
     results = evaluate(run.profile, record, output=str(run.output))
@@ -108,7 +111,7 @@ _RESULTS_KEY = pytest.StashKey["object"]()
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     results = config.stash.get(_RESULTS_KEY, None)
-    if results is None or config.getoption("guard_no_summary"):
+    if results is None:
         return
     from guard.terminal import render_terminal
 

@@ -132,3 +132,22 @@ def test_selftest_catches_the_legacy_mask(tmp_path: Path) -> None:
     for phase in ("clean", "restored"):
         assert all(c["counts"].get("aten::_index_put_impl_", 0) == 0 for c in st["counts"][phase])
     assert st["counts"]["clean"] == st["counts"]["restored"]
+
+
+def test_the_suite_runs_under_plain_pytest_and_judges_itself(tmp_path: Path) -> None:
+    """Without guard check, the plugin evaluates at session end, prints the table and fails the
+    session on a regression (here: a 1 ms budget)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    suite = REPO / "tests" / "perf"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--guard-profile", "cpu",
+         "--guard-thresholds", str(small_cpu_yaml(tmp_path, ttft_ms={"p50": 1})), "--guard-output", str(tmp_path / "o")],
+        cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "REGRESSION" in proc.stdout and "ttft_ms.p50" in proc.stdout
+    assert "2 passed" in proc.stdout  # the measurement itself was complete
+    assert (tmp_path / "o" / "run.json").exists()

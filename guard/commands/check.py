@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from guard import __version__
-from guard.budgets import load_thresholds
+from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.canary import LEGACY_MASK
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
@@ -24,7 +24,6 @@ from guard.markdown import render_markdown
 from guard.results import RUN_SCHEMA, read_json, results_to_dict, run_from_dict, write_json_atomic
 from guard.terminal import render_terminal
 
-DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"
 DEFAULT_OUTPUT = "guard-results"
 
 
@@ -50,7 +49,7 @@ def suite_dir() -> Path:
 def run_suite(profile_name: str, thresholds: Path, output: Path, inject: str | None, traces: str) -> int:
     suite = suite_dir()
     cmd = [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
-           "-q", "--guard-no-summary", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
+           "-q", "--guard-record-only", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
            "--guard-output", str(output), "--guard-traces", traces, "--benchmark-json", str(output / "benchmark.json")]
     if inject:
         cmd += ["--guard-inject", inject]

@@ -12,9 +12,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from guard.budgets import Profile, load_thresholds
+from guard.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.canary import expected_index_puts, inject_legacy_mask
-from guard.commands.check import DEFAULT_OUTPUT, DEFAULT_THRESHOLDS
+from guard.commands.check import DEFAULT_OUTPUT
 from guard.errors import ExitCode, InvalidRunError
 from guard.evaluate import invalid_reasons, op_checks
 from guard.hardware import detect, select_profile
