@@ -18,7 +18,7 @@ pytestmark = pytest.mark.engine
 
 
 def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | None = None,
-                   profile_sizes: list | None = None) -> Path:
+                   profile_sizes: list | None = None, mask_function: str | None = None) -> Path:
     """The shipped file with the CPU profile cut down, written elsewhere (the shipped one stays)."""
     data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
     cpu = data["profiles"]["cpu"]
@@ -27,6 +27,8 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
     cpu["budgets"]["ttft_ms"] = ttft_ms or {"p50": 600_000, "p99": 600_000}
     if model:
         cpu["engine"]["model"] = model
+    if mask_function:
+        cpu["budgets"]["ops"]["mask_path"]["scope"]["function"] = mask_function
     path = tmp_path / "budget.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -118,6 +120,18 @@ def test_missing_model_path_is_an_invalid_run(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "/nonexistent/deepseek-ocr-2" in proc.stdout + proc.stderr
     assert results_of(out)["verdict"] == "invalid"
+
+
+def test_scope_that_never_runs_is_an_invalid_run(tmp_path: Path) -> None:
+    # As if vLLM renamed the mask function: "0 calls" must not read as a pass.
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, mask_function="_build_legacy_mask")),
+                     "--output", str(out))
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = results_of(out)
+    assert res["verdict"] == "invalid"
+    assert any("'mask_path' was never entered" in r for r in res["invalid_reasons"]), res["invalid_reasons"]
+    assert "INVALID RUN" in proc.stdout and "mask_path" in proc.stdout
 
 
 def test_selftest_catches_the_legacy_mask(tmp_path: Path) -> None:
