@@ -87,9 +87,11 @@ class Job:
     warmup: bool
 
 
-def plan_jobs(workload: Workload, start: int, count: int, warmup: bool) -> list[Job]:
-    """Requests cycle through the workload's image sizes; indices stay unique across rounds."""
-    sizes = workload.image_sizes
+def plan_jobs(workload: Workload, start: int, count: int, warmup: bool,
+              sizes: tuple[tuple[int, int], ...] | None = None) -> list[Job]:
+    """Requests cycle through ``sizes`` (default: the workload's image sizes); indices stay
+    unique across rounds, so every request gets its own image."""
+    sizes = sizes or workload.image_sizes
     return [Job(i, sizes[i % len(sizes)], warmup) for i in range(start, start + count)]
 
 

@@ -56,9 +56,7 @@ class GuardRun:
         return self._llm
 
     def _jobs(self, count: int, warmup: bool, sizes=None) -> list[Job]:
-        jobs = plan_jobs(self.profile.workload, self._next_index, count, warmup)
-        if sizes is not None:
-            jobs = [Job(j.index, sizes[k % len(sizes)], warmup) for k, j in enumerate(jobs)]
+        jobs = plan_jobs(self.profile.workload, self._next_index, count, warmup, sizes)
         self._next_index += count
         return jobs
 
