@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,11 @@ class EngineArgs:
     enable_prefix_caching: bool
     mm_processor_cache_gb: float
     cpu_kvcache_space_gb: int | None = None
+    # None: vLLM's default. The in-process LLM and `vllm serve` default differently; pin it to compare.
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None  # fraction of GPU memory vLLM may take (None: default)
+    # How TTFT is measured: "in-process" (LLMEngine in guard's process) or "server" (`vllm serve`).
+    mode: str = "in-process"
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -130,6 +135,31 @@ class Profile:
     line: int | None = None
     # Where the budgets came from (written by update-thresholds): date, commit, hardware, ... -> value
     provenance: dict[str, Any] = field(default_factory=dict)
+    # TTFT budgets for the engine modes other than engine.mode (`budgets.modes.<mode>.ttft_ms`):
+    # TTFT measured in-process and through `vllm serve` are different quantities, each needs its own.
+    ttft_ms_by_mode: dict[str, dict[str, float]] = field(default_factory=dict)
+    thresholds_path: str | None = None
+
+    def with_engine_mode(self, mode: str | None) -> Profile:
+        """This profile measured in ``mode`` (``--engine-mode``): its engine runs that way and its
+        TTFT budgets are that mode's. No budgets for the mode is a config error, never a
+        comparison of one method's numbers with the other's budget."""
+        if mode is None or mode == self.engine.mode:
+            return self
+        if mode not in ENGINE_MODES:
+            raise ConfigError("--engine-mode", None, "engine.mode", f"unknown engine mode {mode!r}",
+                              hint=f"use one of: {', '.join(ENGINE_MODES)}")
+        ttft = self.ttft_ms_by_mode.get(mode)
+        if ttft is None and self.ttft_ms:
+            raise ConfigError(self.thresholds_path or "(thresholds)", self.line, f"profiles.{self.name}.budgets.modes.{mode}.ttft_ms",
+                              f"no TTFT budgets for engine mode '{mode}' (this profile's TTFT budgets were set in "
+                              f"'{self.engine.mode}' mode, a different measurement)",
+                              hint=f"measure with `guard check --engine-mode {mode}` and add "
+                                   f"`budgets: modes: {{{mode}: {{ttft_ms: {{p50: ...}}}}}}`")
+        by_mode = {k: v for k, v in self.ttft_ms_by_mode.items() if k != mode}
+        if self.ttft_ms:
+            by_mode[self.engine.mode] = self.ttft_ms
+        return replace(self, engine=replace(self.engine, mode=mode), ttft_ms=ttft or {}, ttft_ms_by_mode=by_mode)
 
 
 @dataclass(frozen=True)
@@ -163,11 +193,14 @@ PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": F
 MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
 ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
-               "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False}
+               "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False,
+               "max_num_batched_tokens": False, "gpu_memory_utilization": False, "mode": False}
+ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
                  "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
 STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
-BUDGETS_KEYS = {"ttft_ms": False, "ops": False}
+BUDGETS_KEYS = {"ttft_ms": False, "ops": False, "modes": False}
+MODE_BUDGETS_KEYS = {"ttft_ms": True}
 SCOPE_BUDGET_KEYS = {"scope": True, "ops": False, "total_ops": False}
 SCOPE_KEYS = {"file": True, "function": True}
 OP_BUDGET_KEYS = {"exact": False, "max": False}
@@ -294,10 +327,21 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
     ops = _ops(r, f"{key}.budgets.ops", budgets["ops"][1]) if "ops" in budgets else ()
     if not ttft and not ops:
         raise r.error(m["budgets"][1], f"{key}.budgets", "no budgets: give ttft_ms and/or ops")
+    engine = _engine(r, f"{key}.engine", m["engine"][1])
+    by_mode = {}
+    if "modes" in budgets:
+        for mode, (knode, vnode) in r.mapping(budgets["modes"][1], f"{key}.budgets.modes", None).items():
+            mk = f"{key}.budgets.modes.{mode}"
+            if mode not in ENGINE_MODES:
+                raise r.error(knode, mk, "unknown engine mode", f"use one of: {', '.join(ENGINE_MODES)}")
+            if mode == engine.mode:
+                raise r.error(knode, mk, f"'{mode}' is this profile's engine.mode: its budgets are budgets.ttft_ms")
+            mm = r.mapping(vnode, mk, MODE_BUDGETS_KEYS)
+            by_mode[mode] = _ttft(r, f"{mk}.ttft_ms", mm["ttft_ms"][1])
     return Profile(
         name=name,
         match=_match(r, f"{key}.match", m["match"][1]),
-        engine=_engine(r, f"{key}.engine", m["engine"][1]),
+        engine=engine,
         workload=_workload(r, f"{key}.workload", m["workload"][1]),
         statistics=_statistics(r, f"{key}.statistics", m["statistics"][1]) if "statistics" in m else Statistics(),
         headroom_pct=headroom,
@@ -305,6 +349,8 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
         ops=ops,
         line=node.start_mark.line + 1,
         provenance=_provenance(r, f"{key}.provenance", m["provenance"][1]) if "provenance" in m else {},
+        ttft_ms_by_mode=by_mode,
+        thresholds_path=str(r.path),
     )
 
 
@@ -347,7 +393,27 @@ def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
         enable_prefix_caching=opt("enable_prefix_caching", r.boolean, False),
         mm_processor_cache_gb=opt("mm_processor_cache_gb", r.number, 0.0, minimum=0.0),
         cpu_kvcache_space_gb=opt("cpu_kvcache_space_gb", r.integer, None, minimum=1),
+        max_num_batched_tokens=opt("max_num_batched_tokens", r.integer, None, minimum=1),
+        gpu_memory_utilization=_fraction(r, f"{key}.gpu_memory_utilization", m["gpu_memory_utilization"][1])
+        if "gpu_memory_utilization" in m else None,
+        mode=_engine_mode(r, f"{key}.mode", m["mode"][1]) if "mode" in m else "in-process",
     )
+
+
+def _fraction(r: _Reader, key: str, node: yaml.Node) -> float:
+    v = r.number(node, key)
+    if not 0 < v <= 1:
+        raise r.error(node, key, f"must be in (0, 1], got {v}", "a fraction of the GPU's memory, e.g. 0.85")
+    return v
+
+
+def _engine_mode(r: _Reader, key: str, node: yaml.Node) -> str:
+    v = r.string(node, key)
+    if v not in ENGINE_MODES:
+        close = difflib.get_close_matches(v, ENGINE_MODES, n=1)
+        raise r.error(node, key, f"unknown engine mode {v!r}",
+                      f"did you mean `{close[0]}`?" if close else f"use one of: {', '.join(ENGINE_MODES)}")
+    return v
 
 
 def _workload(r: _Reader, key: str, node: yaml.Node) -> Workload:

@@ -28,6 +28,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="canary: re-inject the pre-#49531 mask before measuring (the guard must fail)")
     g.addoption("--guard-traces", default="on-failure", choices=["on-failure", "always"],
                 help="save the profiled requests' Chrome traces always, or only when an op budget fails")
+    g.addoption("--guard-engine-mode", default=None, choices=["server", "in-process"],
+                help="measure TTFT through `vllm serve` or the in-process engine (default: the profile's engine.mode)")
+    g.addoption("--guard-server-url", default=None, help="measure this running vLLM server (TTFT only)")
     g.addoption("--guard-record-only", action="store_true", help="only write run.json; the caller (guard check) judges and reports it")
 
 
@@ -58,10 +61,12 @@ def guard_run(pytestconfig: pytest.Config):
 
         thresholds = load_thresholds(pytestconfig.getoption("guard_thresholds"))
         hw = detect()
-        profile = select_profile(thresholds, pytestconfig.getoption("guard_profile"), hw)
+        server_url = pytestconfig.getoption("guard_server_url")
+        profile = select_profile(thresholds, pytestconfig.getoption("guard_profile"), hw).with_engine_mode(
+            "server" if server_url else pytestconfig.getoption("guard_engine_mode"))
         run = GuardRun(thresholds, profile, hw, Path(pytestconfig.getoption("guard_output")),
                        progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"),
-                       traces=pytestconfig.getoption("guard_traces"))
+                       traces=pytestconfig.getoption("guard_traces"), server_url=server_url)
         pytestconfig.stash[RUN_KEY] = run
         if run.record.injected:
             from guard.canary import inject_legacy_mask

@@ -26,8 +26,9 @@ TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 class GuardRun:
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                  progress: Callable[[str], None] = print, injected: str | None = None,
-                 traces: str = TRACES_ON_FAILURE) -> None:
+                 traces: str = TRACES_ON_FAILURE, server_url: str | None = None) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
+        self.server_url = server_url.rstrip("/") if server_url else None
         self.traces = traces
         self.progress = progress
         self.record = RunRecord(
@@ -35,12 +36,53 @@ class GuardRun:
             environment=fingerprint(hw, profile), injected=injected,
             started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
+        self.record.environment["engine_mode"] = self.mode
         self._t0 = time.perf_counter()
         self._llm = None
+        self._server = None  # guard.server.VllmServer in server mode (None with --server-url)
+        self._served_model: str | None = None
         self._next_index = 0
         self._warm_sizes: set[tuple[int, int]] = set()
 
     # -------------------------------------------------------------- engine
+    @property
+    def mode(self) -> str:
+        return "server" if self.server_url else self.profile.engine.mode
+
+    def _ensure_server(self) -> str:
+        """The server's base URL: the given one, or a `vllm serve` started now."""
+        from guard import server as srv
+
+        if self._served_model is not None:
+            return self.server_url or self._server.url
+        info = self.record.environment.setdefault("server", {})
+        name, _ = srv.request_function()
+        info["request_function"] = name
+        if self.server_url:
+            self.progress(f"measuring the running server at {self.server_url} (TTFT only)")
+            info.update(managed=False, url=self.server_url)
+            self._served_model = srv.served_model(self.server_url)
+            info["served_model"] = self._served_model
+            return self.server_url
+        e = self.profile.engine
+        self._server = srv.VllmServer(e, self.profile.workload.seed, self.output / srv.SERVER_LOG)
+        info.update(managed=True, command=self._server.command, log=srv.SERVER_LOG)
+        t = time.perf_counter()
+        try:
+            self._server.start(self.progress)
+        except InvalidRunError as exc:
+            self.record.invalid_reasons.append(str(exc))
+            raise
+        self._served_model = srv.SERVED_MODEL_NAME
+        self.progress(f"vllm serve healthy in {time.perf_counter() - t:.1f} s")
+        return self._server.url
+
+    def stop_server(self) -> None:
+        if self._server is not None and "exit_status" not in self.record.environment["server"]:
+            code = self._server.stop()
+            self.record.environment["server"]["exit_status"] = code
+            self.progress(f"vllm serve stopped (status {code})")
+
     @property
     def llm(self):
         if self._llm is None:
@@ -60,7 +102,7 @@ class GuardRun:
         self._next_index += count
         return jobs
 
-    def _run(self, jobs: list[Job], label: str) -> list[RequestOutcome]:
+    def _run(self, jobs: list[Job], label: str, in_process: bool = False) -> list[RequestOutcome]:
         total = len(jobs)
         done = 0
 
@@ -74,6 +116,8 @@ class GuardRun:
             else:
                 self.progress(f"{label} {done}/{total} [{size}] FAILED: {o.error}")
 
+        if self.mode == "server" and not in_process:
+            return self._run_server(jobs, label, report)
         try:
             outcomes = run_jobs(self.llm, self.profile.workload, jobs, on_outcome=report)
         except EngineDied as exc:
@@ -82,6 +126,23 @@ class GuardRun:
         self.record.outcomes.extend(outcomes)
         for o in outcomes:
             self._warm_sizes.add(o.image_size)
+        return outcomes
+
+    def _run_server(self, jobs: list[Job], label: str, report) -> list[RequestOutcome]:
+        from guard.server import run_jobs_http
+
+        url = self._ensure_server()
+        outcomes = run_jobs_http(url, self._served_model, self.profile.workload, jobs, on_outcome=report)
+        self.record.outcomes.extend(outcomes)
+        server = self._server
+        if server is not None and not server.alive():
+            exc = server.fail(f"vllm serve died during {label} (exit status {server.proc.returncode})")
+            self.record.invalid_reasons.append(str(exc))
+            raise exc
+        failed = [o for o in outcomes if not o.success]
+        if failed and server is not None:  # the log says why (5xx, engine errors)
+            self.record.invalid_reasons.append(
+                f"{len(failed)} request(s) failed during {label}; last lines of {server.log_path}:\n{server.tail()}")
         return outcomes
 
     # -------------------------------------------------------------- timing pass
@@ -122,14 +183,19 @@ class GuardRun:
     def profile_ops(self, label: str = "") -> list[ScopeCounts]:
         """One profiled request per profile image size, in steady state; counts per scope."""
         found: list[ScopeCounts] = []
+        if self.server_url:
+            return found  # no frames of a remote server: op budgets are reported "not measured"
+        if self._server is not None:  # server mode: counts come from an in-process engine (docs/server-mode.md)
+            self.stop_server()
+            self.progress("op counts: the in-process profile pass (vLLM's profiler endpoints record no Python frames)")
         sizes = self.profile.workload.profile_image_sizes
         for size in sizes:
             if size not in self._warm_sizes:  # first request of a size fills its caches
-                self._run(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}")
+                self._run(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}", in_process=True)
             jobs = self._jobs(1, warmup=True, sizes=[size])  # profiled requests are not TTFT samples
             self.output.mkdir(parents=True, exist_ok=True)
             self.progress(f"profiling one {size[0]}x{size[1]} request{label and ' (' + label.strip('-') + ')'} ...")
-            events, prof = profile_request(lambda: self._run(jobs, "profiled"))
+            events, prof = profile_request(lambda: self._run(jobs, "profiled", in_process=True))
             # Keep the events that touch the budgeted code paths: small, and enough to re-attribute.
             save_events(scope_events(events, self.profile.ops), self.output / f"events{label}-{size[0]}x{size[1]}.json.gz")
             counts = attribute(events, self.profile.ops, size)
@@ -147,5 +213,6 @@ class GuardRun:
         return found
 
     def finish(self) -> RunRecord:
+        self.stop_server()
         self.record.duration_s = round(time.perf_counter() - self._t0, 3)
         return self.record

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from guard import __version__
-from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
+from guard.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
 from guard.canary import LEGACY_MASK
-from guard.errors import InvalidRunError
+from guard.errors import InvalidRunError, UsageError
 from guard.evaluate import evaluate
 from guard.hardware import detect, select_profile
 from guard.markdown import render_markdown
@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for results.json, report.md, traces (default: %(default)s)")
     parser.add_argument("--inject", choices=[LEGACY_MASK], default=None,
                         help="canary: run with the pre-#49531 mask re-injected; the check must then fail")
+    parser.add_argument("--engine-mode", choices=list(ENGINE_MODES), default=None,
+                        help="measure TTFT through a `vllm serve` that guard starts (server) or the in-process "
+                             "engine; default: the profile's engine.mode (docs/server-mode.md)")
+    parser.add_argument("--server-url", default=None, metavar="URL",
+                        help="measure an already running vLLM server (TTFT only; op budgets are not measured)")
     parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",
                         help="save Chrome traces of the profiled requests only when an op budget fails (default), or always")
 
@@ -46,13 +51,18 @@ def suite_dir() -> Path:
     raise InvalidRunError("the perf suite (tests/perf) is missing from this guard installation")
 
 
-def run_suite(profile_name: str, thresholds: Path, output: Path, inject: str | None, traces: str) -> int:
+def run_suite(profile_name: str, thresholds: Path, output: Path, inject: str | None, traces: str,
+              engine_mode: str | None = None, server_url: str | None = None) -> int:
     suite = suite_dir()
     cmd = [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
            "-q", "--guard-record-only", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
            "--guard-output", str(output), "--guard-traces", traces, "--benchmark-json", str(output / "benchmark.json")]
     if inject:
         cmd += ["--guard-inject", inject]
+    if engine_mode:
+        cmd += ["--guard-engine-mode", engine_mode]
+    if server_url:
+        cmd += ["--guard-server-url", server_url]
 
     def stop(signum, frame):  # a terminated guard must not leave the engine running behind it
         raise SystemExit(128 + signum)
@@ -67,17 +77,30 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, inject: str | N
 def run(args: argparse.Namespace) -> int:
     thresholds = load_thresholds(args.thresholds)
     hw = detect(quick=True)  # the suite's own detection (with torch) is recorded and re-checked
-    profile = select_profile(thresholds, args.profile, hw)
+    if args.server_url and args.engine_mode == "in-process":
+        raise UsageError("--server-url measures a server; it cannot be combined with --engine-mode in-process")
+    if args.server_url and not args.server_url.startswith(("http://", "https://")):
+        raise UsageError(f"--server-url must be an http(s) URL, got {args.server_url!r}",
+                         hint="e.g. --server-url http://127.0.0.1:8000")
+    profile = select_profile(thresholds, args.profile, hw).with_engine_mode(
+        "server" if args.server_url else args.engine_mode)
+    if args.inject and profile.engine.mode == "server":
+        raise UsageError("--inject changes the in-process engine; a server runs its own copy of vLLM",
+                         hint="run the canary with --engine-mode in-process")
     output = Path(args.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.json", "results.json", "report.md", "benchmark.json"):
+    for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
         (output / stale).unlink(missing_ok=True)
     print(f"guard check: {thresholds.model}, profile '{profile.name}' on {hw.describe()}", flush=True)
+    how = {"in-process": "the in-process engine", "server": f"the server at {args.server_url}" if args.server_url
+           else "a `vllm serve` started by guard"}[profile.engine.mode]
     print(f"guard check: {profile.workload.warmup_requests} warm-up + {profile.workload.requests} measured "
-          f"requests at concurrency {profile.workload.concurrency}, then the op-count profile pass", flush=True)
+          f"requests at concurrency {profile.workload.concurrency} through {how}, then the op-count profile pass",
+          flush=True)
 
     t0 = time.perf_counter()
-    code = run_suite(profile.name, thresholds.path.resolve(), output, args.inject, args.traces)
+    code = run_suite(profile.name, thresholds.path.resolve(), output, args.inject, args.traces,
+                     args.engine_mode, args.server_url)
     run_file = output / "run.json"
     if not run_file.exists():
         raise InvalidRunError(f"the perf suite ended (pytest exit {code}) without writing {run_file}: "

@@ -1,0 +1,384 @@
+"""Server mode (``engine.mode: server``): TTFT measured the way vLLM users measure it.
+
+guard starts ``vllm serve`` (the vllm of this environment) on 127.0.0.1 and a free port with the
+profile's engine arguments, waits for ``/health`` while watching the process, and sends the
+workload through the OpenAI-compatible chat API with streaming, as ``vllm bench serve
+--backend openai-chat --max-concurrency N --request-rate inf`` does: every request of a round is
+created at once and a semaphore keeps ``concurrency`` of them in flight. TTFT is vLLM's own
+definition, measured by vLLM's own request function when it is importable (guard/compat.py):
+from just before the POST to the first streamed message that carries ``choices``. The time a
+request waits for the semaphore is not part of its TTFT, as in vLLM.
+
+Images are the same deterministic pages as in-process mode (``guard.engine.synthetic_image``),
+sent as PNG data URLs (lossless: the server decodes the very pixels the in-process engine gets),
+encoded before a round starts. The prompt is sent verbatim: it already holds the model's
+``<image>`` placeholder, so vLLM adds none, and guard's pass-through chat template
+(``CHAT_TEMPLATE``) renders the user message unchanged, so the model sees the in-process prompt.
+
+The server's stdout and stderr go to ``server.log`` in the output folder; every failure (it does
+not start, it dies, a request errors or times out) is an invalid run whose message carries the
+log's tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from guard.budgets import EngineArgs, Workload, resolve_model
+from guard.engine import DEFAULT_REQUEST_TIMEOUT_S, Job, synthetic_image
+from guard.compat import vllm_cli
+from guard.errors import InvalidRunError
+from guard.results import RequestOutcome
+
+HOST = "127.0.0.1"
+SERVED_MODEL_NAME = "guard-model"
+CHAT_PATH = "/v1/chat/completions"
+# Renders the conversation's text unchanged: the model sees exactly the workload's prompt.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+STARTUP_TIMEOUT_S = 900.0  # real weights load from disk; the tiny CPU model takes 25-55 s
+STOP_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 25
+SERVER_LOG = "server.log"
+TTFT_DEFINITION_SERVER = (
+    "Client-side TTFT through `vllm serve`, as `vllm bench serve` (openai-chat backend) measures it: "
+    "from just before the streaming POST to /v1/chat/completions until the first streamed message "
+    "that carries `choices`. The image travels as a PNG data URL, so decoding, preprocessing, "
+    "tokenisation, queueing and the API server are included; time spent waiting for a concurrency "
+    "slot is not. Warm-up requests are excluded."
+)
+
+
+class ServerDied(Exception):
+    """The managed server exited, or its requests failed so that nothing after can be trusted."""
+
+
+# ----------------------------------------------------------------------------- command line
+def server_command(engine: EngineArgs, seed: int, port: int, host: str = HOST) -> list[str]:
+    """``vllm serve`` with the profile's engine arguments (the in-process engine's, as flags)."""
+    cmd = [*vllm_cli(), "serve", resolve_model(engine.model),
+           "--host", host, "--port", str(port),
+           "--served-model-name", SERVED_MODEL_NAME,
+           "--load-format", engine.load_format,
+           "--dtype", engine.dtype,
+           "--max-model-len", str(engine.max_model_len),
+           "--mm-processor-cache-gb", _num(engine.mm_processor_cache_gb),
+           "--limit-mm-per-prompt", json.dumps({"image": 1}),
+           "--seed", str(seed),
+           "--chat-template", CHAT_TEMPLATE,
+           "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
+           "--disable-uvicorn-access-log"]
+    if engine.revision:
+        cmd += ["--revision", engine.revision, "--tokenizer-revision", engine.revision]
+    if engine.enforce_eager:
+        cmd.append("--enforce-eager")
+    if engine.max_num_batched_tokens is not None:
+        cmd += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if engine.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", _num(engine.gpu_memory_utilization)]
+    return cmd
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def server_environment(engine: EngineArgs, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    if engine.cpu_kvcache_space_gb is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gb)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs vLLM as users do
+    return env
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no server log)"
+    kept = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+    return "\n".join(kept) or "(the server log is empty)"
+
+
+# ----------------------------------------------------------------------------- the managed server
+class VllmServer:
+    """A ``vllm serve`` child process owned by guard: start, wait for health, stop.
+
+    Its own process group, so stopping it also stops the engine-core processes it spawned.
+    """
+
+    def __init__(self, engine: EngineArgs, seed: int, log_path: Path, port: int | None = None,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        self.engine, self.seed, self.log_path = engine, seed, log_path
+        self.port = port if port is not None else free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.command = server_command(engine, seed, self.port)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def tail(self) -> str:
+        return log_tail(self.log_path)
+
+    def fail(self, what: str) -> InvalidRunError:
+        return InvalidRunError(f"{what}; last lines of {self.log_path}:\n{self.tail()}")
+
+    def start(self, progress: Callable[[str], None] = lambda m: None) -> None:
+        model = resolve_model(self.engine.model)
+        if port_in_use(self.port):
+            raise InvalidRunError(f"vllm serve cannot start: port {self.port} on {HOST} is already in use")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child for its lifetime
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=server_environment(self.engine), start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+        except OSError as exc:
+            raise InvalidRunError(f"cannot run vllm serve ({self.command[0]}): {exc}") from exc
+        finally:
+            log.close()
+        progress(f"vllm serve {model} on {self.url} (pid {self.proc.pid}, log {self.log_path})")
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise self.fail(f"vllm serve exited with status {code} before it was healthy")
+            if health(self.url):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise self.fail(f"vllm serve was not healthy after {self.startup_timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, then SIGKILL after STOP_TIMEOUT_S. Returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        _signal_group(self.proc.pid, signal.SIGKILL)  # engine-core children left behind, if any
+        return self.proc.returncode
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when guard's process dies (Linux), so a killed guard
+    never leaves a server holding the machine; vLLM's engine core follows its API server."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def health(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def served_model(url: str, timeout_s: float = 10.0) -> str:
+    """The model id an already running server serves (its first /v1/models entry)."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout_s) as r:
+            data = json.load(r)
+        return data["data"][0]["id"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise InvalidRunError(f"cannot list the models of the server at {url}: {exc}",
+                              hint="is it a vLLM OpenAI-compatible server? `curl URL/v1/models`") from exc
+
+
+# ----------------------------------------------------------------------------- the client
+def image_data_url(image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One prepared request: what both guard and `vllm bench serve` send."""
+
+    job: Job
+    prompt: str
+    image_url: str
+    max_tokens: int
+
+
+def prepare(workload: Workload, jobs: list[Job]) -> list[ChatRequest]:
+    return [ChatRequest(j, workload.prompt, image_data_url(synthetic_image(workload.seed, j.index, j.image_size)),
+                        workload.max_tokens) for j in jobs]
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """What a request function reports (the fields of vLLM's RequestFuncOutput guard uses)."""
+
+    success: bool
+    ttft_s: float
+    error: str
+    prompt_tokens: int | None
+
+
+async def request_chat_stream(url: str, model: str, req: ChatRequest, session) -> StreamResult:
+    """guard's copy of vLLM 0.32's ``async_request_openai_chat_completions`` TTFT rule, used
+    only when vLLM's own function cannot be imported: the clock starts just before the POST and
+    stops at the first SSE data message (not ``[DONE]``) whose JSON has non-empty ``choices``."""
+    payload = _payload(model, req)
+    st = time.perf_counter()
+    ttft, prompt_tokens, buffer = None, None, ""
+    try:
+        async with session.post(url + CHAT_PATH, json=payload, headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                return StreamResult(False, 0.0, f"HTTP {resp.status} {resp.reason or ''}".strip(), None)
+            async for chunk in resp.content.iter_any():
+                buffer += chunk.decode("utf-8", errors="replace")
+                while "\n\n" in buffer:
+                    message, buffer = buffer.split("\n\n", 1)
+                    message = message.strip()
+                    if not message or message.startswith(":"):
+                        continue
+                    data = message.removeprefix("data: ")
+                    if data == "[DONE]":
+                        continue
+                    now = time.perf_counter()
+                    obj = json.loads(data)
+                    if obj.get("choices"):
+                        if ttft is None:
+                            ttft = now - st
+                    elif obj.get("usage"):
+                        prompt_tokens = obj["usage"].get("prompt_tokens")
+    except Exception as exc:  # noqa: BLE001 - a broken request is data, like in vLLM
+        return StreamResult(False, 0.0, f"{type(exc).__name__}: {exc}", None)
+    if ttft is None:
+        return StreamResult(False, 0.0, "never received a streamed chunk with choices", prompt_tokens)
+    return StreamResult(True, ttft, "", prompt_tokens)
+
+
+def _payload(model: str, req: ChatRequest) -> dict[str, Any]:
+    # The body vLLM's openai-chat request function builds (text first, then the image), with ignore_eos.
+    return {"model": model, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": req.prompt},
+                {"type": "image_url", "image_url": {"url": req.image_url}}]}],
+            "max_completion_tokens": req.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+
+
+def request_function(prefer_vllm: bool = True):
+    """(name, async f(url, model, ChatRequest, session) -> StreamResult): vLLM's own when usable."""
+    from guard.compat import vllm_chat_request_func
+
+    found = vllm_chat_request_func() if prefer_vllm else None
+    if found is None:
+        return "guard.server.request_chat_stream", request_chat_stream
+    func, input_cls = found
+
+    async def call(url: str, model: str, req: ChatRequest, session) -> StreamResult:
+        inp = input_cls(prompt=req.prompt, api_url=url + CHAT_PATH, prompt_len=0, output_len=req.max_tokens,
+                        model=model, multi_modal_content={"type": "image_url", "image_url": {"url": req.image_url}},
+                        ignore_eos=True)
+        out = await func(request_func_input=inp, session=session)
+        return StreamResult(bool(out.success), float(out.ttft), str(out.error or "").strip(),
+                            out.prompt_len or None)
+
+    return f"{func.__module__}.{func.__name__}", call
+
+
+async def _run_round(url: str, model: str, requests: list[ChatRequest], concurrency: int, timeout_s: float,
+                     on_outcome: Callable[[RequestOutcome], None], func) -> list[RequestOutcome]:
+    import aiohttp
+
+    # Like `vllm bench serve`: one keep-alive session, a connector limited to the concurrency.
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False)
+    semaphore = asyncio.Semaphore(concurrency)
+    outcomes: list[RequestOutcome] = []
+
+    async def one(req: ChatRequest, session) -> None:
+        async with semaphore:
+            try:
+                res = await asyncio.wait_for(func(url, model, req, session), timeout_s)
+            except asyncio.TimeoutError:
+                res = StreamResult(False, 0.0, f"timed out after {timeout_s:.0f} s", None)
+        job = req.job
+        if res.success:
+            o = RequestOutcome(job.index, job.image_size, job.warmup, True, ttft_client_s=res.ttft_s,
+                               prompt_tokens=res.prompt_tokens)
+        else:
+            o = RequestOutcome(job.index, job.image_size, job.warmup, False,
+                               error=_error_summary(res.error) or "request failed")
+        outcomes.append(o)
+        on_outcome(o)
+
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        await asyncio.gather(*(one(r, session) for r in requests))
+    return sorted(outcomes, key=lambda o: o.index)
+
+
+def _error_summary(text: str) -> str:
+    """A traceback's last line (the exception), or the message itself."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if len(lines) > 1 else (lines[0].strip() if lines else "")
+
+
+def run_jobs_http(url: str, model: str, workload: Workload, jobs: list[Job],
+                  on_outcome: Callable[[RequestOutcome], None] = lambda o: None,
+                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, func=None) -> list[RequestOutcome]:
+    """One round through the server: all requests created at once, ``concurrency`` in flight."""
+    if func is None:
+        func = request_function()[1]
+    requests = prepare(workload, jobs)
+    return asyncio.run(_run_round(url, model, requests, workload.concurrency, request_timeout_s, on_outcome, func))
