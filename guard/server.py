@@ -53,13 +53,6 @@ STARTUP_TIMEOUT_S = 900.0  # real weights load from disk; the tiny CPU model tak
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 25
 SERVER_LOG = "server.log"
-TTFT_DEFINITION_SERVER = (
-    "Client-side TTFT through `vllm serve`, as `vllm bench serve` (openai-chat backend) measures it: "
-    "from just before the streaming POST to /v1/chat/completions until the first streamed message "
-    "that carries `choices`. The image travels as a PNG data URL, so decoding, preprocessing, "
-    "tokenisation, queueing and the API server are included; time spent waiting for a concurrency "
-    "slot is not. Warm-up requests are excluded."
-)
 
 
 class ServerDied(Exception):
