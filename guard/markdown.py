@@ -89,8 +89,12 @@ def _summary(results: Results) -> list[str]:
     n = len(results.judged)
     if results.verdict == Verdict.INVALID:
         lines = ["**The run cannot be trusted, so no budget was judged.** Why:", ""]
-        lines += [f"- {text(r)}" for r in results.invalid_reasons] or ["- (no reason recorded)"]
-        return lines
+        for r in results.invalid_reasons:
+            head, _, rest = r.partition("\n")
+            lines.append(f"- {text(head)}")
+            if rest.strip():  # a server log's tail: kept line by line, inert, under its item
+                lines += _indented_block(rest)
+        return lines if results.invalid_reasons else lines + ["- (no reason recorded)"]
     failed = results.failed
     if not failed:
         inconclusive = [c for c in results.checks if c.status == Status.INCONCLUSIVE]
@@ -103,6 +107,12 @@ def _summary(results: Results) -> list[str]:
                      "so it was judged on the point estimate.")
         return [line]
     return [f"**{len(failed)} of {n} budgets exceeded:**", ""] + [f"- {text(fmt.failure(c))}" for c in failed]
+
+
+def _indented_block(body: str) -> list[str]:
+    """Verbatim lines as a fenced block inside a list item; the fence outgrows any backtick run."""
+    fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", body)), default=0))
+    return ["", f"  {fence}text", *(f"  {ln}" for ln in body.strip("\n").splitlines()), f"  {fence}", ""]
 
 
 def _ttft_table(ttft: tuple[TtftCheck, ...]) -> list[str]:

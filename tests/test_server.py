@@ -333,3 +333,14 @@ def test_update_thresholds_from_a_server_run_writes_the_server_budget(tmp_path, 
     r = make_results(tmp_path / "r.json", y, ttft={"p50": 12000.0}, env=env, config=config)
     code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
     assert code == 2 and "did not start" in err
+
+
+def test_report_keeps_the_server_log_tail_line_by_line():
+    profile = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").with_engine_mode("server")
+    run = remote_run([12.0] * 6)
+    run.environment["server"]["managed"] = True
+    run.invalid_reasons.append("vllm serve died during round 1 (exit status -9); last lines of out/server.log:\n"
+                               "INFO engine ready\nERROR ```boom``` @someone")
+    md = render_markdown(evaluate(profile, run))
+    assert "- vllm serve died during round 1" in md
+    assert "  ````text\n  INFO engine ready\n  ERROR ```boom``` @someone\n  ````" in md
