@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from guard.budgets import EngineArgs, Workload, resolve_model
-from guard.engine import DEFAULT_REQUEST_TIMEOUT_S, Job, synthetic_image
 from guard.compat import vllm_cli
+from guard.engine import DEFAULT_REQUEST_TIMEOUT_S, Job, synthetic_image
 from guard.errors import InvalidRunError
 from guard.results import RequestOutcome
 
@@ -344,7 +344,7 @@ async def _run_round(url: str, model: str, requests: list[ChatRequest], concurre
         async with semaphore:
             try:
                 res = await asyncio.wait_for(func(url, model, req, session), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 res = StreamResult(False, 0.0, f"timed out after {timeout_s:.0f} s", None)
         job = req.job
         if res.success:

@@ -19,8 +19,16 @@ from guard.errors import ConfigError, InvalidRunError
 from guard.evaluate import evaluate
 from guard.markdown import render_markdown
 from guard.results import RequestOutcome, RunRecord, Status, Verdict, results_schema, results_to_dict
-from guard.server import (SERVED_MODEL_NAME, VllmServer, port_in_use, request_chat_stream, request_function,
-                          run_jobs_http, server_command, server_environment)
+from guard.server import (
+    SERVED_MODEL_NAME,
+    VllmServer,
+    port_in_use,
+    request_chat_stream,
+    request_function,
+    run_jobs_http,
+    server_command,
+    server_environment,
+)
 from guard.terminal import render_terminal
 from tests.conftest import SHIPPED_THRESHOLDS
 from tests.test_budgets import GOOD, write
