@@ -41,8 +41,21 @@ def main() -> None:
     ap.add_argument("--thresholds", default=DEFAULT_THRESHOLDS)
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--keep", default=None, help="folder to keep each run's output in (default: a temp folder)")
+    ap.add_argument("--fixed-requests", action="store_true",
+                    help="no resampling rounds (statistics.max_requests removed), so both modes send the same "
+                         "number of requests and the wall times compare the modes, not the noise")
     args = ap.parse_args()
     base = Path(args.keep or tempfile.mkdtemp(prefix="guard-server-cost-"))
+    base.mkdir(parents=True, exist_ok=True)
+    if args.fixed_requests:
+        import yaml
+
+        data = yaml.safe_load(Path(args.thresholds).read_text())
+        for prof in data["profiles"].values():
+            prof.get("statistics", {}).pop("max_requests", None)
+        fixed = base / "thresholds-fixed.yaml"
+        fixed.write_text(yaml.safe_dump(data, sort_keys=False))
+        args.thresholds = str(fixed)
     walls: dict[str, list[float]] = {"in-process": [], "server": []}
     rows = []
     for i in range(args.pairs):
