@@ -195,7 +195,8 @@ class GuardRun:
             return found  # no frames of a remote server: op budgets are reported "not measured"
         if self._server is not None:  # server mode: counts come from an in-process engine (docs/server-mode.md)
             self.stop_server()
-            self.progress("op counts: the in-process profile pass (vLLM's profiler endpoints record no Python frames)")
+            self.progress("op counts: the in-process profile pass, as in in-process mode (docs/server-mode.md: why not "
+                          "vLLM's profiler endpoints)")
         sizes = self.profile.workload.profile_image_sizes
         for size in sizes:
             if size not in self._warm_sizes:  # first request of a size fills its caches

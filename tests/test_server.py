@@ -164,12 +164,18 @@ class SSEServer:
         finally:
             self.in_flight -= 1
 
+    async def _models(self, request):
+        from aiohttp import web
+
+        return web.json_response({"data": [{"id": "served-name"}]})
+
     def _serve(self) -> None:
         from aiohttp import web
 
         self.loop = asyncio.new_event_loop()
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
         runner = web.AppRunner(app)
         self.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -329,12 +335,12 @@ def test_update_thresholds_from_a_server_run_writes_the_server_budget(tmp_path, 
     server = load_thresholds(y).profile("cpu").with_engine_mode("server")
     config = {"engine": server.engine.as_dict(), "workload": server.workload.as_dict()}
     env = {**ENV, "engine_mode": "server", "server": {"managed": True}}
-    r = make_results(tmp_path / "r.json", y, ttft={"p50": 12000.0}, env=env, config=config)
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 10000.0}, env=env, config=config)
     code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
     assert code == 0, err
     cpu = load_thresholds(y).profile("cpu")
     assert cpu.ttft_ms == {"p50": 7000}  # the in-process budget is untouched
-    assert cpu.ttft_ms_by_mode["server"]["p50"] == 13800  # 12000 + 15 % headroom
+    assert cpu.ttft_ms_by_mode["server"]["p50"] == 11500  # 10000 + 15 % headroom
     assert "modes.server.ttft_ms.p50" in out
 
     env["server"] = {"managed": False, "url": "http://127.0.0.1:8000"}
@@ -352,3 +358,35 @@ def test_report_keeps_the_server_log_tail_line_by_line():
     md = render_markdown(evaluate(profile, run))
     assert "- vllm serve died during round 1" in md
     assert "  ````text\n  INFO engine ready\n  ERROR ```boom``` @someone\n  ````" in md
+
+
+def test_runner_measures_a_running_server_ttft_only(tmp_path):
+    """GuardRun with --server-url: the TTFT pass goes over HTTP, the model name comes from
+    /v1/models, the op pass measures nothing, and the environment says how it was measured."""
+    from guard.hardware import Hardware
+    from guard.runner import GuardRun
+    from tests.ttft_scenarios import CPU_ENV
+
+    t = load_thresholds(SHIPPED_THRESHOLDS)
+    profile = t.profile("cpu").with_engine_mode("server")
+    profile = dataclasses_replace(profile, workload=dataclasses_replace(profile.workload, requests=3, image_sizes=((64, 64),)))
+    with SSEServer(first_chunk_s=0.1) as srv:
+        run = GuardRun(t, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
+                       progress=lambda m: None, environment=dict(CPU_ENV), server_url=srv.url + "/")
+        run.warm_up()
+        run.measure(3)
+        assert run.profile_ops() == []
+        record = run.finish()
+    assert {b["model"] for b in srv.bodies} == {"served-name"} and len(srv.bodies) == 4
+    assert len(record.ttft_client_s()) == 3 and all(0.1 <= s < 0.5 for s in record.ttft_client_s())
+    env = record.environment
+    assert env["engine_mode"] == "server" and env["server"]["managed"] is False and env["server"]["url"] == srv.url
+    assert "vllm.benchmarks" in env["server"]["request_function"]
+    res = evaluate(profile, record)
+    assert res.verdict == Verdict.PASS and len(res.unmeasured_op_checks) == 2
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
