@@ -176,7 +176,7 @@ class SSEServer:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        runner = web.AppRunner(app)
+        runner = self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         self.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -190,7 +190,10 @@ class SSEServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        # close the handlers still streaming (a request the client gave up on), then the loop
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
 
 
 @pytest.fixture(scope="module")
