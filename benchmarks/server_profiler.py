@@ -12,6 +12,11 @@ and POST /stop_profile, and reports:
 The in-process profile pass's cost is in the README ("What guard costs": ~17 s for two requests).
 
     flock /tmp/guard-engine.lock uv run --extra cpu python benchmarks/server_profiler.py
+    uv run --extra cpu python benchmarks/server_profiler.py --trace PATH.pt.trace.json.gz   # no server
+
+Each trace is also fed to guard's own attribution (guard.probes.attribute) after turning its
+`cpu_op` events into ProfEvents whose stack is the `python_function` events enclosing them in time
+on the same thread, so the counts compare directly with the in-process pass's.
 """
 
 from __future__ import annotations
@@ -27,7 +32,51 @@ from pathlib import Path
 
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.engine import plan_jobs
+from guard.probes import ProfEvent, attribute
 from guard.server import SERVED_MODEL_NAME, VllmServer, run_jobs_http
+
+
+def trace_events(events: list[dict]) -> list[ProfEvent]:
+    """Chrome-trace events -> ProfEvents: python_function events as Python calls, cpu_op events
+    as operators whose stack is the python_function intervals around them (innermost first)."""
+    by_thread: dict[tuple, list[dict]] = {}
+    for e in events:
+        if e.get("cat") in ("python_function", "cpu_op") and "dur" in e:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    out: list[ProfEvent] = []
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_py: list[dict] = []  # enclosing python_function events, outermost first
+        for e in evs:
+            while open_py and open_py[-1]["ts"] + open_py[-1]["dur"] <= e["ts"]:
+                open_py.pop()
+            if e["cat"] == "python_function":
+                out.append(ProfEvent(e["name"], tuple(p["name"] for p in reversed(open_py)), False))
+                open_py.append(e)
+            else:
+                out.append(ProfEvent(e["name"], tuple(p["name"] for p in reversed(open_py)), True))
+    return out
+
+
+def analyse(path: Path, profile) -> None:
+    t = time.perf_counter()
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        events = json.load(fh).get("traceEvents", [])
+    parsed_s = time.perf_counter() - t
+    cats = Counter(e.get("cat") for e in events)
+    names = Counter(e.get("name") for e in events)
+    python = [e for e in events if e.get("cat") == "python_function"]
+    mask = [e for e in python if "_update_causal_mask" in str(e.get("name"))]
+    deepenc = [e for e in python if "deepencoder2.py" in str(e.get("name"))]
+    print(f"{path.name}: {len(events)} events, parsed in {parsed_s:.1f} s; categories {dict(cats.most_common(6))}")
+    print(f"  python_function events: {len(python)}; naming deepencoder2.py: {len(deepenc)}; "
+          f"naming _update_causal_mask: {len(mask)}")
+    print(f"  aten::_index_put_impl_ events: {names.get('aten::_index_put_impl_', 0)} (whole trace)")
+    t = time.perf_counter()
+    for c in attribute(trace_events(events), profile.ops, (0, 0)):
+        print(f"  guard.probes.attribute: scope {c.scope}: entered {c.entries}x, {c.total_calls} op calls "
+              f"{dict(c.calls_by_op)} ({time.perf_counter() - t:.1f} s)")
 
 
 def post(url: str) -> float:
@@ -42,8 +91,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--thresholds", default=DEFAULT_THRESHOLDS)
     ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--trace", type=Path, default=None, help="analyse this saved trace; start no server")
     args = ap.parse_args()
     profile = load_thresholds(args.thresholds).profile(args.profile)
+    if args.trace:
+        analyse(args.trace, profile)
+        return
     work = Path(tempfile.mkdtemp(prefix="guard-server-profiler-"))
     trace_dir = work / "traces"
     server = VllmServer(profile.engine, profile.workload.seed, work / "server.log")
@@ -69,22 +122,8 @@ def main() -> None:
     for f in files:
         print(f"  {f.relative_to(work)}  {f.stat().st_size / 1e6:.1f} MB")
     for f in files:
-        if ".json" not in f.name:
-            continue
-        t = time.perf_counter()
-        opener = gzip.open if f.suffix == ".gz" else open
-        with opener(f, "rt") as fh:
-            trace = json.load(fh)
-        events = trace.get("traceEvents", [])
-        cats = Counter(e.get("cat") for e in events)
-        names = Counter(e.get("name") for e in events)
-        python = [e for e in events if e.get("cat") == "python_function"]
-        mask = [e for e in events if "_update_causal_mask" in str(e.get("name"))]
-        deepenc = [e for e in python if "deepencoder2.py" in str(e.get("name"))]
-        print(f"{f.name}: {len(events)} events, parsed in {time.perf_counter() - t:.1f} s; categories {dict(cats.most_common(6))}")
-        print(f"  python_function events: {len(python)}; naming deepencoder2.py: {len(deepenc)}; "
-              f"naming _update_causal_mask: {len(mask)}")
-        print(f"  aten::_index_put_impl_ events: {names.get('aten::_index_put_impl_', 0)} (whole trace, unattributed)")
+        if ".json" in f.name:
+            analyse(f, profile)
 
 
 if __name__ == "__main__":
