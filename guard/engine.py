@@ -56,6 +56,8 @@ def start_engine(engine: EngineArgs, seed: int):
         disable_log_stats=False,  # the engine's own first_token_latency needs stats on
         seed=seed,
     )
+    if engine.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
     try:
         return LLM(**kwargs)
     except Exception as exc:  # noqa: BLE001

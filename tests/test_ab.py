@@ -1,0 +1,208 @@
+"""A/B mode's pure core (guard.ab), its budgets in the YAML, and the worker protocol with real
+worker processes (no engine: the protocol, the path mechanism and a dying worker)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guard.ab import (BASELINE, CANDIDATE, Pair, block_order, blocks, decide_ratio, op_diff, pairs,
+                      undecided_ratios)
+from guard.budgets import load_thresholds
+from guard.errors import ConfigError, UsageError
+from guard.results import RequestOutcome, ScopeCounts
+from guard.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
+from tests.test_budgets import GOOD, write
+
+
+# ----------------------------------------------------------------------------- schedule
+def test_blocks_alternate_abba_over_the_whole_run():
+    firsts = [block_order(b)[0] for b in range(6)]
+    assert firsts == [CANDIDATE, BASELINE] * 3
+    assert all(set(block_order(b)) == {CANDIDATE, BASELINE} for b in range(6))
+    # as a flat sequence of sides: A B B A A B B A ...
+    assert "".join(s[0].upper() for b in range(4) for s in block_order(b)).replace("C", "A") == "ABBAABBA"
+
+
+def test_blocks_follow_the_concurrency():
+    assert blocks([0, 1, 2, 3, 4], 2) == [[0, 1], [2, 3], [4]]
+    assert blocks([7, 8], 1) == [[7], [8]]
+    assert blocks([1, 2], 0) == [[1], [2]]
+
+
+# ----------------------------------------------------------------------------- pairs
+def _o(i, s, warmup=False, success=True):
+    return RequestOutcome(index=i, image_size=(640, 480), warmup=warmup, success=success,
+                          ttft_client_s=s if success else None, error=None if success else "boom")
+
+
+def test_pairs_match_measured_requests_by_index():
+    cand = [_o(0, 9.0, warmup=True), _o(1, 6.6), _o(2, 6.0), _o(3, 5.0, success=False), _o(4, 7.0)]
+    base = [_o(0, 1.0, warmup=True), _o(2, 5.0), _o(1, 6.0), _o(3, 5.0), _o(5, 3.0)]
+    got = pairs(cand, base)
+    assert [p.index for p in got] == [1, 2]  # warm-ups, failures and one-sided requests are not pairs
+    assert got[0].ratio == pytest.approx(1.1) and got[1].ratio == pytest.approx(1.2)
+
+
+# ----------------------------------------------------------------------------- verdict
+def test_ratio_interval_decides_like_the_absolute_rule():
+    ratios = [1.00, 1.01, 0.99, 1.02, 0.98, 1.005]  # n = 6: the median's interval is [min, max]
+    d = decide_ratio("p50", 5.0, ratios, 0.95)
+    assert d.status == "pass" and d.pairs == 6
+    assert d.interval_pct == pytest.approx((-2.0, 2.0))
+    assert d.estimate_pct == pytest.approx(0.25)
+    assert decide_ratio("p50", 1.0, ratios, 0.95).status == "inconclusive"
+    slow = [r * 1.10 for r in ratios]
+    assert decide_ratio("p50", 5.0, slow, 0.95).status == "fail"
+
+
+def test_ratio_interval_side_missing_at_small_n_is_infinite():
+    d = decide_ratio("p50", 5.0, [1.0] * 5, 0.95)  # 5 pairs: no two-sided 95 % interval for the median
+    assert d.interval_pct == (-math.inf, math.inf) and d.status == "inconclusive"
+    d = decide_ratio("p90", 5.0, [1.2] * 10, 0.95)  # p90: a lower bound exists early, no upper one
+    assert d.status == "fail" and math.isinf(d.interval_pct[1])
+
+
+def test_undecided_lists_only_straddling_budgets():
+    ratios = [1.00, 1.01, 0.99, 1.02, 0.98, 1.005]
+    assert undecided_ratios({"p50": 5.0}, ratios, 0.95) == []
+    (u,) = undecided_ratios({"p50": 1.0}, ratios, 0.95)
+    assert u.key == "p50"
+    assert undecided_ratios({"p50": 1.0}, [], 0.95) == []
+    with pytest.raises(ValueError):
+        decide_ratio("p50", 1.0, [], 0.95)
+
+
+def test_paired_ratio_cancels_drift_that_would_break_an_absolute_comparison():
+    """A machine that slows down 30 % half way through: paired ratios stay at 1."""
+    rng = random.Random(1)
+    base = [6.0 * (1.3 if i >= 10 else 1.0) * rng.uniform(0.99, 1.01) for i in range(20)]
+    cand = [b * rng.uniform(0.99, 1.01) for b in base]
+    ratios = [c / b for c, b in zip(cand, base)]
+    assert decide_ratio("p50", 3.0, ratios, 0.95).status == "pass"
+
+
+# ----------------------------------------------------------------------------- op diff
+def _sc(scope, counts, total, entered=1, size=(640, 480)):
+    return ScopeCounts(scope=scope, image_size=size, entered=entered, counts=counts, total=total)
+
+
+def test_op_diff_shows_only_what_changed():
+    base = [_sc("mask_path", {"aten::ones": 1, "aten::tril": 1}, 2)]
+    cand = [_sc("mask_path", {"aten::ones": 1, "aten::_index_put_impl_": 513, "aten::nonzero": 2}, 516)]
+    diff = op_diff(cand, base)
+    assert [(d.op, d.baseline_calls, d.candidate_calls) for d in diff] == [
+        ("aten::_index_put_impl_", 0, 513), ("aten::nonzero", 0, 2), ("aten::tril", 1, 0), ("total_ops", 2, 516)]
+    assert diff[0].delta_calls == 513
+    assert op_diff(base, base) == []
+
+
+def test_op_diff_scope_on_one_side_only():
+    diff = op_diff([_sc("s", {"a": 1}, 1)], [])
+    assert {(d.op, d.baseline_calls, d.candidate_calls) for d in diff} == {("a", 0, 1), ("total_ops", 0, 1), ("entered", 0, 1)}
+
+
+# ----------------------------------------------------------------------------- budgets
+AB_GOOD = GOOD.replace("      ttft_ms: {p50: 9000, p99: 10000}",
+                       "      ttft_ms: {p50: 9000, p99: 10000}\n      ttft_vs_baseline_pct: {p50: 2.5}")
+
+
+def test_ab_budget_and_memory_split_load(tmp_path: Path):
+    text = AB_GOOD.replace("    budgets:", "    ab:\n      gpu_memory_utilization: {candidate: 0.45, baseline: 0.4}\n    budgets:")
+    p = load_thresholds(write(tmp_path, text)).profile("cpu")
+    assert p.ttft_vs_baseline_pct == {"p50": 2.5}
+    assert p.ab.gpu_memory_utilization(CANDIDATE) == 0.45 and p.ab.gpu_memory_utilization(BASELINE) == 0.4
+
+
+def test_shipped_cpu_profile_has_an_ab_budget():
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    assert load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").ttft_vs_baseline_pct.get("p50", 0) > 0
+
+
+@pytest.mark.parametrize(("old", "new", "line", "key", "problem"), [
+    ("ttft_vs_baseline_pct: {p50: 2.5}", "ttft_vs_baseline_pct: {median: 2}", 15,
+     "profiles.cpu.budgets.ttft_vs_baseline_pct.median", "unknown percentile"),
+    ("ttft_vs_baseline_pct: {p50: 2.5}", "ttft_vs_baseline_pct: {p50: -1}", 15,
+     "profiles.cpu.budgets.ttft_vs_baseline_pct.p50", "must be >= 0"),
+    ("    budgets:", "    ab:\n      gpu_memory_utilization: {candidate: 0.6, baseline: 0.6}\n    budgets:", 14,
+     "profiles.cpu.ab.gpu_memory_utilization", "share one GPU"),
+    ("    budgets:", "    ab:\n      gpu_memory_utilization: {candidate: 1.5}\n    budgets:", 14,
+     "profiles.cpu.ab.gpu_memory_utilization.candidate", "fraction"),
+    ("    budgets:", "    ab:\n      gpu_memory_utilisation: {candidate: 0.5}\n    budgets:", 14,
+     "profiles.cpu.ab.gpu_memory_utilisation", "unknown key"),
+])
+def test_bad_ab_config_names_file_line_and_key(tmp_path: Path, old, new, line, key, problem):
+    assert old in AB_GOOD
+    path = write(tmp_path, AB_GOOD.replace(old, new, 1))
+    with pytest.raises(ConfigError) as err:
+        load_thresholds(path)
+    assert err.value.line == line and key == err.value.key and problem in err.value.problem, str(err.value)
+
+
+def test_inject_spec():
+    assert parse_inject("slow-encoder:5%") == 5.0 and parse_inject("slow-encoder:2.5") == 2.5
+    assert parse_inject(None) is None
+    for bad in ("slow-encoder", "slow-encoder:0%", "slow-encoder:x", "fast-encoder:5%"):
+        with pytest.raises(UsageError):
+            parse_inject(bad)
+
+
+# ----------------------------------------------------------------------------- worker protocol
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> str:
+    """An environment without guard (and without yaml): a worker there must import guard
+    from this checkout, through the path guard puts on PYTHONPATH."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import guard"], capture_output=True, text=True, cwd=venv)
+    assert probe.returncode != 0, "the bare venv must not see guard by itself"
+    return python
+
+
+def test_worker_in_an_env_without_guard_imports_this_checkout(bare_python, tmp_path):
+    w = WorkerClient("baseline", bare_python, tmp_path / "w.log", cwd=tmp_path)
+    try:
+        assert Path(w.hello.guard_file).resolve() == (GUARD_ROOT / "guard" / "__init__.py").resolve()
+        assert Path(w.hello.python).parent == Path(bare_python).parent
+        # the bare env has no yaml: starting an engine fails, as a message, and the worker lives on
+        with pytest.raises(WorkerError, match="yaml"):
+            w.call("start", "ready", thresholds=str(GUARD_ROOT / "thresholds" / "deepseek-ocr-2.yaml"),
+                   profile="cpu", seed=0)
+        with pytest.raises(WorkerError, match="unknown command"):
+            w.call("dance", "done")
+    finally:
+        w.close()
+    assert w.proc.returncode == 0  # shut down on request
+
+
+def test_worker_that_dies_mid_command_is_reported_with_its_log(bare_python, tmp_path):
+    w = WorkerClient("baseline", bare_python, tmp_path / "w.log", cwd=tmp_path)
+    try:
+        w.proc.kill()
+        with pytest.raises(WorkerDied, match=r"exited with status -9"):
+            w.call("run", "done", jobs=[])
+    finally:
+        w.close()
+
+
+def test_worker_that_cannot_start(tmp_path):
+    with pytest.raises(WorkerDied, match="cannot start"):
+        WorkerClient("baseline", str(tmp_path / "no-such-python"), tmp_path / "w.log", cwd=tmp_path)
+    with pytest.raises(WorkerDied, match="exited with status 1"):
+        WorkerClient("baseline", "/bin/false", tmp_path / "w2.log", cwd=tmp_path)
+
+
+def test_worker_env_puts_this_checkout_first(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = worker_env()
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(GUARD_ROOT), "/elsewhere"]
+    assert worker_env({})["PYTHONPATH"] == str(GUARD_ROOT)
