@@ -153,3 +153,21 @@ def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -
             if cv != bv:
                 out.append(OpDelta(key[0], key[1], label, bv, cv))
     return out
+
+
+def judge_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidence: float,
+                max_requests: int | None) -> tuple[RatioDecision, str, str | None]:
+    """The final verdict of one ratio budget, after the run stage measured up to the cap:
+    the interval's decision, or else the point estimate (FAIL above the budget, INCONCLUSIVE at
+    or below it), with a note saying so. Returns (decision, status, note)."""
+    d = decide_ratio(key, budget_pct, ratios, confidence)
+    if d.status != "inconclusive":
+        return d, d.status, None
+    over = d.estimate_pct > budget_pct
+    when = (f"after {d.pairs} pairs (no resampling: statistics.max_requests is not set)" if max_requests is None
+            else f"at the cap of {max_requests} pairs" if d.pairs >= max_requests
+            else f"after {d.pairs} of up to {max_requests} pairs")
+    lo, hi = d.interval_pct
+    note = (f"the {confidence * 100:g} % interval [{lo:+.1f}, {hi:+.1f}] % still straddles the budget {when}; "
+            f"judged on the point estimate: {d.estimate_pct:+.1f} % {'>' if over else '<='} +{budget_pct:g} %")
+    return d, "fail" if over else "inconclusive", note
