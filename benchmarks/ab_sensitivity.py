@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard.ab import decide_ratio, judge_ratio, pairs, undecided_ratios
+from guard.results import Pair, Status
 from guard.budgets import Profile, load_thresholds, percentile_value
-from guard.evaluate import more_requests, ttft_check, undecided_ttft
+from guard.rules import judge_ttft, next_batch, undecided
 from guard.stats import percentile
 
 POOL_SCHEMA = "guard/ab-pool"
@@ -54,8 +55,8 @@ def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> Non
     out.mkdir(parents=True, exist_ok=True)
     rec = run_ab(thresholds, profile, hw, out, args.baseline, inject=inject,
                  progress=lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True))
-    if rec.invalid_reasons:
-        raise SystemExit("pool run invalid: " + "; ".join(rec.invalid_reasons))
+    if rec.candidate.invalid_reasons:
+        raise SystemExit("pool run invalid: " + "; ".join(rec.candidate.invalid_reasons))
     got = pairs(rec.candidate.outcomes, rec.baseline.outcomes)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
@@ -68,27 +69,36 @@ def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> Non
     }, indent=2) + "\n", encoding="utf-8")
 
 
-def load_pool(path: Path) -> list[tuple[float, float]]:
+def load_pool(path: Path) -> list[Pair]:
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("schema") != POOL_SCHEMA:
         raise SystemExit(f"{path}: not a {POOL_SCHEMA} file")
-    return [(float(c), float(b)) for _, c, b in data["pairs"]]
+    return [Pair(int(i), float(c), float(b)) for i, c, b in data["pairs"]]
+
+
+def slowed(pool: Sequence[Pair], shift_pct: float) -> list[Pair]:
+    """The candidate side multiplied by 1 + shift: a synthetic slowdown."""
+    return [Pair(p.index, p.candidate_s * (1 + shift_pct / 100), p.baseline_s) for p in pool]
 
 
 # ----------------------------------------------------------------------------- simulation
-def simulate_ab(ratios: Sequence[float], profile: Profile, budgets: dict[str, float], trials: int,
+def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float], trials: int,
                 rng: random.Random) -> tuple[dict[str, float], float]:
     """Fail rate per budgeted percentile and mean pairs per run."""
     stats = profile.statistics
     fails = dict.fromkeys(budgets, 0)
     total = 0
     for _ in range(trials):
-        sample = rng.choices(ratios, k=profile.workload.requests)
-        while extra := more_requests(stats, len(sample), bool(undecided_ratios(budgets, sample, stats.confidence))):
-            sample += rng.choices(ratios, k=extra)
+        sample = rng.choices(pool, k=profile.workload.requests)
+        rounds = 1
+        while extra := next_batch(stats, len(sample),
+                                  bool(undecided_ratios(budgets, [p.ratio for p in sample], stats.confidence))):
+            sample += rng.choices(pool, k=extra)
+            rounds += 1
         total += len(sample)
         for k, b in budgets.items():
-            fails[k] += judge_ratio(k, b, sample, stats.confidence, stats.max_requests)[1] == "fail"
+            c = judge_ratio(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+            fails[k] += c.status == Status.FAIL
     return {k: v / trials for k, v in fails.items()}, total / trials
 
 
@@ -99,13 +109,13 @@ def simulate_absolute(samples: Sequence[float], profile: Profile, trials: int, r
     for _ in range(trials):
         sample = rng.choices(samples, k=profile.workload.requests)
         rounds = 1
-        while extra := more_requests(stats, len(sample), bool(undecided_ttft(profile, sample))):
+        while extra := next_batch(stats, len(sample), bool(undecided(profile.ttft_ms, sample, stats.confidence))):
             sample += rng.choices(samples, k=extra)
             rounds += 1
         total += len(sample)
         for k, b in profile.ttft_ms.items():
-            c = ttft_check(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
-            fails[k] += c.status == "fail"
+            c = judge_ttft(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+            fails[k] += c.status == Status.FAIL
     return {k: v / trials for k, v in fails.items()}, total / trials
 
 
@@ -151,10 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = list(budgets)
     rows: list[str] = []
 
-    def row(label: str, ratios: Sequence[float], cand: Sequence[float]) -> None:
-        ab, ab_n = simulate_ab(ratios, profile, budgets, args.trials, random.Random(f"{args.seed}:{label}:ab"))
+    def row(label: str, pool: Sequence[Pair]) -> None:
+        cand = [p.candidate_s for p in pool]
+        ab, ab_n = simulate_ab(pool, profile, budgets, args.trials, random.Random(f"{args.seed}:{label}:ab"))
         ab_cells = " | ".join(f"{ab[k] * 100:.1f} %" for k in keys)
-        med = (percentile(ratios, 50) - 1) * 100
+        med = (percentile([p.ratio for p in pool], 50) - 1) * 100
         if profile.ttft_ms:
             ab_abs, abs_n = simulate_absolute(cand, profile, args.trials, random.Random(f"{args.seed}:{label}:abs"))
             abs_cells = " | ".join(f"{ab_abs[k] * 100:.1f} %" for k in profile.ttft_ms)
@@ -171,17 +182,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---:|" + "---:|" * len(keys) + "---:|" + "---:|" * max(1, len(profile.ttft_ms)) + "---:|")
     if args.pool.exists():
         pool = load_pool(args.pool)
-        ratios = [c / b for c, b in pool]
         print(f"(identical pool: {len(pool)} pairs, {args.pool})", file=sys.stderr)
         for s in [float(x) for x in args.shifts.split(",") if x.strip()]:
-            label = "identical (recorded)" if s == 0 else f"identical x {1 + s / 100:g} (synthetic +{s:g} %)"
-            row(label, [r * (1 + s / 100) for r in ratios], [c * (1 + s / 100) for c, _ in pool])
+            label = "identical (recorded)" if s == 0 else f"identical, candidate x {1 + s / 100:g} (synthetic +{s:g} %)"
+            row(label, slowed(pool, s))
     if args.slow_pool.exists():
-        pool = load_pool(args.slow_pool)
-        row(f"{args.inject} (recorded)", [c / b for c, b in pool], [c for c, _ in pool])
+        row(f"{args.inject} (recorded)", load_pool(args.slow_pool))
     print("\n".join(rows))
     if args.pool.exists():
-        ratios = [c / b for c, b in load_pool(args.pool)]
+        ratios = [p.ratio for p in load_pool(args.pool)]
         print("\nCoverage of the ratio interval on the identical pool (share of intervals that contain the pool's own value):\n")
         print("| percentile | n = 6 | n = 12 | n = 24 |\n|---|---:|---:|---:|")
         for k in keys:

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from guard.budgets import percentile_value
-from guard.results import RequestOutcome, ScopeCounts
+from guard import format as fmt
+from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck
 from guard.stats import percentile, percentile_interval
 
 CANDIDATE, BASELINE = "candidate", "baseline"
@@ -51,17 +52,6 @@ def blocks(indices: Sequence[int], size: int) -> list[list[int]]:
     """Job indices cut into blocks of ``size`` (the workload's concurrency)."""
     size = max(1, size)
     return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
-
-
-@dataclass(frozen=True)
-class Pair:
-    index: int  # the job index: the same image on both sides
-    candidate_s: float
-    baseline_s: float
-
-    @property
-    def ratio(self) -> float:
-        return self.candidate_s / self.baseline_s
 
 
 def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome]) -> list[Pair]:
@@ -88,7 +78,7 @@ class RatioDecision:
     interval_pct: tuple[float, float]  # -inf / inf where that side does not exist at this n
     pairs: int
     confidence: float
-    status: str  # "pass" | "fail" | "inconclusive"
+    status: Status  # PASS | FAIL | INCONCLUSIVE (the interval straddles the budget)
 
 
 def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidence: float) -> RatioDecision:
@@ -99,11 +89,11 @@ def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidenc
     lo, hi = percentile_interval(ratios, p, confidence)
     interval = (to_pct(lo) if lo > -math.inf else -math.inf, to_pct(hi))
     if interval[0] > budget_pct:
-        status = "fail"
+        status = Status.FAIL
     elif interval[1] <= budget_pct:
-        status = "pass"
+        status = Status.PASS
     else:
-        status = "inconclusive"
+        status = Status.INCONCLUSIVE
     return RatioDecision(key=key, budget_pct=budget_pct, estimate_pct=to_pct(percentile(ratios, p)),
                          interval_pct=interval, pairs=len(ratios), confidence=confidence, status=status)
 
@@ -113,22 +103,7 @@ def undecided_ratios(budgets: dict[str, float], ratios: Sequence[float], confide
     if not ratios:
         return []
     decisions = (decide_ratio(k, b, ratios, confidence) for k, b in budgets.items())
-    return [d for d in decisions if d.status == "inconclusive"]
-
-
-@dataclass(frozen=True)
-class OpDelta:
-    """An operator whose count per request differs between the sides (or a scope entered differently)."""
-
-    scope: str
-    image_size: tuple[int, int]
-    op: str  # an op name, "total_ops" or "entered"
-    baseline_calls: int
-    candidate_calls: int
-
-    @property
-    def delta_calls(self) -> int:
-        return self.candidate_calls - self.baseline_calls
+    return [d for d in decisions if d.status == Status.INCONCLUSIVE]
 
 
 def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -> list[OpDelta]:
@@ -142,32 +117,37 @@ def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -
     out: list[OpDelta] = []
     for key in sorted(c_idx.keys() | b_idx.keys(), key=lambda k: (k[0], k[1])):
         c, b = c_idx.get(key), b_idx.get(key)
-        c_counts, b_counts = (c.counts if c else {}), (b.counts if b else {})
+        c_counts, b_counts = (c.calls_by_op if c else {}), (b.calls_by_op if b else {})
         ops = sorted(c_counts.keys() | b_counts.keys(),
                      key=lambda op: (-abs(c_counts.get(op, 0) - b_counts.get(op, 0)), op))
         for op in ops:
             if c_counts.get(op, 0) != b_counts.get(op, 0):
                 out.append(OpDelta(key[0], key[1], op, b_counts.get(op, 0), c_counts.get(op, 0)))
-        for label, cv, bv in (("total_ops", c.total if c else 0, b.total if b else 0),
-                              ("entered", c.entered if c else 0, b.entered if b else 0)):
+        for label, cv, bv in ((TOTAL_OPS, c.total_calls if c else 0, b.total_calls if b else 0),
+                              ("entries", c.entries if c else 0, b.entries if b else 0)):
             if cv != bv:
                 out.append(OpDelta(key[0], key[1], label, bv, cv))
     return out
 
 
-def judge_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidence: float,
-                max_requests: int | None) -> tuple[RatioDecision, str, str | None]:
-    """The final verdict of one ratio budget, after the run stage measured up to the cap:
-    the interval's decision, or else the point estimate (FAIL above the budget, INCONCLUSIVE at
-    or below it), with a note saying so. Returns (decision, status, note)."""
-    d = decide_ratio(key, budget_pct, ratios, confidence)
-    if d.status != "inconclusive":
-        return d, d.status, None
-    over = d.estimate_pct > budget_pct
-    when = (f"after {d.pairs} pairs (no resampling: statistics.max_requests is not set)" if max_requests is None
-            else f"at the cap of {max_requests} pairs" if d.pairs >= max_requests
-            else f"after {d.pairs} of up to {max_requests} pairs")
-    lo, hi = d.interval_pct
-    note = (f"the {confidence * 100:g} % interval [{lo:+.1f}, {hi:+.1f}] % still straddles the budget {when}; "
-            f"judged on the point estimate: {d.estimate_pct:+.1f} % {'>' if over else '<='} +{budget_pct:g} %")
-    return d, "fail" if over else "inconclusive", note
+def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int, *, confidence: float,
+                max_requests: int | None) -> TtftRatioCheck:
+    """The final check of one ratio budget, after the run stage measured up to the cap: the
+    interval's decision, or else the point estimate (FAIL above the budget, INCONCLUSIVE at or
+    below it) with a note saying so. The same rule as guard.rules.judge_ttft."""
+    d = decide_ratio(key, budget_pct, [p.ratio for p in paired], confidence)
+    status, note = d.status, None
+    if d.status == Status.INCONCLUSIVE:
+        over = d.estimate_pct > budget_pct
+        status = Status.FAIL if over else Status.INCONCLUSIVE
+        when = (f"after {d.pairs} pairs (no resampling: statistics.max_requests is not set)" if max_requests is None
+                else f"at the cap of {max_requests} pairs" if d.pairs >= max_requests
+                else f"after {d.pairs} of up to {max_requests} pairs")
+        note = (f"the {fmt.confidence(confidence)} interval {fmt.pct_interval(d.interval_pct)} still straddles the "
+                f"budget {when}; judged on the point estimate: {fmt.pct(d.estimate_pct)} {'>' if over else '<='} "
+                f"{fmt.pct(budget_pct)}")
+    p = percentile_value(key)
+    return TtftRatioCheck(percentile=key, budget_pct=budget_pct, measured_pct=d.estimate_pct, interval_pct=d.interval_pct,
+                          pairs=d.pairs, rounds=rounds, confidence=confidence, status=status,
+                          candidate_ms=percentile([x.candidate_s for x in paired], p) * 1000.0,
+                          baseline_ms=percentile([x.baseline_s for x in paired], p) * 1000.0, note=note)

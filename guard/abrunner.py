@@ -25,7 +25,7 @@ from guard.ab import BASELINE, CANDIDATE, SIDES, block_order, blocks, pairs, und
 from guard.budgets import Profile, Thresholds
 from guard.engine import Job, plan_jobs
 from guard.errors import InvalidRunError
-from guard.evaluate import more_requests
+from guard.rules import next_batch
 from guard.hardware import Hardware, fingerprint
 from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
 from guard.worker import WorkerClient, WorkerError
@@ -39,7 +39,6 @@ class ABRecord:
     baseline: RunRecord
     baseline_python: str
     order: list[str] = field(default_factory=list)  # per measured block: the side that ran first
-    invalid_reasons: list[str] = field(default_factory=list)
     duration_s: float | None = None
 
     def side(self, name: str) -> RunRecord:
@@ -93,7 +92,7 @@ class ABRun:
 
     def _fail(self, exc: Exception) -> InvalidRunError:
         reason = str(exc)
-        self.record.invalid_reasons.append(reason)
+        self.record.candidate.invalid_reasons.append(reason)  # the run's own reasons (results.run)
         return InvalidRunError(reason)
 
     def start(self) -> None:
@@ -185,7 +184,7 @@ class ABRun:
         while all(o.success for s in SIDES for o in self.record.side(s).measured):
             ratios = self.ratios()
             undecided = undecided_ratios(self.profile.ttft_vs_baseline_pct, ratios, stats.confidence)
-            extra = more_requests(stats, len(ratios), bool(undecided))
+            extra = next_batch(stats, len(ratios), bool(undecided))
             if not extra:
                 break
             self.progress(f"inconclusive after {len(ratios)} pairs: "
@@ -215,9 +214,9 @@ class ABRun:
                 counts = [_counts(c) for c in msg["counts"]]
                 rec.op_counts.extend(counts)
                 for c in counts:
-                    ops = ", ".join(f"{op} {n}" for op, n in list(c.counts.items())[:4]) or "none"
-                    self.progress(f"{side:9}   scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entered}x, "
-                                  f"{c.total} op calls ({ops})")
+                    ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
+                    self.progress(f"{side:9}   scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entries}x, "
+                                  f"{c.total_calls} op calls ({ops})")
 
     def finish(self) -> ABRecord:
         duration = round(time.perf_counter() - self._t0, 3)
@@ -240,5 +239,5 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
             if profile.ops:
                 run.profile_ops()
         except InvalidRunError:
-            pass  # recorded in run.record.invalid_reasons
+            pass  # recorded in run.record.candidate.invalid_reasons
         return run.finish()

@@ -193,14 +193,14 @@ class SlowEncoder:
     """
 
     def __init__(self, llm, pct: float) -> None:
-        from guard.engine import find_modules
+        from guard.compat import model_modules
 
         self.pct = pct
         self.scale: float | None = None  # k above; None until calibrated
         self.encoder_s = 0.0  # encoder forward time since the last calibration reset
         self.slept_s = 0.0
         self.calls = 0
-        modules = list(find_modules(llm, ENCODER_CLASS))
+        modules = model_modules(llm, ENCODER_CLASS)
         if not modules:
             raise RuntimeError(f"cannot inject {SLOW_ENCODER}: no {ENCODER_CLASS} module in the live model "
                                "(renamed in vLLM's deepencoder2.py?)")

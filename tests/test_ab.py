@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.ab import (BASELINE, CANDIDATE, Pair, block_order, blocks, decide_ratio, op_diff, pairs,
+from guard.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op_diff, pairs,
                       undecided_ratios)
 from guard.budgets import load_thresholds
 from guard.errors import ConfigError, UsageError
@@ -90,7 +90,7 @@ def test_paired_ratio_cancels_drift_that_would_break_an_absolute_comparison():
 
 # ----------------------------------------------------------------------------- op diff
 def _sc(scope, counts, total, entered=1, size=(640, 480)):
-    return ScopeCounts(scope=scope, image_size=size, entered=entered, counts=counts, total=total)
+    return ScopeCounts(scope=scope, image_size=size, entries=entered, calls_by_op=counts, total_calls=total)
 
 
 def test_op_diff_shows_only_what_changed():
@@ -105,7 +105,7 @@ def test_op_diff_shows_only_what_changed():
 
 def test_op_diff_scope_on_one_side_only():
     diff = op_diff([_sc("s", {"a": 1}, 1)], [])
-    assert {(d.op, d.baseline_calls, d.candidate_calls) for d in diff} == {("a", 0, 1), ("total_ops", 0, 1), ("entered", 0, 1)}
+    assert {(d.op, d.baseline_calls, d.candidate_calls) for d in diff} == {("a", 0, 1), ("total_ops", 0, 1), ("entries", 0, 1)}
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -206,3 +206,106 @@ def test_worker_env_puts_this_checkout_first(monkeypatch):
     env = worker_env()
     assert env["PYTHONPATH"].split(os.pathsep) == [str(GUARD_ROOT), "/elsewhere"]
     assert worker_env({})["PYTHONPATH"] == str(GUARD_ROOT)
+
+
+# ----------------------------------------------------------------------------- evaluation and views
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+
+import jsonschema  # noqa: E402
+
+from guard.abrunner import ABRecord  # noqa: E402
+from guard.evaluate import evaluate_ab  # noqa: E402
+from guard.markdown import render_markdown  # noqa: E402
+from guard.results import Status, Verdict, load_results, results_schema, results_to_dict, write_json_atomic  # noqa: E402
+from guard.terminal import render_terminal  # noqa: E402
+from tests.ttft_scenarios import record  # noqa: E402
+
+DRIFT = [6.0, 6.1, 6.9, 7.4, 7.0, 6.2, 6.05, 7.3]  # the machine's own drift, shared by both sides of each pair
+
+
+def ab_record(factor: float, *, mask_calls: int = 0) -> ABRecord:
+    cand = record([s * factor * (1.002 if i % 2 else 0.998) for i, s in enumerate(DRIFT)])
+    base = record(DRIFT)
+    cand.op_counts.append(ScopeCounts("mask_path", (640, 480), 1, {"aten::expand": 1, "aten::_index_put_impl_": mask_calls} if mask_calls
+                                      else {"aten::expand": 1}, 1 + mask_calls))
+    base.op_counts.append(ScopeCounts("mask_path", (640, 480), 1, {"aten::expand": 1}, 1))
+    return ABRecord(candidate=cand, baseline=base, baseline_python="/tmp/baseline-venv/bin/python",
+                    order=["candidate", "baseline"] * 4)
+
+
+@pytest.fixture
+def ab_profile():
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")  # with its op budgets (mask_path)
+    return dataclasses.replace(cpu, ttft_ms={"p50": 6500.0}, ttft_vs_baseline_pct={"p50": 3.0},
+                               workload=dataclasses.replace(cpu.workload, requests=8))
+
+
+def test_identical_sides_pass_although_the_machine_drifts(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.0))
+    assert res.verdict == Verdict.PASS, res.invalid_reasons
+    (c,) = res.ab_checks
+    assert c.status == Status.PASS and c.pairs == 8 and abs(c.measured_pct) < 0.5
+    # the absolute budget (6500 ms, below the drifting machine's median) is shown, not judged
+    (a,) = res.ttft_checks
+    assert a.status == Status.NOT_JUDGED and a.measured_ms > 6500 and "A/B mode" in a.note
+    assert res.ab.op_diff == ()
+
+
+def test_a_slower_candidate_fails_on_the_ratio(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.06))
+    assert res.verdict == Verdict.REGRESSION
+    (c,) = res.ab_checks
+    assert c.status == Status.FAIL and c.interval_pct[0] > 3.0
+    assert c.candidate_ms > c.baseline_ms
+
+
+def test_op_diff_and_candidate_op_budget(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.0, mask_calls=513))
+    assert res.verdict == Verdict.REGRESSION  # the candidate's op budget (max 0) fails
+    assert [(d.op, d.baseline_calls, d.candidate_calls) for d in res.ab.op_diff] == [
+        ("aten::_index_put_impl_", 0, 513), ("total_ops", 1, 514)]
+
+
+def test_a_failed_baseline_request_or_too_few_pairs_is_invalid(ab_profile):
+    rec = ab_record(1.0)
+    rec.baseline.outcomes[3] = dataclasses.replace(rec.baseline.outcomes[3], success=False, ttft_client_s=None, error="boom")
+    res = evaluate_ab(ab_profile, rec)
+    assert res.verdict == Verdict.INVALID
+    assert any(r.startswith("baseline: request 3") for r in res.invalid_reasons)
+    assert any("too few A/B pairs: 7 of 8" in r for r in res.invalid_reasons)
+
+
+def test_worker_failure_recorded_by_the_run_stage_is_invalid(ab_profile):
+    rec = ab_record(1.0)
+    rec.candidate.invalid_reasons.append("baseline worker: the engine process exited with status -9")
+    assert evaluate_ab(ab_profile, rec).exit_code == 3
+
+
+def test_ab_results_round_trip_validate_and_render_both_sides(ab_profile, tmp_path):
+    res = evaluate_ab(ab_profile, ab_record(1.06, mask_calls=513))
+    data = results_to_dict(res)
+    jsonschema.Draft202012Validator(results_schema()).validate(json.loads(json.dumps(data)))
+    assert data["ab"]["baseline_python"] == "/tmp/baseline-venv/bin/python" and len(data["ab"]["pairs"]) == 8
+    assert data["checks"]["ttft_vs_baseline"][0]["percentile"] == "p50"
+    path = tmp_path / "results.json"
+    write_json_atomic(path, data)
+    assert load_results(path) == res
+    term = render_terminal(res)
+    assert "candidate" in term and "baseline" in term and "ttft p50 vs baseline" in term
+    assert "aten::_index_put_impl_" in term and "+513" in term
+    md = render_markdown(res)
+    assert "### A/B: candidate vs baseline" in md and "| TTFT p50 |" in md and md.count("xychart-beta") == 2
+    assert "--baseline" in md and "+513" in md
+    assert "over its budget of +3.0 %" in md  # the failure sentence names the ratio
+
+
+def test_plain_results_have_no_ab_section(cpu):
+    from guard.evaluate import evaluate
+
+    res = evaluate(cpu, record([6.0] * 6))
+    data = results_to_dict(res)
+    assert data["ab"] is None and data["checks"]["ttft_vs_baseline"] == []
+    assert "A/B" not in render_markdown(res) and "A/B" not in render_terminal(res)
