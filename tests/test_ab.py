@@ -309,3 +309,57 @@ def test_plain_results_have_no_ab_section(cpu):
     data = results_to_dict(res)
     assert data["ab"] is None and data["checks"]["ttft_vs_baseline"] == []
     assert "A/B" not in render_markdown(res) and "A/B" not in render_terminal(res)
+
+
+# ----------------------------------------------------------------------------- the slow-encoder hook
+def test_slow_encoder_adds_its_share_of_ttft_after_calibration():
+    import time
+
+    import torch
+
+    from guard.worker import SlowEncoder
+
+    class Qwen2Decoder2Encoder(torch.nn.Module):  # the vision encoder's class name in vLLM
+        def forward(self, x):
+            time.sleep(0.02)
+            return x + 1
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = Qwen2Decoder2Encoder()
+
+    class LLM:  # vLLM's LLM.apply_model, the one call the hook needs
+        def __init__(self):
+            self.model = Model()
+
+        def apply_model(self, fn):
+            return fn(self.model)
+
+    llm = LLM()
+    hook = SlowEncoder(llm, 10.0)
+    x = torch.zeros(1)
+    assert llm.model.enc(x).item() == 1.0 and hook.calls == 1 and hook.slept_s == 0  # warm-up: timed, not slowed
+    hook.calibrate([0.1])  # TTFT 0.1 s for ~0.02 s of encoder time: k ~ 5
+    assert 3 < hook.scale < 6
+    t0 = time.perf_counter()
+    llm.model.enc(x)
+    spent = time.perf_counter() - t0
+    # +10 % of a 0.1 s TTFT = 0.01 s on top of the forward's own 0.02 s
+    assert hook.slept_s == pytest.approx(0.01, rel=0.35) and spent > 0.028
+    with pytest.raises(RuntimeError, match="no Qwen2Decoder2Encoder"):
+        class Empty:
+            def apply_model(self, fn):
+                return fn(torch.nn.Linear(1, 1))
+        SlowEncoder(Empty(), 5.0)
+
+
+def test_check_rejects_bad_ab_arguments_before_running(tmp_path):
+    from tests.conftest import run_guard
+
+    proc = run_guard("check", "--inject", "slow-encoder:5%", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "needs --baseline" in proc.stderr
+    proc = run_guard("check", "--baseline", str(tmp_path / "nope" / "python"), "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "no such executable" in proc.stderr
+    proc = run_guard("check", "--baseline", sys.executable, "--inject", "slow-encoder:lots", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "bad --inject" in proc.stderr

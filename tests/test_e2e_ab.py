@@ -40,14 +40,16 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path) -> None:
     res = json.loads((out / "results.json").read_text())
     assert res["verdict"] == "pass"
     ab = res["ab"]
-    assert ab["baseline"]["python"] == sys.executable
+    assert ab["baseline_python"] == sys.executable
+    assert ab["baseline"]["environment"]["worker"]["executable"] == sys.executable
     assert len(ab["pairs"]) == 2 and all(p["candidate_s"] > 0 and p["baseline_s"] > 0 for p in ab["pairs"])
     assert ab["order"] == ["candidate", "baseline"]  # ABBA: the second block starts with the baseline
-    (ratio,) = res["ab_checks"]
+    (ratio,) = res["checks"]["ttft_vs_baseline"]
     assert ratio["percentile"] == "p50" and ratio["budget_pct"] == 50 and ratio["pairs"] == 2
     assert ratio["candidate_ms"] > 0 and ratio["baseline_ms"] > 0
     assert ab["op_diff"] == []  # the same vLLM on both sides: not one op count differs
-    assert len(ab["baseline"]["run"]["op_counts"]) == 1
+    assert len(ab["baseline"]["op_counts"]) == 1 and len(res["run"]["op_counts"]) == 1
+    assert [c["status"] for c in res["checks"]["ttft"]] == ["not_judged"]  # absolute: shown, not judged
     assert "baseline" in proc.stdout and "candidate" in proc.stdout and "PASS" in proc.stdout
     report = (out / "report.md").read_text()
     assert "baseline" in report and "candidate" in report and "xychart-beta" in report
