@@ -69,6 +69,23 @@ def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> Non
     }, indent=2) + "\n", encoding="utf-8")
 
 
+def pool_from_results(paths: Sequence[Path]) -> list[Pair]:
+    """The measured pairs of A/B results.json files (e.g. benchmarks/ab_live.py's runs), pooled."""
+    out: list[Pair] = []
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ab = data.get("ab") or {}
+        out += [Pair(int(p["index"]), float(p["candidate_s"]), float(p["baseline_s"])) for p in ab.get("pairs", [])]
+    return out
+
+
+def write_pool(path: Path, pool: Sequence[Pair], sources: Sequence[Path], inject: str | None) -> None:
+    path.write_text(json.dumps({
+        "schema": POOL_SCHEMA, "schema_version": 1, "inject": inject, "sources": [str(s) for s in sources],
+        "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "pairs": [[p.index, p.candidate_s, p.baseline_s] for p in pool]}, indent=2) + "\n", encoding="utf-8")
+
+
 def load_pool(path: Path) -> list[Pair]:
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("schema") != POOL_SCHEMA:
@@ -143,6 +160,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shifts", default="0,2,3,5", help="synthetic slowdowns in %% applied to the identical pool")
     p.add_argument("--no-record", action="store_true", help="never start an engine; skip missing pools")
+    p.add_argument("--identical-results", type=Path, nargs="*", default=None,
+                   help="build --pool from these A/B results.json files (identical sides) instead of recording")
+    p.add_argument("--slow-results", type=Path, nargs="*", default=None,
+                   help="build --slow-pool from these A/B results.json files (candidate slowed by --inject)")
     p.add_argument("--output", type=Path, default=Path("guard-results/ab-sensitivity"))
     return p.parse_args(argv)
 
@@ -153,6 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = profile.ttft_vs_baseline_pct
     if not budgets:
         raise SystemExit(f"profile '{profile.name}' has no ttft_vs_baseline_pct budget")
+    for path, inject, sources in ((args.pool, None, args.identical_results), (args.slow_pool, args.inject, args.slow_results)):
+        if sources:
+            pool = pool_from_results(sources)
+            write_pool(path, pool, sources, inject)
+            print(f"pool {path}: {len(pool)} pairs from {len(sources)} results files", file=sys.stderr)
     for path, inject in ((args.pool, None), (args.slow_pool, args.inject)):
         if not path.exists() and not args.no_record:
             print(f"pool {path} missing: recording {args.pool_size} pairs (inject={inject})", file=sys.stderr)

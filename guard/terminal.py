@@ -26,7 +26,8 @@ def percentile_summary(results: Results) -> str | None:
     if not samples:
         return None
     cells = " · ".join(f"p{p} {fmt.seconds_as_ms(percentile(samples, p))}" for p in (50, 90, 99))
-    return f"TTFT over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
+    who = "candidate TTFT" if results.ab is not None else "TTFT"
+    return f"{who} over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
 
 
 def sites_lines(results: Results) -> list[str]:
