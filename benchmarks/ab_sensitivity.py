@@ -159,9 +159,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shifts", default="0,2,3,5", help="synthetic slowdowns in %% applied to the identical pool")
+    p.add_argument("--busy-pct", type=float, default=20.0,
+                   help="add a row where both sides are this much slower (a busy machine, synthetic); 0: none")
     p.add_argument("--no-record", action="store_true", help="never start an engine; skip missing pools")
     p.add_argument("--identical-results", type=Path, nargs="*", default=None,
                    help="build --pool from these A/B results.json files (identical sides) instead of recording")
+    p.add_argument("--proxy-from-absolute-pool", type=Path, default=None,
+                   help="build --pool from a benchmarks/sensitivity.py pool (one engine, sequential requests): "
+                        "consecutive requests paired (2k+1 as candidate, 2k as baseline). A proxy for identical "
+                        "sides: same process, adjacent in time, different images")
     p.add_argument("--slow-results", type=Path, nargs="*", default=None,
                    help="build --slow-pool from these A/B results.json files (candidate slowed by --inject)")
     p.add_argument("--output", type=Path, default=Path("guard-results/ab-sensitivity"))
@@ -174,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = profile.ttft_vs_baseline_pct
     if not budgets:
         raise SystemExit(f"profile '{profile.name}' has no ttft_vs_baseline_pct budget")
+    if args.proxy_from_absolute_pool:
+        seq = [float(x) for x in json.loads(args.proxy_from_absolute_pool.read_text())["samples_s"]]
+        proxy = [Pair(i, seq[2 * i + 1], seq[2 * i]) for i in range(len(seq) // 2)]
+        write_pool(args.pool, proxy, [args.proxy_from_absolute_pool], None)
+        print(f"pool {args.pool}: {len(proxy)} proxy pairs from {args.proxy_from_absolute_pool}", file=sys.stderr)
     for path, inject, sources in ((args.pool, None, args.identical_results), (args.slow_pool, args.inject, args.slow_results)):
         if sources:
             pool = pool_from_results(sources)
@@ -209,9 +220,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pool.exists():
         pool = load_pool(args.pool)
         print(f"(identical pool: {len(pool)} pairs, {args.pool})", file=sys.stderr)
+        # synthetic slowdowns start from the pool centred on a median ratio of exactly 1, so that
+        # "+5 %" is the true median slowdown of the simulated candidate, not 5 % on top of chance
+        centre = percentile([p.ratio for p in pool], 50)
+        centred = [Pair(p.index, p.candidate_s / centre, p.baseline_s) for p in pool]
         for s in [float(x) for x in args.shifts.split(",") if x.strip()]:
-            label = "identical (recorded)" if s == 0 else f"identical, candidate x {1 + s / 100:g} (synthetic +{s:g} %)"
-            row(label, slowed(pool, s))
+            label = "identical (recorded)" if s == 0 else f"synthetic: median slowdown +{s:g} %"
+            row(label, pool if s == 0 else slowed(centred, s))
+        if args.busy_pct:
+            # a uniformly slower machine (both sides): A/B's ratios are unchanged by construction;
+            # the absolute rule sees a regression. Real contention is not uniform: see ab_live.py.
+            b = 1 + args.busy_pct / 100
+            row(f"identical, machine {args.busy_pct:g} % slower (synthetic, both sides)",
+                [Pair(p.index, p.candidate_s * b, p.baseline_s * b) for p in pool])
     if args.slow_pool.exists():
         row(f"{args.inject} (recorded)", load_pool(args.slow_pool))
     print("\n".join(rows))
