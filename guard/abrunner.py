@@ -142,9 +142,13 @@ class ABRun:
     def _run_side(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
         self._buffer[side] = []
         try:
-            self.workers[side].call("run", "done", jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs])
+            done = self.workers[side].call("run", "done", jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs])
         except WorkerError as exc:
             raise self._fail(exc) from exc
+        if side == CANDIDATE and self.inject and not all(j.warmup for j in jobs):
+            # the test hook's own account of what it added (worker total, seconds): the true injected slowdown
+            env = self.record.candidate.environment
+            env["injected_sleep_s"] = round(float(done.get("slept_s", 0.0)), 4)
         outcomes, self._buffer[side] = self._buffer[side], []
         self.record.side(side).outcomes.extend(outcomes)
         return outcomes
