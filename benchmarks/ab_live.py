@@ -65,6 +65,10 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict:
         c = ratio[0]
         row.update(ratio_pct=round(c["measured_pct"], 2), interval_pct=c["interval_pct"], pairs=c["pairs"],
                    status=c["status"], candidate_ms=round(c["candidate_ms"]), baseline_ms=round(c["baseline_ms"]))
+    slept = res["run"]["environment"].get("injected_sleep_s")
+    if slept and ratio:
+        per_request = slept / ratio[0]["pairs"]
+        row.update(injected_ms=round(per_request * 1000), injected_pct=round(per_request * 1000 / ratio[0]["baseline_ms"] * 100, 2))
     ttft = res["checks"].get("ttft") or []
     if ttft and kind == PLAIN:
         row.update(p50_ms=round(ttft[0]["measured_ms"]), status=ttft[0]["status"], samples=ttft[0]["samples"])
