@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -196,6 +197,12 @@ class ABRun:
                                       f"vs budget +{d.budget_pct:g} %" for d in undecided)
                           + f"; measuring {extra} more pairs (cap {stats.max_requests})")
             self.measure(extra)
+        gpu_state = self.record.candidate.environment.get("gpu_state")
+        if gpu_state is not None:  # the end of the timing pass, while both engines hold the device
+            from guard.hardware import read_gpu_state
+
+            own = frozenset({os.getpid(), *(w.proc.pid for w in self.workers.values())})
+            gpu_state["end"] = read_gpu_state(own_pids=own)
 
     def profile_ops(self) -> None:
         """One profiled request per profile image size on each side: the same image for both."""
