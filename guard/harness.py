@@ -18,7 +18,7 @@ from guard import __version__
 from guard.budgets import Profile, Thresholds
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
-from guard.results import RUN_SCHEMA, Results, load_run
+from guard.results import Results, load_run
 
 OPS_ONLY = "ops"  # run only the op-count pass (the self-test measures no TTFT)
 
@@ -73,5 +73,3 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
     judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
     return evaluate(judged, record, guard_version=__version__, output=output)
 
-
-__all__ = ["run_and_judge", "run_suite", "suite_dir", "OPS_ONLY", "RUN_SCHEMA"]
