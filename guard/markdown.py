@@ -211,19 +211,19 @@ def _ab_section(results: Results) -> list[str]:
 def _ab_chart(results: Results, cand: list[float], base: list[float]) -> list[str]:
     """Both TTFT distributions by decile: candidate as bars, baseline as a grey line, and the
     baseline shifted by the first ratio budget as a red line (where the candidate's median may go)."""
-    c_dec = [percentile(cand, p) * 1000.0 for p in CHART_PERCENTILES]
-    b_dec = [percentile(base, p) * 1000.0 for p in CHART_PERCENTILES]
+    c_dec = [percentile(cand, p) * 1000.0 for p in CHART_DECILES]
+    b_dec = [percentile(base, p) * 1000.0 for p in CHART_DECILES]
     budget = results.ab_checks[0] if results.ab_checks else None
     allowed = [b * (1 + budget.budget_pct / 100) for b in b_dec] if budget else []
     values = [*c_dec, *b_dec, *allowed]
     lo, hi = min(values), max(values)
     pad = max((hi - lo) * 0.15, hi * 0.01)
     y_lo, y_hi = max(0.0, lo - pad), hi + pad
-    palette = [_BAR, _BASELINE] + ([_BUDGET] if allowed else [])
+    palette = [_BAR, _BASELINE] + ([_BUDGET_COLOURS[0][1]] if allowed else [])
     init = {"themeVariables": {"xyChart": {"plotColorPalette": ", ".join(palette)}}}
     lines = ["```mermaid", f"%%{{init: {json.dumps(init)}}}%%", "xychart-beta",
              f'    title "TTFT by percentile, candidate vs baseline, {len(cand)} pairs (ms)"',
-             f"    x-axis [{', '.join(f'p{p}' for p in CHART_PERCENTILES)}]",
+             f"    x-axis [{', '.join(f'p{p:g}' for p in CHART_DECILES)}]",
              f'    y-axis "TTFT (ms)" {y_lo:.0f} --> {y_hi:.0f}',
              f"    bar [{', '.join(f'{v:.0f}' for v in c_dec)}]",
              f"    line [{', '.join(f'{v:.0f}' for v in b_dec)}]"]
