@@ -363,3 +363,35 @@ def test_check_rejects_bad_ab_arguments_before_running(tmp_path):
     assert proc.returncode == 2 and "no such executable" in proc.stderr
     proc = run_guard("check", "--baseline", sys.executable, "--inject", "slow-encoder:lots", "--output", str(tmp_path / "o"))
     assert proc.returncode == 2 and "bad --inject" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- the sensitivity simulation
+@pytest.fixture(scope="module")
+def ab_sensitivity():
+    import importlib.util
+
+    name = "guard_benchmarks_ab_sensitivity"
+    spec = importlib.util.spec_from_file_location(name, GUARD_ROOT / "benchmarks" / "ab_sensitivity.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_simulated_ab_rule_separates_identical_from_slowed(ab_sensitivity, ab_profile):
+    from guard.results import Pair
+
+    rng = random.Random(3)
+    pool = [Pair(i, b * rng.gauss(1, 0.01), b) for i, b in enumerate(6 + rng.random() for _ in range(40))]
+    profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
+    same, n_same = ab_sensitivity.simulate_ab(pool, profile, {"p50": 3.0}, 300, random.Random(0))
+    slow, n_slow = ab_sensitivity.simulate_ab(ab_sensitivity.slowed(pool, 8.0), profile, {"p50": 3.0}, 300, random.Random(0))
+    assert same["p50"] < 0.01 and slow["p50"] > 0.99
+    assert 6 <= n_same <= 24 and 6 <= n_slow <= 24
+    # the absolute rule on the same candidate samples: a 7000 ms budget never sees an 8 % slowdown of ~6.5 s
+    absolute, _ = ab_sensitivity.simulate_absolute([p.candidate_s * 1.08 for p in pool],
+                                                   dataclasses.replace(profile, ttft_ms={"p50": 7500.0}), 200, random.Random(0))
+    assert absolute["p50"] < 0.05
