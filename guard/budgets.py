@@ -131,6 +131,19 @@ class ScopeBudget:
 
 
 @dataclass(frozen=True)
+class ABSettings:
+    """A/B mode (``guard check --baseline PYTHON``): how the two engines share the machine."""
+
+    # vLLM's gpu_memory_utilization per side: both engines live on the same GPU at once, so the
+    # shares must add up to less than 1 (None: the profile's engine setting / vLLM's default)
+    candidate_gpu_memory_utilization: float | None = None
+    baseline_gpu_memory_utilization: float | None = None
+
+    def gpu_memory_utilization(self, side: str) -> float | None:
+        return getattr(self, f"{side}_gpu_memory_utilization")
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     match: Match
@@ -176,6 +189,9 @@ class Profile:
         if self.ttft_ms:
             by_mode[self.engine.mode] = self.ttft_ms
         return replace(self, engine=replace(self.engine, mode=mode), ttft_ms=ttft or {}, ttft_ms_by_mode=by_mode)
+    # A/B budgets: percentile key -> allowed slowdown of the candidate vs the baseline, in percent
+    ttft_vs_baseline_pct: dict[str, float] = field(default_factory=dict)
+    ab: ABSettings = ABSettings()
 
 
 @dataclass(frozen=True)
@@ -205,7 +221,7 @@ def percentile_value(key: str) -> float:
 # key -> required?  (types are checked by the converters below)
 TOP_KEYS = {"schema_version": True, "model": True, "profiles": True}
 PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": False,
-                "headroom_pct": False, "budgets": True, "provenance": False}
+                "headroom_pct": False, "budgets": True, "provenance": False, "ab": False}
 MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
 ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
@@ -215,8 +231,10 @@ ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
                  "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
 STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
-BUDGETS_KEYS = {"ttft_ms": False, "ops": False, "modes": False}
+BUDGETS_KEYS = {"ttft_ms": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False}
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
+AB_KEYS = {"gpu_memory_utilization": False}
+AB_SIDES_KEYS = {"candidate": False, "baseline": False}
 SCOPE_BUDGET_KEYS = {"scope": True, "ops": False, "total_ops": False}
 SCOPE_KEYS = {"file": True, "function": True}
 OP_BUDGET_KEYS = {"exact": False, "max": False}
@@ -341,8 +359,10 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
     budgets = r.mapping(m["budgets"][1], f"{key}.budgets", BUDGETS_KEYS)
     ttft = _ttft(r, f"{key}.budgets.ttft_ms", budgets["ttft_ms"][1]) if "ttft_ms" in budgets else {}
     ops = _ops(r, f"{key}.budgets.ops", budgets["ops"][1]) if "ops" in budgets else ()
-    if not ttft and not ops:
-        raise r.error(m["budgets"][1], f"{key}.budgets", "no budgets: give ttft_ms and/or ops")
+    ratio = _ttft(r, f"{key}.budgets.ttft_vs_baseline_pct", budgets["ttft_vs_baseline_pct"][1], allow_zero=True) \
+        if "ttft_vs_baseline_pct" in budgets else {}
+    if not ttft and not ops and not ratio:
+        raise r.error(m["budgets"][1], f"{key}.budgets", "no budgets: give ttft_ms, ttft_vs_baseline_pct and/or ops")
     engine = _engine(r, f"{key}.engine", m["engine"][1])
     by_mode = {}
     if "modes" in budgets:
@@ -368,7 +388,23 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
         ttft_ms_by_mode=by_mode,
         thresholds_path=str(r.path),
         yaml_mode=engine.mode,
+        ttft_vs_baseline_pct=ratio,
+        ab=_ab(r, f"{key}.ab", m["ab"][1]) if "ab" in m else ABSettings(),
     )
+
+
+def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
+    m = r.mapping(node, key, AB_KEYS)
+    if "gpu_memory_utilization" not in m:
+        return ABSettings()
+    k = f"{key}.gpu_memory_utilization"
+    sides = r.mapping(m["gpu_memory_utilization"][1], k, AB_SIDES_KEYS)
+    shares = {side: _fraction(r, f"{k}.{side}", vnode) for side, (_, vnode) in sides.items()}
+    if sum(shares.values()) > 1.0:
+        raise r.error(m["gpu_memory_utilization"][1], k,
+                      f"the two engines share one GPU: candidate + baseline = {sum(shares.values()):g} > 1")
+    return ABSettings(candidate_gpu_memory_utilization=shares.get("candidate"),
+                      baseline_gpu_memory_utilization=shares.get("baseline"))
 
 
 def _match(r: _Reader, key: str, node: yaml.Node) -> Match:
@@ -420,7 +456,7 @@ def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
 def _fraction(r: _Reader, key: str, node: yaml.Node) -> float:
     v = r.number(node, key)
     if not 0 < v <= 1:
-        raise r.error(node, key, f"must be in (0, 1], got {v}", "a fraction of the GPU's memory, e.g. 0.85")
+        raise r.error(node, key, f"must be a fraction in (0, 1], got {v}", "a fraction of the GPU's memory, e.g. 0.85")
     return v
 
 
@@ -477,14 +513,14 @@ def _statistics(r: _Reader, key: str, node: yaml.Node) -> Statistics:
     return Statistics(confidence=conf, max_requests=cap, batch=batch)
 
 
-def _ttft(r: _Reader, key: str, node: yaml.Node) -> dict[str, float]:
+def _ttft(r: _Reader, key: str, node: yaml.Node, allow_zero: bool = False) -> dict[str, float]:
     out = {}
     for name, (knode, vnode) in r.mapping(node, key, None).items():
         m = PERCENTILE_RE.match(name)
         if not m or not 0 < float(m.group(1)) < 100:
             raise r.error(knode, f"{key}.{name}", "unknown percentile",
                           "use p<N> with 0 < N < 100, e.g. p50, p90, p99, p99.9")
-        out[name] = r.number(vnode, f"{key}.{name}", positive=True)
+        out[name] = r.number(vnode, f"{key}.{name}", minimum=0.0) if allow_zero else r.number(vnode, f"{key}.{name}", positive=True)
     if not out:
         raise r.error(node, key, "empty: give at least one percentile, e.g. p50")
     return out

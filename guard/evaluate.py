@@ -8,14 +8,19 @@ here, a label and failure sentence in guard.format, a table in each view.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from guard import format as fmt
 from guard.budgets import OpBudget, Profile
 from guard.hardware import gpu_state_problems, recorded_hardware_problems
-from guard.results import (TOTAL_OPS, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck,
-                           Verdict, ttft_definition)
+from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
+                           UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.rules import judge_ttft
+
+if TYPE_CHECKING:
+    from guard.abrunner import ABRecord
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 
@@ -141,3 +146,44 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         profile_config={"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict(),
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct},
     )
+
+
+AB_NOT_JUDGED = ("A/B mode: TTFT is judged as the ratio to the baseline measured beside it; this absolute "
+                 "budget belongs to the machine it was measured on and is shown for information only")
+
+
+def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT) -> Results:
+    """An A/B run: the candidate's op budgets as usual, its TTFT as the paired ratio to the baseline
+    (``budgets.ttft_vs_baseline_pct``, guard.ab), the baseline's op counts diffed against the
+    candidate's. Absolute TTFT budgets are measured and shown, never judged here: they are a
+    statement about a machine, which A/B mode exists to take out of the verdict."""
+    from guard.ab import judge_ratio, op_diff, pairs
+
+    no_abs = dataclasses.replace(profile, ttft_ms={})
+    cand = evaluate(no_abs, rec.candidate, guard_version=guard_version, output=output)
+    reasons = list(cand.judged_invalid_reasons)
+    reasons += [f"baseline: {r}" for r in invalid_reasons(no_abs, rec.baseline)
+                if r not in recorded_hardware_problems(profile, rec.baseline.environment)]  # same machine: said once
+    paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes)
+    want = profile.workload.requests
+    if profile.ttft_vs_baseline_pct and len(paired) < want:
+        reasons.append(f"too few A/B pairs: {len(paired)} of {want} requested" if paired
+                       else "no A/B pairs were measured (a request succeeded on both sides for none of the images)")
+    stats = profile.statistics
+    ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+             for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
+    absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
+    valid = not reasons and not rec.candidate.invalid_reasons
+    if not valid:
+        verdict = Verdict.INVALID
+    elif any(c.status == Status.FAIL for c in (*ratio, *cand.op_checks)):
+        verdict = Verdict.REGRESSION
+    else:
+        verdict = Verdict.PASS
+    ab = ABComparison(baseline_python=rec.baseline_python, baseline=rec.baseline, order=tuple(rec.order),
+                      pairs=tuple(paired), op_diff=tuple(op_diff(rec.candidate.op_counts, rec.baseline.op_counts)))
+    config = {**cand.profile_config, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
+                                            "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
+                                                                       "baseline": profile.ab.baseline_gpu_memory_utilization}}}
+    return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
+                               judged_invalid_reasons=tuple(reasons), profile_config=config)

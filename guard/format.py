@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from functools import singledispatch
 
-from guard.results import TOTAL_OPS, Check, ImageSize, OpCheck, Rule, Status, TtftCheck
+from guard.results import TOTAL_OPS, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck, TtftRatioCheck
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}
@@ -38,6 +38,25 @@ def interval(bounds_ms: tuple[float, float]) -> str:
     """``[5938, 6572]``; an open side is written with a parenthesis and ∞."""
     lo, hi = bounds_ms
     return f"{'(' if math.isinf(lo) else '['}{ms(lo)}, {ms(hi)}{')' if math.isinf(hi) else ']'}"
+
+
+def pct(value_pct: float) -> str:
+    """A signed relative change in percent: ``+1.2 %``; an unbounded side reads as ∞."""
+    if math.isinf(value_pct):
+        return "+∞" if value_pct > 0 else "-∞"
+    return f"{value_pct:+.1f} %"
+
+
+def pct_interval(bounds_pct: tuple[float, float]) -> str:
+    """``[-1.2, +2.0] %``; an open side is written with a parenthesis and ∞."""
+    lo, hi = bounds_pct
+    cell = (lambda v: ("∞" if v > 0 else "-∞") if math.isinf(v) else f"{v:+.1f}")
+    return f"{'(' if math.isinf(lo) else '['}{cell(lo)}, {cell(hi)}{')' if math.isinf(hi) else ']'} %"
+
+
+def op_delta(d: OpDelta) -> str:
+    """``aten::_index_put_impl_ 0 -> 513 (+513)`` (baseline -> candidate)."""
+    return f"{d.baseline_calls} -> {d.candidate_calls} ({d.delta_calls:+d})"
 
 
 def size(image_size: ImageSize) -> str:
@@ -95,6 +114,11 @@ def _(c: OpCheck) -> str:
     return f"{c.scope} [{size(c.image_size)}] {c.op}"
 
 
+@label.register
+def _(c: TtftRatioCheck) -> str:
+    return f"ttft {c.percentile} vs baseline"
+
+
 @singledispatch
 def failure(check: Check) -> str:
     """One sentence for a failed check: what, measured, budget, by how much."""
@@ -113,3 +137,10 @@ def _(c: OpCheck) -> str:
     want = "exactly" if c.rule == Rule.EXACT else "at most"
     return (f"{op_name(c)} in {c.scope} [{size(c.image_size)}]: {calls(c.measured_calls)} per request, "
             f"budget {want} {c.budget_calls} ({op_excess(c)})")
+
+
+@failure.register
+def _(c: TtftRatioCheck) -> str:
+    return (f"TTFT {c.percentile} is {pct(c.measured_pct)} vs the baseline (candidate {ms_unit(c.candidate_ms)}, "
+            f"baseline {ms_unit(c.baseline_ms)}), over its budget of {pct(c.budget_pct)} "
+            f"({confidence(c.confidence)} interval {pct_interval(c.interval_pct)}, {c.pairs} pairs)")

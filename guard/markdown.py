@@ -179,6 +179,76 @@ def _chart(results: Results, ttft: tuple[TtftCheck, ...]) -> list[str]:
     return lines + [" ".join(legend)]
 
 
+_BASELINE = "#9E9E9E"
+
+
+def _ab_section(results: Results) -> list[str]:
+    """A/B mode: both sides side by side, the ratio checks, both distributions, the op-count diff."""
+    ab = results.ab
+    if ab is None:
+        return []
+    lines = ["", "### A/B: candidate vs baseline, same machine, same images", "",
+             f"{len(ab.pairs)} pairs; each block of requests ran on both sides back to back, alternating which side "
+             "went first (ABBA), so drift and contention fall on both.", "",
+             "| | candidate | baseline | candidate / baseline |", "|---|---|---|---:|"]
+    envs = (results.run.environment, ab.baseline.environment)
+    lines.append("| vLLM | " + " | ".join(code(f"{e.get('vllm') or '?'} {(e.get('worker') or {}).get('vllm_file') or ''}",
+                                                   in_table=True) for e in envs) + " | |")
+    cand, base = [p.candidate_s for p in ab.pairs], [p.baseline_s for p in ab.pairs]
+    if ab.pairs:
+        for q in (50, 90, 99):
+            c, b = percentile(cand, q), percentile(base, q)
+            lines.append(f"| TTFT p{q} | {fmt.seconds_as_ms(c)} | {fmt.seconds_as_ms(b)} | {fmt.pct((c / b - 1) * 100)} |")
+    if results.ab_checks:
+        conf = {c.confidence for c in results.ab_checks}
+        ci = f"{fmt.confidence(conf.pop())} CI" if len(conf) == 1 else "CI"
+        lines += ["", f"| TTFT vs baseline (paired ratio) | budget | measured | {ci} | pairs | rounds | status |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [f"| {code(c.percentile, in_table=True)} | {fmt.pct(c.budget_pct)} | {fmt.pct(c.measured_pct)} "
+                  f"| {fmt.pct_interval(c.interval_pct)} | {c.pairs} | {c.rounds} | {_status(c.status)} |"
+                  for c in results.ab_checks]
+        notes = [f"- {code(c.percentile)}: {text(c.note)}" for c in results.ab_checks if c.note]
+        lines += [""] + notes if notes else []
+    if ab.pairs:
+        lines += [""] + _ab_chart(results, cand, base)
+    if ab.op_diff:
+        lines += ["", "#### Operator counts that differ (per request)", "",
+                  "| scope | image size | op | baseline | candidate | delta |", "|---|---|---|---:|---:|---:|"]
+        lines += [f"| {code(d.scope, in_table=True)} | {_size(d.image_size)} | {code(d.op, in_table=True)} "
+                  f"| {d.baseline_calls} | {d.candidate_calls} | {d.delta_calls:+d} |" for d in ab.op_diff]
+    elif results.run.op_counts or ab.baseline.op_counts:
+        lines += ["", "Operator counts: identical on both sides in every profiled scope."]
+    return lines
+
+
+def _ab_chart(results: Results, cand: list[float], base: list[float]) -> list[str]:
+    """Both TTFT distributions by decile: candidate as bars, baseline as a grey line, and the
+    baseline shifted by the first ratio budget as a red line (where the candidate's median may go)."""
+    c_dec = [percentile(cand, p) * 1000.0 for p in CHART_DECILES]
+    b_dec = [percentile(base, p) * 1000.0 for p in CHART_DECILES]
+    budget = results.ab_checks[0] if results.ab_checks else None
+    allowed = [b * (1 + budget.budget_pct / 100) for b in b_dec] if budget else []
+    values = [*c_dec, *b_dec, *allowed]
+    lo, hi = min(values), max(values)
+    pad = max((hi - lo) * 0.15, hi * 0.01)
+    y_lo, y_hi = max(0.0, lo - pad), hi + pad
+    palette = [_BAR, _BASELINE] + ([_BUDGET_COLOURS[0][1]] if allowed else [])
+    init = {"themeVariables": {"xyChart": {"plotColorPalette": ", ".join(palette)}}}
+    lines = ["```mermaid", f"%%{{init: {json.dumps(init)}}}%%", "xychart-beta",
+             f'    title "TTFT by percentile, candidate vs baseline, {len(cand)} pairs (ms)"',
+             f"    x-axis [{', '.join(f'p{p:g}' for p in CHART_DECILES)}]",
+             f'    y-axis "TTFT (ms)" {y_lo:.0f} --> {y_hi:.0f}',
+             f"    bar [{', '.join(f'{v:.0f}' for v in c_dec)}]",
+             f"    line [{', '.join(f'{v:.0f}' for v in b_dec)}]"]
+    if allowed:
+        lines.append(f"    line [{', '.join(f'{v:.0f}' for v in allowed)}]")
+    lines.append("```")
+    legend = "Blue bars: the candidate's TTFT at each decile. Grey line: the baseline's."
+    if budget:
+        legend += f" Red line: the baseline {fmt.pct(budget.budget_pct)} (the {text(budget.percentile)} budget)."
+    return lines + [f"{legend} The y-axis starts at {y_lo:.0f} ms."]
+
+
 def _ops_table(ops: tuple[OpCheck, ...]) -> list[str]:
     lines = ["| scope | image size | op | budget (calls) | measured (calls) | excess | status |",
              "|---|---|---|---:|---:|---|---|"]
@@ -233,6 +303,7 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
     icon = _ICON.get(results.verdict, "❔")
     lines = [f"## {icon} guard: {text(results.verdict)} — {text(run.model)} on {code(run.profile)}", ""]
     lines += _summary(results)
+    lines += _ab_section(results)
 
     ttft = results.ttft_checks
     if ttft:
@@ -263,7 +334,8 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
     profile = _token(run.profile, "PROFILE")
     lines += [""] + _folded("Reproduce locally", [
         "On a machine that matches the profile (the profile pins the hardware):", "",
-        "```sh", f"guard check --profile {profile}", "```"])
+        "```sh", f"guard check --profile {profile}" + (" --baseline /path/to/baseline-venv/bin/python" if results.ab else ""),
+        "```"])
     lines += [""] + _folded("Accept these numbers as the new budgets", [
         "If the change in performance is intended, re-baseline from this run's results "
         "(the `guard-results` artifact) and commit the diff:", "",

@@ -193,7 +193,68 @@ class UnmeasuredOpCheck:
     status: Status = Status.NOT_MEASURED
 
 
-Check = TtftCheck | OpCheck
+@dataclass(frozen=True)
+class TtftRatioCheck:
+    """A/B mode: a percentile of the paired ratio candidate TTFT / baseline TTFT, as a slowdown in
+    percent, judged by its confidence interval against ``ttft_vs_baseline_pct`` (guard.ab)."""
+
+    percentile: str  # "p50"
+    budget_pct: float  # allowed slowdown of the candidate, percent
+    measured_pct: float  # the percentile of (candidate_i / baseline_i - 1) x 100 over the pairs
+    interval_pct: tuple[float, float]  # -inf / inf where that side does not exist at this pair count
+    pairs: int
+    rounds: int
+    confidence: float
+    status: Status
+    candidate_ms: float  # the same percentile of each side's own TTFT, for the side-by-side view
+    baseline_ms: float
+    note: str | None = None  # how an undecided interval was settled
+
+    @property
+    def excess_pct(self) -> float:
+        return self.measured_pct - self.budget_pct
+
+
+Check = TtftCheck | OpCheck | TtftRatioCheck
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One measured request of an A/B run: the same image on both sides, seconds apart."""
+
+    index: int  # the job index (it names the image)
+    candidate_s: float
+    baseline_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.candidate_s / self.baseline_s
+
+
+@dataclass(frozen=True)
+class OpDelta:
+    """An op whose count per request differs between the A/B sides (or a scope entered differently)."""
+
+    scope: str
+    image_size: ImageSize
+    op: str  # an operator name, TOTAL_OPS, or "entries" (times the scope's function ran)
+    baseline_calls: int
+    candidate_calls: int
+
+    @property
+    def delta_calls(self) -> int:
+        return self.candidate_calls - self.baseline_calls
+
+
+@dataclass(frozen=True)
+class ABComparison:
+    """What an A/B run adds to the candidate's run: the baseline side and how the two compare."""
+
+    baseline_python: str  # --baseline PYTHON
+    baseline: RunRecord
+    order: tuple[str, ...] = ()  # per measured block, the side that ran first (ABBA...)
+    pairs: tuple[Pair, ...] = ()
+    op_diff: tuple[OpDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +266,8 @@ class Results:
     ttft_checks: tuple[TtftCheck, ...] = ()
     op_checks: tuple[OpCheck, ...] = ()
     unmeasured_op_checks: tuple[UnmeasuredOpCheck, ...] = ()  # budgets this engine mode cannot measure
+    ab_checks: tuple[TtftRatioCheck, ...] = ()  # A/B mode only
+    ab: ABComparison | None = None  # A/B mode only: the baseline side, the pairs, the op diff
     judged_invalid_reasons: tuple[str, ...] = ()  # found by evaluation, beside the run's own
     notices: tuple[str, ...] = ()  # advice (stale budgets, ...); never changes the verdict
     guard_version: str = ""
@@ -213,7 +276,7 @@ class Results:
 
     @property
     def checks(self) -> tuple[Check, ...]:
-        return (*self.ttft_checks, *self.op_checks)
+        return (*self.ttft_checks, *self.ab_checks, *self.op_checks)
 
     @property
     def judged(self) -> list[Check]:
@@ -268,6 +331,31 @@ def _ttft_from_dict(d: dict[str, Any]) -> TtftCheck:
                         "interval_ms": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
 
 
+def _ratio_to_dict(c: TtftRatioCheck) -> dict[str, Any]:
+    return {**asdict(c), "interval_pct": [_finite_or_null(x) for x in c.interval_pct]}
+
+
+def _ratio_from_dict(d: dict[str, Any]) -> TtftRatioCheck:
+    lo, hi = d["interval_pct"]
+    return TtftRatioCheck(**{**d, "status": Status(d["status"]),
+                             "interval_pct": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
+
+
+def _ab_to_dict(ab: ABComparison | None) -> dict[str, Any] | None:
+    if ab is None:
+        return None
+    return {"baseline_python": ab.baseline_python, "baseline": run_to_dict(ab.baseline), "order": list(ab.order),
+            "pairs": [asdict(p) for p in ab.pairs], "op_diff": [asdict(d) for d in ab.op_diff]}
+
+
+def _ab_from_dict(d: dict[str, Any] | None) -> ABComparison | None:
+    if d is None:
+        return None
+    return ABComparison(baseline_python=d["baseline_python"], baseline=run_from_dict(d["baseline"]),
+                        order=tuple(d.get("order", ())), pairs=tuple(Pair(**p) for p in d.get("pairs", ())),
+                        op_diff=tuple(OpDelta(**{**o, "image_size": tuple(o["image_size"])}) for o in d.get("op_diff", ())))
+
+
 def _op_from_dict(d: dict[str, Any]) -> OpCheck:
     return OpCheck(**{**d, "image_size": tuple(d["image_size"]), "rule": Rule(d["rule"]), "status": Status(d["status"])})
 
@@ -279,7 +367,9 @@ def results_to_dict(res: Results) -> dict[str, Any]:
         "guard_version": res.guard_version,
         "verdict": str(res.verdict),
         "checks": {"ttft": [_ttft_to_dict(c) for c in res.ttft_checks], "ops": [asdict(c) for c in res.op_checks],
-                   "ops_not_measured": [asdict(c) for c in res.unmeasured_op_checks]},
+                   "ops_not_measured": [asdict(c) for c in res.unmeasured_op_checks],
+                   "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks]},
+        "ab": _ab_to_dict(res.ab),
         "judged_invalid_reasons": list(res.judged_invalid_reasons),
         "notices": list(res.notices),
         "profile_config": res.profile_config,
@@ -297,6 +387,8 @@ def results_from_dict(d: dict[str, Any]) -> Results:
         op_checks=tuple(_op_from_dict(c) for c in checks.get("ops", [])),
         unmeasured_op_checks=tuple(UnmeasuredOpCheck(**{**c, "rule": Rule(c["rule"]), "status": Status(c["status"])})
                                    for c in checks.get("ops_not_measured", [])),
+        ab_checks=tuple(_ratio_from_dict(c) for c in checks.get("ttft_vs_baseline", [])),
+        ab=_ab_from_dict(d.get("ab")),
         judged_invalid_reasons=tuple(d.get("judged_invalid_reasons", ())),
         notices=tuple(d.get("notices", ())),
         guard_version=d.get("guard_version", ""),

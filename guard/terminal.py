@@ -26,7 +26,8 @@ def percentile_summary(results: Results) -> str | None:
     if not samples:
         return None
     cells = " · ".join(f"p{p} {fmt.seconds_as_ms(percentile(samples, p))}" for p in (50, 90, 99))
-    return f"TTFT over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
+    who = "candidate TTFT" if results.ab is not None else "TTFT"
+    return f"{who} over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
 
 
 def sites_lines(results: Results) -> list[str]:
@@ -42,11 +43,49 @@ def sites_lines(results: Results) -> list[str]:
     return lines
 
 
+def _vllm(env: dict) -> str:
+    worker = env.get("worker") or {}
+    return f"{env.get('vllm') or '?'} ({worker.get('vllm_file') or '?'})"
+
+
+def ab_lines(results: Results) -> list[str]:
+    """A/B mode: both sides side by side, the ratio verdicts, and the op counts that differ."""
+    ab = results.ab
+    if ab is None:
+        return []
+    lines = [f"A/B: candidate vs baseline on this machine, {len(ab.pairs)} pairs, each block on both sides "
+             f"back to back, alternating which goes first (ABBA)", ""]
+    rows = [["python", str((results.run.environment.get("worker") or {}).get("executable", "")), ab.baseline_python, ""],
+            ["vllm", _vllm(results.run.environment), _vllm(ab.baseline.environment), ""]]
+    if ab.pairs:
+        cand, base = [p.candidate_s for p in ab.pairs], [p.baseline_s for p in ab.pairs]
+        for q in (50, 90, 99):
+            c, b = percentile(cand, q), percentile(base, q)
+            rows.append([f"ttft p{q}", fmt.seconds_as_ms(c), fmt.seconds_as_ms(b), fmt.pct((c / b - 1) * 100)])
+    lines += _table(["", "candidate", "baseline", "cand/base"], rows, left=1)
+    lines.append("")
+    if results.ab_checks:
+        rows = [[fmt.label(c), fmt.pct(c.budget_pct), fmt.pct(c.measured_pct), fmt.pct_interval(c.interval_pct),
+                 str(c.pairs), fmt.STATUS_WORD[c.status]] for c in results.ab_checks]
+        lines += _table(["TTFT (paired ratio)", "budget", "measured", "interval", "pairs", "status"], rows)
+        lines += [f"  {fmt.label(c)}: {c.note}" for c in results.ab_checks if c.note]
+        lines.append("")
+    if ab.op_diff:
+        rows = [[d.scope, fmt.size(d.image_size), d.op, str(d.baseline_calls), str(d.candidate_calls), f"{d.delta_calls:+d}"]
+                for d in ab.op_diff]
+        lines += _table(["op counts that differ", "image", "op", "baseline", "candidate", "delta"], rows, left=3)
+        lines.append("")
+    elif results.run.op_counts or ab.baseline.op_counts:
+        lines += ["op counts: identical on both sides in every profiled scope", ""]
+    return lines
+
+
 def render_terminal(results: Results) -> str:
     lines: list[str] = []
     summary = percentile_summary(results)
     if summary:
         lines += [summary, ""]
+    lines += ab_lines(results)
     if results.ttft_checks:
         rows = [[fmt.label(c), fmt.ms_unit(c.budget_ms), fmt.ms_unit(c.measured_ms),
                  fmt.delta_pct(c.measured_ms, c.budget_ms) or "", fmt.interval(c.interval_ms), str(c.samples),

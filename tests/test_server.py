@@ -49,7 +49,7 @@ def test_engine_mode_and_server_settings_load(tmp_path):
 
 @pytest.mark.parametrize("extra, line, key, words", [
     ("      mode: sever\n", 9, "profiles.cpu.engine.mode", "did you mean `server`"),
-    ("      gpu_memory_utilization: 1.5\n", 9, "profiles.cpu.engine.gpu_memory_utilization", "must be in (0, 1]"),
+    ("      gpu_memory_utilization: 1.5\n", 9, "profiles.cpu.engine.gpu_memory_utilization", "must be a fraction in (0, 1]"),
     ("      max_num_batched_tokens: 0\n", 9, "profiles.cpu.engine.max_num_batched_tokens", "must be >= 1"),
 ])
 def test_bad_engine_settings_name_file_line_key(tmp_path, extra, line, key, words):

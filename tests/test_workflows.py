@@ -165,3 +165,15 @@ def test_ci_runs_the_readme_test_command():
     [job] = wf["jobs"].values()
     assert job["runs-on"] == "ubuntu-latest"
     assert [s["run"] for s in job["steps"] if "run" in s] == ["bash .ci/run"]
+
+
+def test_perf_guard_runs_ab_when_a_baseline_vllm_is_given():
+    wf = load("perf-guard.yml")
+    assert "baseline-vllm" in wf["on"]["workflow_call"]["inputs"]
+    by_name = {s.get("name"): s for s in steps(wf)}
+    install = by_name["Install the baseline vLLM into its own environment (A/B)"]
+    assert install["if"] == "inputs.baseline-vllm != ''"
+    assert "--no-emit-project" in install["run"]  # guard is not installed into the baseline environment
+    check = by_name["guard check"]
+    assert '${BASELINE_PYTHON:+--baseline "$BASELINE_PYTHON"}' in check["run"]
+    assert "baseline-vllm != ''" in check["env"]["BASELINE_PYTHON"]

@@ -7,26 +7,36 @@ pytest suite in a child process, then guard.evaluate) -> report (terminal, resul
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
 from guard.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
 from guard.canary import LEGACY_MASK
-from guard.errors import UsageError
+from guard.errors import ConfigError, UsageError
 from guard.evaluate import DEFAULT_OUTPUT
 from guard.harness import run_and_judge
 from guard.hardware import detect, select_profile
 from guard.markdown import render_markdown
 from guard.results import Results, results_to_dict, write_json_atomic
 from guard.terminal import render_terminal
+from guard.worker import SLOW_ENCODER, parse_inject
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="auto", help="hardware profile: auto (default), cpu, a10, ...")
     parser.add_argument("--thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for results.json, report.md, traces (default: %(default)s)")
-    parser.add_argument("--inject", choices=[LEGACY_MASK], default=None,
-                        help="canary: run with the pre-#49531 mask re-injected; the check must then fail")
+    parser.add_argument("--inject", default=None, metavar="CANARY",
+                        help=f"`{LEGACY_MASK}`: run with the pre-#49531 mask re-injected (the check must then fail); "
+                             f"`{SLOW_ENCODER}:P%%` (A/B only): the candidate's vision encoder slowed by P %% of TTFT, "
+                             "for sensitivity measurements")
+    parser.add_argument("--baseline", default=None, metavar="PYTHON",
+                        help="A/B mode: the python of an environment holding the baseline vLLM (guard need not be "
+                             "installed there). Both engines run here in alternation and TTFT is judged as the "
+                             "candidate/baseline ratio (budgets.ttft_vs_baseline_pct); see docs/ab.md")
     parser.add_argument("--engine-mode", choices=list(ENGINE_MODES), default=None,
                         help="measure TTFT through a `vllm serve` that guard starts (server) or the in-process "
                              "engine; default: the profile's engine.mode (docs/server-mode.md)")
@@ -36,9 +46,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="save Chrome traces of the profiled requests only when an op budget fails (default), or always")
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) before a minute is spent."""
+    if args.inject not in (None, LEGACY_MASK):
+        parse_inject(args.inject)  # UsageError on anything else
+        if args.baseline is None:
+            raise UsageError(f"--inject {args.inject} slows the candidate against a baseline: it needs --baseline PYTHON",
+                             hint=f"guard check --baseline /path/to/baseline-venv/bin/python --inject {args.inject}")
+    if args.baseline is not None:
+        found = shutil.which(args.baseline)
+        if found is None or not os.access(found, os.X_OK):
+            raise UsageError(f"--baseline {args.baseline}: no such executable",
+                             hint="give the python of an environment holding the baseline vLLM, "
+                                  "e.g. /tmp/baseline-venv/bin/python (docs/ab.md)")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     thresholds = load_thresholds(args.thresholds)
     hw = detect(quick=True)  # the suite's own detection (with torch) is recorded and re-checked
+    if args.baseline is not None and (args.server_url or args.engine_mode == "server"):
+        raise UsageError("A/B mode (--baseline) runs both engines in-process; it cannot be combined with server mode")
     if args.server_url and args.engine_mode == "in-process":
         raise UsageError("--server-url measures a server; it cannot be combined with --engine-mode in-process")
     if args.server_url and not args.server_url.startswith(("http://", "https://")):
@@ -50,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--inject changes the in-process engine; a server runs its own copy of vLLM",
                          hint="prove the canary with `guard selftest`, or run `guard check --engine-mode in-process --inject ...`")
     output = Path(args.output).resolve()
+    if args.baseline is not None:
+        return run_ab_check(args, thresholds, profile, output)
     print(f"guard check: {thresholds.model}, profile '{profile.name}' on {hw.describe()}", flush=True)
     how = {"in-process": "the in-process engine", "server": f"the server at {args.server_url}" if args.server_url
            else "a `vllm serve` started by guard"}[profile.engine.mode]
@@ -71,3 +101,33 @@ def run(args: argparse.Namespace) -> int:
 def write_report(results: Results, output: Path) -> None:
     write_json_atomic(output / "results.json", results_to_dict(results))
     (output / "report.md").write_text(render_markdown(results), encoding="utf-8")
+
+
+def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
+    """A/B mode: both engines here, in alternation (guard.abrunner), judged by guard.evaluate.evaluate_ab."""
+    from guard import __version__
+    from guard.abrunner import run_ab
+    from guard.evaluate import evaluate_ab
+    from guard.hardware import detect
+
+    if not profile.ttft_vs_baseline_pct and not profile.ops:
+        raise ConfigError(str(thresholds.path), profile.line, f"profiles.{profile.name}.budgets.ttft_vs_baseline_pct",
+                          "A/B mode has nothing to judge: the profile has no ratio budget and no op budgets",
+                          hint="add e.g. `ttft_vs_baseline_pct: {p50: 3}` under the profile's budgets")
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in ("run.json", "results.json", "report.md", "benchmark.json"):
+        (output / stale).unlink(missing_ok=True)
+    w = profile.workload
+    print(f"guard check (A/B): {thresholds.model}, profile '{profile.name}'; candidate {sys.executable}, "
+          f"baseline {args.baseline}", flush=True)
+    print(f"guard check (A/B): both engines start together; {w.warmup_requests} warm-up + {w.requests} measured "
+          f"requests per side in alternating blocks of {w.concurrency} (ABBA), then the op-count pass on both", flush=True)
+    t0 = time.perf_counter()
+    record = run_ab(thresholds, profile, detect(), output, args.baseline, inject=args.inject,
+                    progress=lambda m: print(f"[guard] {m}", flush=True))
+    results = evaluate_ab(profile, record, guard_version=__version__, output=output)
+    write_report(results, output)
+    print()
+    print(render_terminal(results))
+    print(f"guard check (A/B): {time.perf_counter() - t0:.0f} s; wrote {output / 'results.json'} and {output / 'report.md'}")
+    return results.exit_code

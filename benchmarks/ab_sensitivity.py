@@ -1,0 +1,251 @@
+"""How sensitive is the A/B verdict, and how does it compare with the absolute one? Not a test.
+
+1. Pools. Paired TTFT samples recorded once with two live engines through guard's own A/B run
+   stage (guard.abrunner.run_ab: two workers, warm-up, ABBA blocks, same image per pair), cached
+   in JSON files: ``--pool`` with identical sides (the baseline is ``--baseline PYTHON``, by
+   default this interpreter), ``--slow-pool`` with the candidate slowed by
+   ``--inject slow-encoder:5%``. An existing pool file is reused; no engine is started.
+2. Simulation. Each trial bootstraps a run from a pool: ``workload.requests`` pairs drawn with
+   replacement, then ``statistics.batch`` more while any ratio budget is undecided, up to
+   ``statistics.max_requests`` pairs, exactly the run stage's rule (guard.ab.undecided_ratios,
+   guard.evaluate.more_requests), judged by guard.ab.judge_ratio. Rows:
+   - the identical pool as recorded (false alarms), and with every ratio multiplied by 1 + s
+     (a synthetic slowdown s: detection);
+   - the slowed pool as recorded (detection of the real injected slowdown);
+   - the absolute rule on the same candidate samples (guard.evaluate.ttft_check against the
+     profile's ``ttft_ms`` budget), for the A/B vs absolute table.
+3. Coverage. For the identical pool, the share of simulated intervals (at fixed n) that contain
+   the pool's own percentile of the ratio: the interval's real confidence on this data.
+
+    python benchmarks/ab_sensitivity.py --baseline /tmp/baseline-venv/bin/python   # records pools when missing
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from guard.ab import decide_ratio, judge_ratio, pairs, undecided_ratios
+from guard.results import Pair, Status
+from guard.budgets import Profile, load_thresholds, percentile_value
+from guard.rules import judge_ttft, next_batch, undecided
+from guard.stats import percentile
+
+POOL_SCHEMA = "guard/ab-pool"
+
+
+# ----------------------------------------------------------------------------- pools
+def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> None:
+    from guard.abrunner import run_ab
+    from guard.hardware import detect, select_profile
+
+    thresholds = load_thresholds(args.thresholds)
+    hw = detect()
+    profile = select_profile(thresholds, args.profile, hw)
+    # every pair measured (no early stop), no op-count pass: this records TTFT pairs only
+    profile = dataclasses.replace(profile, ops=(), ttft_vs_baseline_pct={},
+                                  workload=dataclasses.replace(profile.workload, requests=args.pool_size))
+    out = args.output / (inject or "identical").replace(":", "-").replace("%", "pct")
+    out.mkdir(parents=True, exist_ok=True)
+    rec = run_ab(thresholds, profile, hw, out, args.baseline, inject=inject,
+                 progress=lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True))
+    if rec.candidate.invalid_reasons:
+        raise SystemExit("pool run invalid: " + "; ".join(rec.candidate.invalid_reasons))
+    got = pairs(rec.candidate.outcomes, rec.baseline.outcomes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "schema": POOL_SCHEMA, "schema_version": 1, "profile": profile.name, "inject": inject,
+        "baseline_python": args.baseline, "order": rec.order, "duration_s": rec.duration_s,
+        "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "pairs": [[p.index, p.candidate_s, p.baseline_s] for p in got],
+        "environment": {"candidate": rec.candidate.environment.get("worker"),
+                        "baseline": rec.baseline.environment.get("worker"), "cpu": rec.candidate.environment.get("cpu")},
+    }, indent=2) + "\n", encoding="utf-8")
+
+
+def pool_from_results(paths: Sequence[Path]) -> list[Pair]:
+    """The measured pairs of A/B results.json files (e.g. benchmarks/ab_live.py's runs), pooled."""
+    out: list[Pair] = []
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ab = data.get("ab") or {}
+        out += [Pair(int(p["index"]), float(p["candidate_s"]), float(p["baseline_s"])) for p in ab.get("pairs", [])]
+    return out
+
+
+def write_pool(path: Path, pool: Sequence[Pair], sources: Sequence[Path], inject: str | None) -> None:
+    path.write_text(json.dumps({
+        "schema": POOL_SCHEMA, "schema_version": 1, "inject": inject, "sources": [str(s) for s in sources],
+        "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "pairs": [[p.index, p.candidate_s, p.baseline_s] for p in pool]}, indent=2) + "\n", encoding="utf-8")
+
+
+def load_pool(path: Path) -> list[Pair]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("schema") != POOL_SCHEMA:
+        raise SystemExit(f"{path}: not a {POOL_SCHEMA} file")
+    return [Pair(int(i), float(c), float(b)) for i, c, b in data["pairs"]]
+
+
+def slowed(pool: Sequence[Pair], shift_pct: float) -> list[Pair]:
+    """The candidate side multiplied by 1 + shift: a synthetic slowdown."""
+    return [Pair(p.index, p.candidate_s * (1 + shift_pct / 100), p.baseline_s) for p in pool]
+
+
+# ----------------------------------------------------------------------------- simulation
+def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float], trials: int,
+                rng: random.Random) -> tuple[dict[str, float], float]:
+    """Fail rate per budgeted percentile and mean pairs per run."""
+    stats = profile.statistics
+    fails = dict.fromkeys(budgets, 0)
+    total = 0
+    for _ in range(trials):
+        sample = rng.choices(pool, k=profile.workload.requests)
+        rounds = 1
+        while extra := next_batch(stats, len(sample),
+                                  bool(undecided_ratios(budgets, [p.ratio for p in sample], stats.confidence))):
+            sample += rng.choices(pool, k=extra)
+            rounds += 1
+        total += len(sample)
+        for k, b in budgets.items():
+            c = judge_ratio(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+            fails[k] += c.status == Status.FAIL
+    return {k: v / trials for k, v in fails.items()}, total / trials
+
+
+def simulate_absolute(samples: Sequence[float], profile: Profile, trials: int, rng: random.Random) -> tuple[dict[str, float], float]:
+    stats = profile.statistics
+    fails = dict.fromkeys(profile.ttft_ms, 0)
+    total = 0
+    for _ in range(trials):
+        sample = rng.choices(samples, k=profile.workload.requests)
+        rounds = 1
+        while extra := next_batch(stats, len(sample), bool(undecided(profile.ttft_ms, sample, stats.confidence))):
+            sample += rng.choices(samples, k=extra)
+            rounds += 1
+        total += len(sample)
+        for k, b in profile.ttft_ms.items():
+            c = judge_ttft(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+            fails[k] += c.status == Status.FAIL
+    return {k: v / trials for k, v in fails.items()}, total / trials
+
+
+def coverage(ratios: Sequence[float], key: str, n: int, confidence: float, trials: int, rng: random.Random) -> float:
+    truth = percentile(ratios, percentile_value(key))
+    hit = 0
+    for _ in range(trials):
+        d = decide_ratio(key, 0.0, rng.choices(ratios, k=n), confidence)
+        lo, hi = d.interval_pct
+        hit += lo <= truth * 100 - 100 <= hi
+    return hit / trials
+
+
+# ----------------------------------------------------------------------------- command line
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", type=Path, default=Path("benchmarks/ab-pool-identical.json"))
+    p.add_argument("--slow-pool", type=Path, default=Path("benchmarks/ab-pool-slow-encoder-5pct.json"))
+    p.add_argument("--baseline", default=sys.executable, help="baseline interpreter when recording pools")
+    p.add_argument("--inject", default="slow-encoder:5%", help="candidate hook of the slowed pool")
+    p.add_argument("--pool-size", type=int, default=24, help="pairs per recorded pool")
+    p.add_argument("--thresholds", default="thresholds/deepseek-ocr-2.yaml")
+    p.add_argument("--profile", default="cpu")
+    p.add_argument("--trials", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shifts", default="0,2,3,5", help="synthetic slowdowns in %% applied to the identical pool")
+    p.add_argument("--busy-pct", type=float, default=20.0,
+                   help="add a row where both sides are this much slower (a busy machine, synthetic); 0: none")
+    p.add_argument("--no-record", action="store_true", help="never start an engine; skip missing pools")
+    p.add_argument("--identical-results", type=Path, nargs="*", default=None,
+                   help="build --pool from these A/B results.json files (identical sides) instead of recording")
+    p.add_argument("--proxy-from-absolute-pool", type=Path, default=None,
+                   help="build --pool from a benchmarks/sensitivity.py pool (one engine, sequential requests): "
+                        "consecutive requests paired (2k+1 as candidate, 2k as baseline). A proxy for identical "
+                        "sides: same process, adjacent in time, different images")
+    p.add_argument("--slow-results", type=Path, nargs="*", default=None,
+                   help="build --slow-pool from these A/B results.json files (candidate slowed by --inject)")
+    p.add_argument("--output", type=Path, default=Path("guard-results/ab-sensitivity"))
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    profile = load_thresholds(args.thresholds).profile(args.profile)
+    budgets = profile.ttft_vs_baseline_pct
+    if not budgets:
+        raise SystemExit(f"profile '{profile.name}' has no ttft_vs_baseline_pct budget")
+    if args.proxy_from_absolute_pool:
+        seq = [float(x) for x in json.loads(args.proxy_from_absolute_pool.read_text())["samples_s"]]
+        proxy = [Pair(i, seq[2 * i + 1], seq[2 * i]) for i in range(len(seq) // 2)]
+        write_pool(args.pool, proxy, [args.proxy_from_absolute_pool], None)
+        print(f"pool {args.pool}: {len(proxy)} proxy pairs from {args.proxy_from_absolute_pool}", file=sys.stderr)
+    for path, inject, sources in ((args.pool, None, args.identical_results), (args.slow_pool, args.inject, args.slow_results)):
+        if sources:
+            pool = pool_from_results(sources)
+            write_pool(path, pool, sources, inject)
+            print(f"pool {path}: {len(pool)} pairs from {len(sources)} results files", file=sys.stderr)
+    for path, inject in ((args.pool, None), (args.slow_pool, args.inject)):
+        if not path.exists() and not args.no_record:
+            print(f"pool {path} missing: recording {args.pool_size} pairs (inject={inject})", file=sys.stderr)
+            record_pool(path, args, inject)
+    st = profile.statistics
+    keys = list(budgets)
+    rows: list[str] = []
+
+    def row(label: str, pool: Sequence[Pair]) -> None:
+        cand = [p.candidate_s for p in pool]
+        ab, ab_n = simulate_ab(pool, profile, budgets, args.trials, random.Random(f"{args.seed}:{label}:ab"))
+        ab_cells = " | ".join(f"{ab[k] * 100:.1f} %" for k in keys)
+        med = (percentile([p.ratio for p in pool], 50) - 1) * 100
+        if profile.ttft_ms:
+            ab_abs, abs_n = simulate_absolute(cand, profile, args.trials, random.Random(f"{args.seed}:{label}:abs"))
+            abs_cells = " | ".join(f"{ab_abs[k] * 100:.1f} %" for k in profile.ttft_ms)
+        else:
+            abs_cells, abs_n = "—", 0
+        rows.append(f"| {label} | {med:+.1f} % | {ab_cells} | {ab_n:.1f} | {abs_cells} | {abs_n:.1f} |")
+
+    print(f"Profile `{profile.name}`: A/B budget {', '.join(f'{k} +{b:g} %' for k, b in budgets.items())}, "
+          f"absolute budget {', '.join(f'{k} {b:.0f} ms' for k, b in profile.ttft_ms.items()) or 'none'}; "
+          f"{profile.workload.requests} pairs/requests, batches of {st.batch} up to {st.max_requests}, "
+          f"{st.confidence * 100:g} % intervals; {args.trials} simulated runs per row.\n")
+    print("| candidate | pool's median ratio − 1 | A/B fails: " + " | ".join(keys)
+          + " | A/B mean pairs | absolute fails: " + " | ".join(profile.ttft_ms or ["—"]) + " | absolute mean requests |")
+    print("|---|---:|" + "---:|" * len(keys) + "---:|" + "---:|" * max(1, len(profile.ttft_ms)) + "---:|")
+    if args.pool.exists():
+        pool = load_pool(args.pool)
+        print(f"(identical pool: {len(pool)} pairs, {args.pool})", file=sys.stderr)
+        # synthetic slowdowns start from the pool centred on a median ratio of exactly 1, so that
+        # "+5 %" is the true median slowdown of the simulated candidate, not 5 % on top of chance
+        centre = percentile([p.ratio for p in pool], 50)
+        centred = [Pair(p.index, p.candidate_s / centre, p.baseline_s) for p in pool]
+        for s in [float(x) for x in args.shifts.split(",") if x.strip()]:
+            label = "identical (recorded)" if s == 0 else f"synthetic: median slowdown +{s:g} %"
+            row(label, pool if s == 0 else slowed(centred, s))
+        if args.busy_pct:
+            # a uniformly slower machine (both sides): A/B's ratios are unchanged by construction;
+            # the absolute rule sees a regression. Real contention is not uniform: see ab_live.py.
+            b = 1 + args.busy_pct / 100
+            row(f"identical, machine {args.busy_pct:g} % slower (synthetic, both sides)",
+                [Pair(p.index, p.candidate_s * b, p.baseline_s * b) for p in pool])
+    if args.slow_pool.exists():
+        row(f"{args.inject} (recorded)", load_pool(args.slow_pool))
+    print("\n".join(rows))
+    if args.pool.exists():
+        ratios = [p.ratio for p in load_pool(args.pool)]
+        print("\nCoverage of the ratio interval on the identical pool (share of intervals that contain the pool's own value):\n")
+        print("| percentile | n = 6 | n = 12 | n = 24 |\n|---|---:|---:|---:|")
+        for k in keys:
+            cells = [coverage(ratios, k, n, st.confidence, args.trials, random.Random(f"{args.seed}:cov:{k}:{n}"))
+                     for n in (6, 12, 24)]
+            print(f"| {k} | " + " | ".join(f"{c * 100:.1f} %" for c in cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

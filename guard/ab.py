@@ -1,0 +1,153 @@
+"""A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
+
+No I/O and no engine: ``guard.abrunner`` drives the two workers by this schedule, evaluation
+judges the pairs with ``decide_ratio``.
+
+Schedule (``block_order``)
+    Requests go in blocks of ``workload.concurrency`` requests; the same block (the same job
+    indices, so the same images) runs on both sides back to back, and the order alternates
+    A B, B A, A B, B A, ... (ABBA). Drift (thermal, a neighbour starting up, caches) then falls
+    on both sides of every pair, and on average on each side first equally often.
+
+Statistic: the percentile of the paired ratio
+    For measured request i, r_i = candidate TTFT_i / baseline TTFT_i, both measured seconds apart
+    on the same image. ``ttft_vs_baseline_pct: {p50: 5}`` budgets the p50 of r, minus 1, in
+    percent: "the typical request is at most 5 % slower than its baseline twin". Its confidence
+    interval is guard.stats' distribution-free order-statistic interval applied to the r_i (for
+    the median: the sign-test interval). Why this and not a bootstrap of p50(cand) / p50(base):
+    - pairing is where A/B's power comes from: slow phases of the machine hit both members of a
+      pair, so r_i varies much less than either side's TTFT; an interval on the r_i uses that
+      directly;
+    - the interval is exact for any distribution of r_i whenever the pairs are independent and
+      identically distributed, at any n (a bootstrap percentile interval under-covers at the 6-24
+      pairs a CPU run has, and cannot reach past the most extreme pair);
+    - it is the same interval, with the same "a side may not exist yet" rule, as the absolute
+      TTFT budgets, so the same decide / resample / cap logic applies unchanged.
+    Under a multiplicative slowdown (candidate = baseline x (1 + d) x noise) the p50 of r and
+    p50(cand) / p50(base) estimate the same d. Coverage and power are measured, not assumed:
+    ``benchmarks/ab_sensitivity.py`` simulates runs from recorded pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from guard.budgets import percentile_value
+from guard import format as fmt
+from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck
+from guard.stats import percentile, percentile_interval
+
+CANDIDATE, BASELINE = "candidate", "baseline"
+SIDES = (CANDIDATE, BASELINE)
+
+
+def block_order(block: int) -> tuple[str, str]:
+    """Which side runs block ``block`` (0-based, counted over the whole run) first: ABBA..."""
+    return (CANDIDATE, BASELINE) if block % 2 == 0 else (BASELINE, CANDIDATE)
+
+
+def blocks(indices: Sequence[int], size: int) -> list[list[int]]:
+    """Job indices cut into blocks of ``size`` (the workload's concurrency)."""
+    size = max(1, size)
+    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
+
+
+def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome]) -> list[Pair]:
+    """Measured requests that succeeded on both sides, matched by job index, in index order."""
+    def ok(outcomes):
+        return {o.index: o.ttft_client_s for o in outcomes
+                if not o.warmup and o.success and o.ttft_client_s and o.ttft_client_s > 0}
+
+    c, b = ok(candidate), ok(baseline)
+    return [Pair(i, c[i], b[i]) for i in sorted(c.keys() & b.keys())]
+
+
+def to_pct(ratio: float) -> float:
+    return ratio * 100.0 - 100.0 if math.isfinite(ratio) else ratio
+
+
+@dataclass(frozen=True)
+class RatioDecision:
+    """One budgeted percentile of the paired ratio, judged by its interval alone."""
+
+    key: str  # "p50"
+    budget_pct: float  # allowed slowdown, percent
+    estimate_pct: float  # percentile of (r_i - 1), percent
+    interval_pct: tuple[float, float]  # -inf / inf where that side does not exist at this n
+    pairs: int
+    confidence: float
+    status: Status  # PASS | FAIL | INCONCLUSIVE (the interval straddles the budget)
+
+
+def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidence: float) -> RatioDecision:
+    """FAIL when the whole interval is above the budget, PASS when at or below it, else INCONCLUSIVE."""
+    if not ratios:
+        raise ValueError("a ratio verdict needs at least one pair")
+    p = percentile_value(key)
+    lo, hi = percentile_interval(ratios, p, confidence)
+    interval = (to_pct(lo) if lo > -math.inf else -math.inf, to_pct(hi))
+    if interval[0] > budget_pct:
+        status = Status.FAIL
+    elif interval[1] <= budget_pct:
+        status = Status.PASS
+    else:
+        status = Status.INCONCLUSIVE
+    return RatioDecision(key=key, budget_pct=budget_pct, estimate_pct=to_pct(percentile(ratios, p)),
+                         interval_pct=interval, pairs=len(ratios), confidence=confidence, status=status)
+
+
+def undecided_ratios(budgets: dict[str, float], ratios: Sequence[float], confidence: float) -> list[RatioDecision]:
+    """The budgeted percentiles whose interval still straddles the budget."""
+    if not ratios:
+        return []
+    decisions = (decide_ratio(k, b, ratios, confidence) for k, b in budgets.items())
+    return [d for d in decisions if d.status == Status.INCONCLUSIVE]
+
+
+def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -> list[OpDelta]:
+    """What the candidate changed in the profiled code paths, per scope and image size: every op
+    whose count differs, then the scope's total and entry count if they differ. A scope/size
+    measured on one side only shows the other side as 0."""
+    def index(counts):
+        return {(c.scope, tuple(c.image_size)): c for c in counts}
+
+    c_idx, b_idx = index(candidate), index(baseline)
+    out: list[OpDelta] = []
+    for key in sorted(c_idx.keys() | b_idx.keys(), key=lambda k: (k[0], k[1])):
+        c, b = c_idx.get(key), b_idx.get(key)
+        c_counts, b_counts = (c.calls_by_op if c else {}), (b.calls_by_op if b else {})
+        ops = sorted(c_counts.keys() | b_counts.keys(),
+                     key=lambda op: (-abs(c_counts.get(op, 0) - b_counts.get(op, 0)), op))
+        for op in ops:
+            if c_counts.get(op, 0) != b_counts.get(op, 0):
+                out.append(OpDelta(key[0], key[1], op, b_counts.get(op, 0), c_counts.get(op, 0)))
+        for label, cv, bv in ((TOTAL_OPS, c.total_calls if c else 0, b.total_calls if b else 0),
+                              ("entries", c.entries if c else 0, b.entries if b else 0)):
+            if cv != bv:
+                out.append(OpDelta(key[0], key[1], label, bv, cv))
+    return out
+
+
+def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int, *, confidence: float,
+                max_requests: int | None) -> TtftRatioCheck:
+    """The final check of one ratio budget, after the run stage measured up to the cap: the
+    interval's decision, or else the point estimate (FAIL above the budget, INCONCLUSIVE at or
+    below it) with a note saying so. The same rule as guard.rules.judge_ttft."""
+    d = decide_ratio(key, budget_pct, [p.ratio for p in paired], confidence)
+    status, note = d.status, None
+    if d.status == Status.INCONCLUSIVE:
+        over = d.estimate_pct > budget_pct
+        status = Status.FAIL if over else Status.INCONCLUSIVE
+        when = (f"after {d.pairs} pairs (no resampling: statistics.max_requests is not set)" if max_requests is None
+                else f"at the cap of {max_requests} pairs" if d.pairs >= max_requests
+                else f"after {d.pairs} of up to {max_requests} pairs")
+        note = (f"the {fmt.confidence(confidence)} interval {fmt.pct_interval(d.interval_pct)} still straddles the "
+                f"budget {when}; judged on the point estimate: {fmt.pct(d.estimate_pct)} {'>' if over else '<='} "
+                f"{fmt.pct(budget_pct)}")
+    p = percentile_value(key)
+    return TtftRatioCheck(percentile=key, budget_pct=budget_pct, measured_pct=d.estimate_pct, interval_pct=d.interval_pct,
+                          pairs=d.pairs, rounds=rounds, confidence=confidence, status=status,
+                          candidate_ms=percentile([x.candidate_s for x in paired], p) * 1000.0,
+                          baseline_ms=percentile([x.baseline_s for x in paired], p) * 1000.0, note=note)

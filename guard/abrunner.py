@@ -1,0 +1,254 @@
+"""A/B run stage: two engine workers (candidate, baseline) on one machine, measured in alternation.
+
+Both engines start at the same time (each in its own worker process, guard/worker.py), both are
+warmed up on the same warm-up images, then measured requests run in blocks, each block on both
+sides back to back in ABBA order (guard.ab.block_order), the same images on both sides. While a
+budgeted percentile of the paired ratio is undecided, more pairs are measured by the same rule as
+absolute budgets (``statistics.batch`` more, up to ``statistics.max_requests`` pairs). Then the
+op-count pass profiles one request per ``profile_image_sizes`` on each side.
+
+Everything is recorded in an ``ABRecord``: one ``RunRecord`` per side, plus the order.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from guard.ab import BASELINE, CANDIDATE, SIDES, block_order, blocks, pairs, undecided_ratios
+from guard.budgets import Profile, Thresholds
+from guard.engine import Job, plan_jobs
+from guard.errors import InvalidRunError
+from guard.rules import next_batch
+from guard.hardware import Hardware, fingerprint
+from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
+from guard.worker import WorkerClient, WorkerError
+
+
+@dataclass
+class ABRecord:
+    """What the A/B run stage hands to evaluation."""
+
+    candidate: RunRecord
+    baseline: RunRecord
+    baseline_python: str
+    order: list[str] = field(default_factory=list)  # per measured block: the side that ran first
+    duration_s: float | None = None
+
+    def side(self, name: str) -> RunRecord:
+        return self.candidate if name == CANDIDATE else self.baseline
+
+
+def _outcome(msg: dict[str, Any]) -> RequestOutcome:
+    fields = {k: v for k, v in msg.items() if k != "type"}
+    fields["image_size"] = tuple(fields["image_size"])
+    return RequestOutcome(**fields)
+
+
+def _counts(d: dict[str, Any]) -> ScopeCounts:
+    return ScopeCounts(**{**d, "image_size": tuple(d["image_size"]), "sites": tuple(OpSite(**s) for s in d.get("sites", ()))})
+
+
+class ABRun:
+    def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
+                 progress: Callable[[str], None] = print, inject: str | None = None) -> None:
+        self.thresholds, self.profile, self.output = thresholds, profile, output
+        self.progress = progress
+        self.inject = inject
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        env = fingerprint(hw, profile)
+        records = {side: RunRecord(profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
+                                   environment=copy.deepcopy(env), started_at=now,
+                                   injected=inject if side == CANDIDATE else None) for side in SIDES}
+        self.record = ABRecord(candidate=records[CANDIDATE], baseline=records[BASELINE], baseline_python=baseline_python)
+        self.pythons = {CANDIDATE: sys.executable, BASELINE: baseline_python}
+        self.workers: dict[str, WorkerClient] = {}
+        self._buffer: dict[str, list[RequestOutcome]] = {s: [] for s in SIDES}
+        self._label = ""
+        self._done = {s: 0 for s in SIDES}
+        self._total = 0
+        self._next_index = 0
+        self._blocks = 0
+        self._warm_sizes: set[tuple[int, int]] = set()
+        self._t0 = time.perf_counter()
+
+    # -------------------------------------------------------------- workers
+    def _on_message(self, side: str, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "outcome":
+            o = _outcome(msg)
+            self._buffer[side].append(o)
+            self._done[side] += 1
+            size = f"{o.image_size[0]}x{o.image_size[1]}"
+            what = f"TTFT {o.ttft_client_s * 1000:.0f} ms" if o.success else f"FAILED: {o.error}"
+            self.progress(f"{side:9} {self._label} {self._done[side]}/{self._total} [{size}] {what}")
+        elif msg.get("type") == "progress":
+            self.progress(f"{side:9} {msg.get('message', '')}")
+
+    def _fail(self, exc: Exception) -> InvalidRunError:
+        reason = str(exc)
+        self.record.candidate.invalid_reasons.append(reason)  # the run's own reasons (results.run)
+        return InvalidRunError(reason)
+
+    def start(self) -> None:
+        """Spawn both workers, start both engines concurrently, wait for both."""
+        try:
+            for side in SIDES:
+                self.workers[side] = WorkerClient(side, self.pythons[side], self.output / f"worker-{side}.log",
+                                                  cwd=self.output, on_message=self._on_message)
+                self.progress(f"{side:9} worker {self.workers[side].hello.pid}: {self.pythons[side]} "
+                              f"(guard from {self.workers[side].hello.guard_file})")
+            e = self.profile.engine
+            self.progress(f"starting both vLLM engines: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
+            for side in SIDES:
+                self.workers[side].send("start", thresholds=str(self.thresholds.path.resolve()), profile=self.profile.name,
+                                        seed=self.profile.workload.seed,
+                                        gpu_memory_utilization=self.profile.ab.gpu_memory_utilization(side),
+                                        inject=self.inject if side == CANDIDATE else None)
+            for side in SIDES:
+                ready = self.workers[side].wait("ready")
+                env = self.record.side(side).environment
+                env["worker"] = {**ready["versions"], "guard_file": self.workers[side].hello.guard_file,
+                                 "init_s": round(ready["init_s"], 3)}
+                for key in ("vllm", "torch", "transformers"):
+                    env[key] = ready["versions"].get(key)
+                env["python"] = ready["versions"].get("python")
+                self.progress(f"{side:9} engine ready in {ready['init_s']:.1f} s: vllm {ready['versions'].get('vllm')} "
+                              f"({ready['versions'].get('vllm_file')})")
+        except WorkerError as exc:
+            raise self._fail(exc) from exc
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.close()
+
+    def __enter__(self) -> ABRun:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- requests
+    def _jobs(self, count: int, warmup: bool, sizes=None) -> list[Job]:
+        jobs = plan_jobs(self.profile.workload, self._next_index, count, warmup, sizes)
+        self._next_index += count
+        return jobs
+
+    def _run_side(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
+        self._buffer[side] = []
+        try:
+            done = self.workers[side].call("run", "done", jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs])
+        except WorkerError as exc:
+            raise self._fail(exc) from exc
+        if side == CANDIDATE and self.inject and not all(j.warmup for j in jobs):
+            # the test hook's own account of what it added (worker total, seconds): the true injected slowdown
+            env = self.record.candidate.environment
+            env["injected_sleep_s"] = round(float(done.get("slept_s", 0.0)), 4)
+        outcomes, self._buffer[side] = self._buffer[side], []
+        self.record.side(side).outcomes.extend(outcomes)
+        return outcomes
+
+    def _run_pairwise(self, jobs: list[Job], label: str, alternate: bool) -> None:
+        """Each block of jobs on both sides, back to back; ``alternate``: ABBA order (measured
+        blocks), else candidate first (warm-ups)."""
+        self._label, self._total = label, len(jobs)
+        self._done = {s: 0 for s in SIDES}
+        for block in blocks([j.index for j in jobs], self.profile.workload.concurrency):
+            block_jobs = [j for j in jobs if j.index in set(block)]
+            order = block_order(self._blocks) if alternate else (CANDIDATE, BASELINE)
+            if alternate:
+                self.record.order.append(order[0])
+                self._blocks += 1
+            for side in order:
+                self._run_side(side, block_jobs)
+        for j in jobs:
+            self._warm_sizes.add(j.image_size)
+
+    def warm_up(self) -> None:
+        n = self.profile.workload.warmup_requests
+        if n:
+            self._run_pairwise(self._jobs(n, warmup=True), "warm-up", alternate=False)
+
+    def measure(self, count: int) -> None:
+        for side in SIDES:
+            self.record.side(side).rounds += 1
+        self._run_pairwise(self._jobs(count, warmup=False), f"round {self.record.candidate.rounds}", alternate=True)
+
+    def ratios(self) -> list[float]:
+        return [p.ratio for p in pairs(self.record.candidate.outcomes, self.record.baseline.outcomes)]
+
+    def measure_until_decided(self) -> None:
+        stats = self.profile.statistics
+        self.measure(self.profile.workload.requests)
+        while all(o.success for s in SIDES for o in self.record.side(s).measured):
+            ratios = self.ratios()
+            undecided = undecided_ratios(self.profile.ttft_vs_baseline_pct, ratios, stats.confidence)
+            extra = next_batch(stats, len(ratios), bool(undecided))
+            if not extra:
+                break
+            self.progress(f"inconclusive after {len(ratios)} pairs: "
+                          + "; ".join(f"{d.key} interval [{d.interval_pct[0]:+.1f}, {d.interval_pct[1]:+.1f}] % "
+                                      f"vs budget +{d.budget_pct:g} %" for d in undecided)
+                          + f"; measuring {extra} more pairs (cap {stats.max_requests})")
+            self.measure(extra)
+        gpu_state = self.record.candidate.environment.get("gpu_state")
+        if gpu_state is not None:  # the end of the timing pass, while both engines hold the device
+            from guard.hardware import read_gpu_state
+
+            own = frozenset({os.getpid(), *(w.proc.pid for w in self.workers.values())})
+            gpu_state["end"] = read_gpu_state(own_pids=own)
+
+    def profile_ops(self) -> None:
+        """One profiled request per profile image size on each side: the same image for both."""
+        for size in self.profile.workload.profile_image_sizes:
+            if size not in self._warm_sizes:
+                self._run_pairwise(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}",
+                                   alternate=False)
+            (job,) = self._jobs(1, warmup=True, sizes=[size])
+            for side in SIDES:
+                self.progress(f"{side:9} profiling one {size[0]}x{size[1]} request ...")
+                self._label, self._total, self._done[side] = "profiled", 1, 0
+                self._buffer[side] = []
+                try:
+                    msg = self.workers[side].call("profile", "counts", size=list(size), index=job.index)
+                except WorkerError as exc:
+                    raise self._fail(exc) from exc
+                rec = self.record.side(side)
+                rec.outcomes.extend(self._buffer[side])
+                self._buffer[side] = []
+                counts = [_counts(c) for c in msg["counts"]]
+                rec.op_counts.extend(counts)
+                for c in counts:
+                    ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
+                    self.progress(f"{side:9}   scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entries}x, "
+                                  f"{c.total_calls} op calls ({ops})")
+
+    def finish(self) -> ABRecord:
+        duration = round(time.perf_counter() - self._t0, 3)
+        self.record.duration_s = duration
+        for side in SIDES:
+            self.record.side(side).duration_s = duration
+        return self.record
+
+
+def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
+           progress: Callable[[str], None] = print, inject: str | None = None) -> ABRecord:
+    """The whole A/B run stage. A worker that fails makes the record invalid (its reason is kept),
+    never raises past here: evaluation turns the record into the verdict."""
+    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject) as run:
+        try:
+            run.start()
+            run.warm_up()
+            if profile.ttft_vs_baseline_pct or profile.ttft_ms:
+                run.measure_until_decided()
+            if profile.ops:
+                run.profile_ops()
+        except InvalidRunError:
+            pass  # recorded in run.record.candidate.invalid_reasons
+        return run.finish()

@@ -1,0 +1,397 @@
+"""A/B mode's pure core (guard.ab), its budgets in the YAML, and the worker protocol with real
+worker processes (no engine: the protocol, the path mechanism and a dying worker)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guard.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op_diff, pairs,
+                      undecided_ratios)
+from guard.budgets import load_thresholds
+from guard.errors import ConfigError, UsageError
+from guard.results import RequestOutcome, ScopeCounts
+from guard.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
+from tests.test_budgets import GOOD, write
+
+
+# ----------------------------------------------------------------------------- schedule
+def test_blocks_alternate_abba_over_the_whole_run():
+    firsts = [block_order(b)[0] for b in range(6)]
+    assert firsts == [CANDIDATE, BASELINE] * 3
+    assert all(set(block_order(b)) == {CANDIDATE, BASELINE} for b in range(6))
+    # as a flat sequence of sides: A B B A A B B A ...
+    assert "".join(s[0].upper() for b in range(4) for s in block_order(b)).replace("C", "A") == "ABBAABBA"
+
+
+def test_blocks_follow_the_concurrency():
+    assert blocks([0, 1, 2, 3, 4], 2) == [[0, 1], [2, 3], [4]]
+    assert blocks([7, 8], 1) == [[7], [8]]
+    assert blocks([1, 2], 0) == [[1], [2]]
+
+
+# ----------------------------------------------------------------------------- pairs
+def _o(i, s, warmup=False, success=True):
+    return RequestOutcome(index=i, image_size=(640, 480), warmup=warmup, success=success,
+                          ttft_client_s=s if success else None, error=None if success else "boom")
+
+
+def test_pairs_match_measured_requests_by_index():
+    cand = [_o(0, 9.0, warmup=True), _o(1, 6.6), _o(2, 6.0), _o(3, 5.0, success=False), _o(4, 7.0)]
+    base = [_o(0, 1.0, warmup=True), _o(2, 5.0), _o(1, 6.0), _o(3, 5.0), _o(5, 3.0)]
+    got = pairs(cand, base)
+    assert [p.index for p in got] == [1, 2]  # warm-ups, failures and one-sided requests are not pairs
+    assert got[0].ratio == pytest.approx(1.1) and got[1].ratio == pytest.approx(1.2)
+
+
+# ----------------------------------------------------------------------------- verdict
+def test_ratio_interval_decides_like_the_absolute_rule():
+    ratios = [1.00, 1.01, 0.99, 1.02, 0.98, 1.005]  # n = 6: the median's interval is [min, max]
+    d = decide_ratio("p50", 5.0, ratios, 0.95)
+    assert d.status == "pass" and d.pairs == 6
+    assert d.interval_pct == pytest.approx((-2.0, 2.0))
+    assert d.estimate_pct == pytest.approx(0.25)
+    assert decide_ratio("p50", 1.0, ratios, 0.95).status == "inconclusive"
+    slow = [r * 1.10 for r in ratios]
+    assert decide_ratio("p50", 5.0, slow, 0.95).status == "fail"
+
+
+def test_ratio_interval_side_missing_at_small_n_is_infinite():
+    d = decide_ratio("p50", 5.0, [1.0] * 5, 0.95)  # 5 pairs: no two-sided 95 % interval for the median
+    assert d.interval_pct == (-math.inf, math.inf) and d.status == "inconclusive"
+    d = decide_ratio("p90", 5.0, [1.2] * 10, 0.95)  # p90: a lower bound exists early, no upper one
+    assert d.status == "fail" and math.isinf(d.interval_pct[1])
+
+
+def test_undecided_lists_only_straddling_budgets():
+    ratios = [1.00, 1.01, 0.99, 1.02, 0.98, 1.005]
+    assert undecided_ratios({"p50": 5.0}, ratios, 0.95) == []
+    (u,) = undecided_ratios({"p50": 1.0}, ratios, 0.95)
+    assert u.key == "p50"
+    assert undecided_ratios({"p50": 1.0}, [], 0.95) == []
+    with pytest.raises(ValueError):
+        decide_ratio("p50", 1.0, [], 0.95)
+
+
+def test_paired_ratio_cancels_drift_that_would_break_an_absolute_comparison():
+    """A machine that slows down 30 % half way through: paired ratios stay at 1."""
+    rng = random.Random(1)
+    base = [6.0 * (1.3 if i >= 10 else 1.0) * rng.uniform(0.99, 1.01) for i in range(20)]
+    cand = [b * rng.uniform(0.99, 1.01) for b in base]
+    ratios = [c / b for c, b in zip(cand, base)]
+    assert decide_ratio("p50", 3.0, ratios, 0.95).status == "pass"
+
+
+# ----------------------------------------------------------------------------- op diff
+def _sc(scope, counts, total, entered=1, size=(640, 480)):
+    return ScopeCounts(scope=scope, image_size=size, entries=entered, calls_by_op=counts, total_calls=total)
+
+
+def test_op_diff_shows_only_what_changed():
+    base = [_sc("mask_path", {"aten::ones": 1, "aten::tril": 1}, 2)]
+    cand = [_sc("mask_path", {"aten::ones": 1, "aten::_index_put_impl_": 513, "aten::nonzero": 2}, 516)]
+    diff = op_diff(cand, base)
+    assert [(d.op, d.baseline_calls, d.candidate_calls) for d in diff] == [
+        ("aten::_index_put_impl_", 0, 513), ("aten::nonzero", 0, 2), ("aten::tril", 1, 0), ("total_ops", 2, 516)]
+    assert diff[0].delta_calls == 513
+    assert op_diff(base, base) == []
+
+
+def test_op_diff_scope_on_one_side_only():
+    diff = op_diff([_sc("s", {"a": 1}, 1)], [])
+    assert {(d.op, d.baseline_calls, d.candidate_calls) for d in diff} == {("a", 0, 1), ("total_ops", 0, 1), ("entries", 0, 1)}
+
+
+# ----------------------------------------------------------------------------- budgets
+AB_GOOD = GOOD.replace("      ttft_ms: {p50: 9000, p99: 10000}",
+                       "      ttft_ms: {p50: 9000, p99: 10000}\n      ttft_vs_baseline_pct: {p50: 2.5}")
+
+
+def test_ab_budget_and_memory_split_load(tmp_path: Path):
+    text = AB_GOOD.replace("    budgets:", "    ab:\n      gpu_memory_utilization: {candidate: 0.45, baseline: 0.4}\n    budgets:")
+    p = load_thresholds(write(tmp_path, text)).profile("cpu")
+    assert p.ttft_vs_baseline_pct == {"p50": 2.5}
+    assert p.ab.gpu_memory_utilization(CANDIDATE) == 0.45 and p.ab.gpu_memory_utilization(BASELINE) == 0.4
+
+
+def test_shipped_cpu_profile_has_an_ab_budget():
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    assert load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").ttft_vs_baseline_pct.get("p50", 0) > 0
+
+
+@pytest.mark.parametrize(("old", "new", "line", "key", "problem"), [
+    ("ttft_vs_baseline_pct: {p50: 2.5}", "ttft_vs_baseline_pct: {median: 2}", 15,
+     "profiles.cpu.budgets.ttft_vs_baseline_pct.median", "unknown percentile"),
+    ("ttft_vs_baseline_pct: {p50: 2.5}", "ttft_vs_baseline_pct: {p50: -1}", 15,
+     "profiles.cpu.budgets.ttft_vs_baseline_pct.p50", "must be >= 0"),
+    ("    budgets:", "    ab:\n      gpu_memory_utilization: {candidate: 0.6, baseline: 0.6}\n    budgets:", 14,
+     "profiles.cpu.ab.gpu_memory_utilization", "share one GPU"),
+    ("    budgets:", "    ab:\n      gpu_memory_utilization: {candidate: 1.5}\n    budgets:", 14,
+     "profiles.cpu.ab.gpu_memory_utilization.candidate", "fraction"),
+    ("    budgets:", "    ab:\n      gpu_memory_utilisation: {candidate: 0.5}\n    budgets:", 14,
+     "profiles.cpu.ab.gpu_memory_utilisation", "unknown key"),
+])
+def test_bad_ab_config_names_file_line_and_key(tmp_path: Path, old, new, line, key, problem):
+    assert old in AB_GOOD
+    path = write(tmp_path, AB_GOOD.replace(old, new, 1))
+    with pytest.raises(ConfigError) as err:
+        load_thresholds(path)
+    assert err.value.line == line and key == err.value.key and problem in err.value.problem, str(err.value)
+
+
+def test_inject_spec():
+    assert parse_inject("slow-encoder:5%") == 5.0 and parse_inject("slow-encoder:2.5") == 2.5
+    assert parse_inject(None) is None
+    for bad in ("slow-encoder", "slow-encoder:0%", "slow-encoder:x", "fast-encoder:5%"):
+        with pytest.raises(UsageError):
+            parse_inject(bad)
+
+
+# ----------------------------------------------------------------------------- worker protocol
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> str:
+    """An environment without guard (and without yaml): a worker there must import guard
+    from this checkout, through the path guard puts on PYTHONPATH."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import guard"], capture_output=True, text=True, cwd=venv)
+    assert probe.returncode != 0, "the bare venv must not see guard by itself"
+    return python
+
+
+def test_worker_in_an_env_without_guard_imports_this_checkout(bare_python, tmp_path):
+    w = WorkerClient("baseline", bare_python, tmp_path / "w.log", cwd=tmp_path)
+    try:
+        assert Path(w.hello.guard_file).resolve() == (GUARD_ROOT / "guard" / "__init__.py").resolve()
+        assert Path(w.hello.python).parent == Path(bare_python).parent
+        # the bare env has no yaml: starting an engine fails, as a message, and the worker lives on
+        with pytest.raises(WorkerError, match="yaml"):
+            w.call("start", "ready", thresholds=str(GUARD_ROOT / "thresholds" / "deepseek-ocr-2.yaml"),
+                   profile="cpu", seed=0)
+        with pytest.raises(WorkerError, match="unknown command"):
+            w.call("dance", "done")
+    finally:
+        w.close()
+    assert w.proc.returncode == 0  # shut down on request
+
+
+def test_worker_that_dies_mid_command_is_reported_with_its_log(bare_python, tmp_path):
+    w = WorkerClient("baseline", bare_python, tmp_path / "w.log", cwd=tmp_path)
+    try:
+        w.proc.kill()
+        with pytest.raises(WorkerDied, match=r"exited with status -9"):
+            w.call("run", "done", jobs=[])
+    finally:
+        w.close()
+
+
+def test_worker_that_cannot_start(tmp_path):
+    with pytest.raises(WorkerDied, match="cannot start"):
+        WorkerClient("baseline", str(tmp_path / "no-such-python"), tmp_path / "w.log", cwd=tmp_path)
+    with pytest.raises(WorkerDied, match="exited with status 1"):
+        WorkerClient("baseline", "/bin/false", tmp_path / "w2.log", cwd=tmp_path)
+
+
+def test_worker_env_puts_this_checkout_first(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = worker_env()
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(GUARD_ROOT), "/elsewhere"]
+    assert worker_env({})["PYTHONPATH"] == str(GUARD_ROOT)
+
+
+# ----------------------------------------------------------------------------- evaluation and views
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+
+import jsonschema  # noqa: E402
+
+from guard.abrunner import ABRecord  # noqa: E402
+from guard.evaluate import evaluate_ab  # noqa: E402
+from guard.markdown import render_markdown  # noqa: E402
+from guard.results import Status, Verdict, load_results, results_schema, results_to_dict, write_json_atomic  # noqa: E402
+from guard.terminal import render_terminal  # noqa: E402
+from tests.ttft_scenarios import record  # noqa: E402
+
+DRIFT = [6.0, 6.1, 6.9, 7.4, 7.0, 6.2, 6.05, 7.3]  # the machine's own drift, shared by both sides of each pair
+
+
+def ab_record(factor: float, *, mask_calls: int = 0) -> ABRecord:
+    cand = record([s * factor * (1.002 if i % 2 else 0.998) for i, s in enumerate(DRIFT)])
+    base = record(DRIFT)
+    cand.op_counts.append(ScopeCounts("mask_path", (640, 480), 1, {"aten::expand": 1, "aten::_index_put_impl_": mask_calls} if mask_calls
+                                      else {"aten::expand": 1}, 1 + mask_calls))
+    base.op_counts.append(ScopeCounts("mask_path", (640, 480), 1, {"aten::expand": 1}, 1))
+    return ABRecord(candidate=cand, baseline=base, baseline_python="/tmp/baseline-venv/bin/python",
+                    order=["candidate", "baseline"] * 4)
+
+
+@pytest.fixture
+def ab_profile():
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")  # with its op budgets (mask_path)
+    return dataclasses.replace(cpu, ttft_ms={"p50": 6500.0}, ttft_vs_baseline_pct={"p50": 3.0},
+                               workload=dataclasses.replace(cpu.workload, requests=8))
+
+
+def test_identical_sides_pass_although_the_machine_drifts(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.0))
+    assert res.verdict == Verdict.PASS, res.invalid_reasons
+    (c,) = res.ab_checks
+    assert c.status == Status.PASS and c.pairs == 8 and abs(c.measured_pct) < 0.5
+    # the absolute budget (6500 ms, below the drifting machine's median) is shown, not judged
+    (a,) = res.ttft_checks
+    assert a.status == Status.NOT_JUDGED and a.measured_ms > 6500 and "A/B mode" in a.note
+    assert res.ab.op_diff == ()
+
+
+def test_a_slower_candidate_fails_on_the_ratio(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.06))
+    assert res.verdict == Verdict.REGRESSION
+    (c,) = res.ab_checks
+    assert c.status == Status.FAIL and c.interval_pct[0] > 3.0
+    assert c.candidate_ms > c.baseline_ms
+
+
+def test_op_diff_and_candidate_op_budget(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.0, mask_calls=513))
+    assert res.verdict == Verdict.REGRESSION  # the candidate's op budget (max 0) fails
+    assert [(d.op, d.baseline_calls, d.candidate_calls) for d in res.ab.op_diff] == [
+        ("aten::_index_put_impl_", 0, 513), ("total_ops", 1, 514)]
+
+
+def test_a_failed_baseline_request_or_too_few_pairs_is_invalid(ab_profile):
+    rec = ab_record(1.0)
+    rec.baseline.outcomes[3] = dataclasses.replace(rec.baseline.outcomes[3], success=False, ttft_client_s=None, error="boom")
+    res = evaluate_ab(ab_profile, rec)
+    assert res.verdict == Verdict.INVALID
+    assert any(r.startswith("baseline: request 3") for r in res.invalid_reasons)
+    assert any("too few A/B pairs: 7 of 8" in r for r in res.invalid_reasons)
+
+
+def test_worker_failure_recorded_by_the_run_stage_is_invalid(ab_profile):
+    rec = ab_record(1.0)
+    rec.candidate.invalid_reasons.append("baseline worker: the engine process exited with status -9")
+    assert evaluate_ab(ab_profile, rec).exit_code == 3
+
+
+def test_ab_results_round_trip_validate_and_render_both_sides(ab_profile, tmp_path):
+    res = evaluate_ab(ab_profile, ab_record(1.06, mask_calls=513))
+    data = results_to_dict(res)
+    jsonschema.Draft202012Validator(results_schema()).validate(json.loads(json.dumps(data)))
+    assert data["ab"]["baseline_python"] == "/tmp/baseline-venv/bin/python" and len(data["ab"]["pairs"]) == 8
+    assert data["checks"]["ttft_vs_baseline"][0]["percentile"] == "p50"
+    path = tmp_path / "results.json"
+    write_json_atomic(path, data)
+    assert load_results(path) == res
+    term = render_terminal(res)
+    assert "candidate" in term and "baseline" in term and "ttft p50 vs baseline" in term
+    assert "aten::_index_put_impl_" in term and "+513" in term
+    md = render_markdown(res)
+    assert "### A/B: candidate vs baseline" in md and "| TTFT p50 |" in md and md.count("xychart-beta") == 2
+    assert "--baseline" in md and "+513" in md
+    assert "over its budget of +3.0 %" in md  # the failure sentence names the ratio
+
+
+def test_plain_results_have_no_ab_section(cpu):
+    from guard.evaluate import evaluate
+
+    res = evaluate(cpu, record([6.0] * 6))
+    data = results_to_dict(res)
+    assert data["ab"] is None and data["checks"]["ttft_vs_baseline"] == []
+    assert "A/B" not in render_markdown(res) and "A/B" not in render_terminal(res)
+
+
+# ----------------------------------------------------------------------------- the slow-encoder hook
+def test_slow_encoder_adds_its_share_of_ttft_after_calibration():
+    import time
+
+    import torch
+
+    from guard.worker import SlowEncoder
+
+    class Qwen2Decoder2Encoder(torch.nn.Module):  # the vision encoder's class name in vLLM
+        def forward(self, x):
+            time.sleep(0.02)
+            return x + 1
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = Qwen2Decoder2Encoder()
+
+    class LLM:  # vLLM's LLM.apply_model, the one call the hook needs
+        def __init__(self):
+            self.model = Model()
+
+        def apply_model(self, fn):
+            return fn(self.model)
+
+    llm = LLM()
+    hook = SlowEncoder(llm, 10.0)
+    x = torch.zeros(1)
+    assert llm.model.enc(x).item() == 1.0 and hook.calls == 1 and hook.slept_s == 0  # warm-up: timed, not slowed
+    hook.calibrate([0.1])  # TTFT 0.1 s for ~0.02 s of encoder time: k ~ 5
+    assert 3 < hook.scale < 6
+    t0 = time.perf_counter()
+    llm.model.enc(x)
+    spent = time.perf_counter() - t0
+    # +10 % of a 0.1 s TTFT = 0.01 s on top of the forward's own 0.02 s
+    assert hook.slept_s == pytest.approx(0.01, rel=0.35) and spent > 0.028
+    with pytest.raises(RuntimeError, match="no Qwen2Decoder2Encoder"):
+        class Empty:
+            def apply_model(self, fn):
+                return fn(torch.nn.Linear(1, 1))
+        SlowEncoder(Empty(), 5.0)
+
+
+def test_check_rejects_bad_ab_arguments_before_running(tmp_path):
+    from tests.conftest import run_guard
+
+    proc = run_guard("check", "--inject", "slow-encoder:5%", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "needs --baseline" in proc.stderr
+    proc = run_guard("check", "--baseline", str(tmp_path / "nope" / "python"), "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "no such executable" in proc.stderr
+    proc = run_guard("check", "--baseline", sys.executable, "--inject", "slow-encoder:lots", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "bad --inject" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- the sensitivity simulation
+@pytest.fixture(scope="module")
+def ab_sensitivity():
+    import importlib.util
+
+    name = "guard_benchmarks_ab_sensitivity"
+    spec = importlib.util.spec_from_file_location(name, GUARD_ROOT / "benchmarks" / "ab_sensitivity.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_simulated_ab_rule_separates_identical_from_slowed(ab_sensitivity, ab_profile):
+    from guard.results import Pair
+
+    rng = random.Random(3)
+    pool = [Pair(i, b * rng.gauss(1, 0.01), b) for i, b in enumerate(6 + rng.random() for _ in range(40))]
+    profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
+    same, n_same = ab_sensitivity.simulate_ab(pool, profile, {"p50": 3.0}, 300, random.Random(0))
+    slow, n_slow = ab_sensitivity.simulate_ab(ab_sensitivity.slowed(pool, 8.0), profile, {"p50": 3.0}, 300, random.Random(0))
+    assert same["p50"] < 0.01 and slow["p50"] > 0.99
+    assert 6 <= n_same <= 24 and 6 <= n_slow <= 24
+    # the absolute rule on the same candidate samples: a 7000 ms budget never sees an 8 % slowdown of ~6.5 s
+    absolute, _ = ab_sensitivity.simulate_absolute([p.candidate_s * 1.08 for p in pool],
+                                                   dataclasses.replace(profile, ttft_ms={"p50": 7500.0}), 200, random.Random(0))
+    assert absolute["p50"] < 0.05

@@ -1,0 +1,56 @@
+"""End to end, A/B mode: the real `guard check --baseline`, two real vLLM engines on CPU.
+
+Identical sides (the baseline is this environment's own interpreter, so the same vLLM): the check
+passes, and results.json, the terminal and the report show both sides. Kept small: 1 warm-up and
+2 measured pairs, one profiled 640x480 request per side (about 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import SHIPPED_THRESHOLDS, run_guard
+
+pytestmark = pytest.mark.engine
+
+
+def small_ab_yaml(tmp_path: Path) -> Path:
+    data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
+    cpu = data["profiles"]["cpu"]
+    cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=[[640, 480]])
+    cpu["statistics"] = {"confidence": 0.95}  # no resampling rounds: keep the test short
+    # 2 pairs have no interval for the median: judged on the point estimate; identical sides sit
+    # far below a 50 % budget whatever the machine's load does to single requests
+    cpu["budgets"]["ttft_vs_baseline_pct"] = {"p50": 50}
+    path = tmp_path / "budget.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_ab_yaml(tmp_path)), "--output", str(out),
+                     "--baseline", sys.executable, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["verdict"] == "pass"
+    ab = res["ab"]
+    assert ab["baseline_python"] == sys.executable
+    assert ab["baseline"]["environment"]["worker"]["executable"] == sys.executable
+    assert len(ab["pairs"]) == 2 and all(p["candidate_s"] > 0 and p["baseline_s"] > 0 for p in ab["pairs"])
+    assert ab["order"] == ["candidate", "baseline"]  # ABBA: the second block starts with the baseline
+    (ratio,) = res["checks"]["ttft_vs_baseline"]
+    assert ratio["percentile"] == "p50" and ratio["budget_pct"] == 50 and ratio["pairs"] == 2
+    assert ratio["candidate_ms"] > 0 and ratio["baseline_ms"] > 0
+    assert ab["op_diff"] == []  # the same vLLM on both sides: not one op count differs
+    assert len(ab["baseline"]["op_counts"]) == 1 and len(res["run"]["op_counts"]) == 1
+    assert [c["status"] for c in res["checks"]["ttft"]] == ["not_judged"]  # absolute: shown, not judged
+    assert "baseline" in proc.stdout and "candidate" in proc.stdout and "PASS" in proc.stdout
+    report = (out / "report.md").read_text()
+    assert "baseline" in report and "candidate" in report and "xychart-beta" in report
+    assert (out / "worker-baseline.log").stat().st_size > 0
