@@ -24,6 +24,7 @@ from pathlib import Path
 
 from guard.budgets import OpBudget, Profile, Statistics, percentile_value
 from guard.errors import ExitCode
+from guard.contention import contention_problems
 from guard.hardware import gpu_state_problems, recorded_hardware_problems
 from guard.results import CheckResult, Results, RunRecord, ScopeCounts, Status, Verdict
 from guard.stats import percentile, percentile_interval
@@ -181,6 +182,10 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
         reasons.append(f"... and {len(failed) - 5} more failed requests")
     reasons += recorded_hardware_problems(profile, run.environment)
     reasons += gpu_state_problems(run.environment.get("gpu_state"))
+    if profile.ttft_ms and ttft_judged_problem(profile, run.environment) is None:
+        # a busy machine invalidates the absolute TTFT; op counts do not depend on it, and TTFT that
+        # is not judged here (budget bound to another CPU) is only shown
+        reasons += contention_problems(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
     if profile.ttft_ms:
         got = len(run.ttft_client_s())
         if got == 0:
@@ -200,6 +205,15 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
             if sb.name not in measured_scopes:
                 reasons.append(f"op-count scope '{sb.name}' was budgeted but not measured")
     return reasons
+
+
+def ttft_judged_problem(profile: Profile, env: dict) -> str | None:
+    """Why the profile's absolute TTFT budgets are not judged on the recorded machine; None: they are."""
+    from guard.hardware import ttft_hardware_problem
+
+    if not env or "cpu" not in env:
+        return None
+    return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0))
 
 
 def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT) -> Results:

@@ -71,6 +71,17 @@ def mismatch(profile: Profile, hw: Hardware) -> str | None:
     return None
 
 
+def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int) -> str | None:
+    """Why this CPU is not the one the profile's TTFT budgets were measured on; None: it is (or
+    the budgets are not bound to a CPU). Not a reason to reject the run: op counts are judged on
+    any machine the profile matches, only the absolute TTFT budgets are not."""
+    bound = profile.ttft_hardware
+    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count):
+        return None
+    measured_on = profile.provenance.get("hardware") or bound.describe()
+    return f"budget measured on {measured_on}; this machine is {cpu} ({cpu_count} cores)"
+
+
 def select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:
     """`auto`: the first profile whose hardware fits. A named profile must fit too: numbers
     measured on other hardware would be judged against the wrong budget (invalid, exit 3)."""
@@ -107,10 +118,12 @@ def git_commit(cwd: Path | None = None) -> str | None:
 def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
     """What results.json records about where and with what the numbers were measured."""
     why = mismatch(profile, hw)
+    ttft_why = ttft_hardware_problem(profile, hw.cpu_name, hw.cpu_count)
     fp: dict[str, Any] = {
         "hardware_profile": profile.name,
         "hardware_match": {"ok": why is None, "reason": why,
                            "rule": {"cuda": profile.match.cuda, "gpu_name_regex": profile.match.gpu_name_regex}},
+        "ttft_hardware_match": {"ok": ttft_why is None, "reason": ttft_why},
         "cuda": hw.cuda,
         "cpu": hw.cpu_name,
         "cpu_count": hw.cpu_count,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard.budgets import Profile, Thresholds
+from guard.contention import ContentionSampler, contention_problems
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
 from guard.evaluate import op_checks
@@ -26,8 +27,10 @@ TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 class GuardRun:
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                  progress: Callable[[str], None] = print, injected: str | None = None,
-                 traces: str = TRACES_ON_FAILURE) -> None:
+                 traces: str = TRACES_ON_FAILURE, contention: ContentionSampler | None = None) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
+        # what the rest of the machine does during the timing pass (guard.contention)
+        self.contention = contention if contention is not None else ContentionSampler()
         self.traces = traces
         self.progress = progress
         self.record = RunRecord(
@@ -104,8 +107,17 @@ class GuardRun:
         from guard.hardware import read_gpu_state
 
         stats = self.profile.statistics
+        env = self.record.environment
+        # Budgets measured on another CPU are shown, not judged: more requests would decide nothing.
+        judged = (env.get("ttft_hardware_match") or {}).get("ok", True)
+        sampler = self.contention
+        sampler.start()
         self.measure(self.profile.workload.requests)
-        while all(o.success for o in self.record.measured):  # a failed request makes the run invalid: stop
+        while judged and all(o.success for o in self.record.measured):  # a failed request: invalid, stop
+            so_far = sampler.peek()
+            if so_far and contention_problems(so_far.as_dict(), self.profile.validity.max_other_cpu_pct):
+                self.progress(f"not resampling: {so_far.describe()}")
+                break  # the run is invalid already; more requests on a busy machine would not fix it
             undecided = undecided_ttft(self.profile, self.record.ttft_client_s())
             extra = more_requests(stats, len(self.record.measured), bool(undecided))
             if not extra:
@@ -114,6 +126,10 @@ class GuardRun:
                           + "; ".join(d.describe() for d in undecided)
                           + f"; measuring {extra} more (round {self.record.rounds + 1}, cap {stats.max_requests})")
             self.measure(extra)
+        contention = sampler.stop()
+        env["cpu_contention"] = contention.as_dict() if contention else None
+        if contention:
+            self.progress(f"CPU during measurement: {contention.describe()}")
         gpu_state = self.record.environment.get("gpu_state")
         if gpu_state is not None:  # the end of the timing pass, while the engine holds the device
             gpu_state["end"] = read_gpu_state()

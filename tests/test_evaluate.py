@@ -13,6 +13,7 @@ from guard.budgets import Statistics, load_thresholds
 from guard.evaluate import decide_ttft, evaluate, fmt_interval, more_requests, ttft_check, undecided_ttft
 from guard.hardware import Hardware
 from guard.results import RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict, write_json_atomic
+from guard.contention import ContentionSampler
 from guard.runner import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
@@ -136,10 +137,10 @@ def test_interval_formatting_shows_unbounded_sides():
 class ScriptedRun(GuardRun):
     """GuardRun whose measure() returns scripted TTFTs instead of running the engine."""
 
-    def __init__(self, thresholds, profile, script, tmp_path):
+    def __init__(self, thresholds, profile, script, tmp_path, contention=None):
         self.lines: list[str] = []
         super().__init__(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2),
-                         tmp_path, progress=self.lines.append)
+                         tmp_path, progress=self.lines.append, contention=contention or ContentionSampler(proc=tmp_path / "no-proc"))
         self.script = list(script)
         self.counts: list[int] = []
 
