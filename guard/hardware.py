@@ -82,6 +82,19 @@ def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int) -> str | N
     return f"budget measured on {measured_on}; this machine is {cpu} ({cpu_count} cores)"
 
 
+_REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")
+
+
+def ttft_hardware_for(env: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``budgets.ttft_hardware`` binding for the machine a run recorded: its exact CPU model
+    (regex-escaped, anchored) and core count. None on a GPU (the profile's ``match`` already names
+    the device) or when the run recorded no CPU."""
+    if env.get("gpu") or env.get("cuda") or not env.get("cpu") or not env.get("cpu_count"):
+        return None
+    return {"cpu_model_regex": "^" + _REGEX_SPECIAL.sub(r"\\\1", str(env["cpu"])) + "$",
+            "cpu_count": int(env["cpu_count"])}
+
+
 def select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:
     """`auto`: the first profile whose hardware fits. A named profile must fit too: numbers
     measured on other hardware would be judged against the wrong budget (invalid, exit 3)."""
