@@ -18,6 +18,7 @@ so the run stage and the verdict cannot disagree:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,18 +217,33 @@ def ttft_judged_problem(profile: Profile, env: dict) -> str | None:
     return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0))
 
 
+def not_judged_notice(profile: Profile, why: str, thresholds: str, output: str | Path) -> str:
+    """What to do to get a TTFT verdict on this machine."""
+    results = Path(output) / "results.json"
+    return (f"TTFT not judged: {why}; the verdict rests on the op counts. For a TTFT verdict on this machine, "
+            f"make a local budget from this run: copy {thresholds} to local.yaml, then "
+            f"`guard update-thresholds --from {results} --thresholds local.yaml --only ttft` and "
+            f"`guard check --thresholds local.yaml`; or compare against a baseline vLLM on this machine (A/B)")
+
+
 def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT) -> Results:
     """``output``: the folder results.json is written to, for the commands notices print."""
     reasons = invalid_reasons(profile, run)
     checks: list[CheckResult] = []
     samples = run.ttft_client_s()
     stats = profile.statistics
+    not_judged = ttft_judged_problem(profile, run.environment) if profile.ttft_ms else None
     if samples:
-        checks += [ttft_check(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
-                   for k, b in profile.ttft_ms.items()]
+        ttft = [ttft_check(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+                for k, b in profile.ttft_ms.items()]
+        if not_judged:
+            ttft = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=f"not judged: {not_judged}") for c in ttft]
+        checks += ttft
     checks += op_checks(profile, run.op_counts)
     notices: list[str] = []
-    if not reasons:  # an invalid run is no basis for new budgets
+    if not_judged:
+        notices.append(not_judged_notice(profile, not_judged, run.thresholds_path, output))
+    if not reasons and not not_judged:  # an invalid run (or another CPU's budget) is no basis for new budgets
         notices += stale_budget_notices(profile, checks, output)
     if profile.match.cuda and not run.environment.get("gpu_state"):
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "

@@ -78,8 +78,8 @@ def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int) -> str | N
     bound = profile.ttft_hardware
     if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count):
         return None
-    measured_on = profile.provenance.get("hardware") or bound.describe()
-    return f"budget measured on {measured_on}; this machine is {cpu} ({cpu_count} cores)"
+    # the binding, not provenance.hardware: a hand-edited binding must not be described by stale provenance
+    return f"budget measured on {bound.describe()}; this machine is {cpu} ({cpu_count} cores)"
 
 
 _REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")

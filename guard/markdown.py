@@ -19,7 +19,8 @@ MAX_CHART_POINTS = 100  # xychart-beta gets unreadable (and the comment long) pa
 MAX_SITES = 10  # offending code sites listed per failed op check
 
 _ICON = {"pass": "✅", "regression": "❌", "invalid": "⚠️"}
-_STATUS = {Status.PASS: "✅ pass", Status.FAIL: "❌ fail", Status.INCONCLUSIVE: "⚠️ inconclusive"}
+_STATUS = {Status.PASS: "✅ pass", Status.FAIL: "❌ fail", Status.INCONCLUSIVE: "⚠️ inconclusive",
+           Status.NOT_JUDGED: "➖ not judged"}
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SAFE_URL = re.compile(r"https?://[^\s()<>\[\]`\"'\\]+")
 _BACKSLASHED = set("\\*_[]|~")  # Markdown punctuation that can start emphasis, links, cells
@@ -103,9 +104,13 @@ def _summary(results: Results) -> list[str]:
         lines += [f"- {text(r)}" for r in results.invalid_reasons] or ["- (no reason recorded)"]
         return lines
     failed = results.failed
+    not_judged = [c for c in results.checks if c.status == Status.NOT_JUDGED]
+    n -= len(not_judged)
     if not failed:
         inconclusive = [c for c in results.checks if c.status == Status.INCONCLUSIVE]
         line = f"**All {n} budgets held.**"
+        if not_judged:
+            line += f" TTFT was measured but not judged on this machine ({len(not_judged)} budget(s)): see the notes."
         if inconclusive:
             line += (f" {len(inconclusive)} inconclusive: the confidence interval straddles the budget, "
                      "so it was judged on the point estimate.")

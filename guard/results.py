@@ -33,6 +33,7 @@ class Status:
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"  # TTFT interval straddles the budget (decided on the point estimate)
+    NOT_JUDGED = "not_judged"  # measured and shown; the budget is bound to other hardware (budgets.ttft_hardware)
 
 
 class Verdict:

@@ -6,7 +6,7 @@ from guard.evaluate import fmt_interval
 from guard.results import CheckResult, Results, Status
 from guard.stats import percentile
 
-_MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok"}
+_MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged"}
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
@@ -67,7 +67,11 @@ def render_terminal(results: Results) -> str:
 def verdict_line(results: Results) -> str:
     where = f"{results.run.model} on profile '{results.run.profile}'"
     if results.verdict == "pass":
-        return f"PASS: {where}: all {len(results.checks)} budgets held"
+        judged = [c for c in results.checks if c.status != Status.NOT_JUDGED]
+        line = f"PASS: {where}: all {len(judged)} budgets held"
+        if len(judged) < len(results.checks):
+            line += f" (TTFT measured, not judged on this machine: {len(results.checks) - len(judged)} budget(s))"
+        return line
     if results.verdict == "regression":
         names = ", ".join(c.name for c in results.failed)
         return f"REGRESSION: {where}: {len(results.failed)} budget(s) exceeded: {names}"

@@ -196,7 +196,7 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
                 changes.append(Change(base + ("ops", sb.name) + sub + (budget.rule,),
                                       f"{sb.name}.{'.'.join(sub)} ({budget.rule})", budget.count, got, got, "calls",
                                       applied=True, increase=got > budget.count))
-    bound_to = (profile.provenance.get("hardware") or profile.ttft_hardware.describe()) if profile.ttft_hardware else ""
+    bound_to = profile.ttft_hardware.describe() if profile.ttft_hardware else ""
     plan = Plan(profile.name, headroom_pct, tuple(changes), provenance, ttft_hardware=binding, bound_to=str(bound_to))
     if plan.increases and not allow_increase:
         rises = ", ".join(f"{c.label} {_num(c.old)} -> {_num(c.new)}" for c in plan.increases)
