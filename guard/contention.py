@@ -83,7 +83,7 @@ class ContentionReading:
     load_1m_end: float | None = None
     mhz_start: float | None = None
     mhz_end: float | None = None
-    tree_pids: int = 1  # processes in our tree at the end (the engine runs in one process)
+    tree_processes: int = 1  # processes in our tree at the end (the engine runs in one process)
 
     @property
     def lost_cores(self) -> float:
@@ -93,13 +93,6 @@ class ContentionReading:
     @property
     def lost_fraction(self) -> float:
         return self.lost_cores / self.cpus if self.cpus else 0.0
-
-    def describe(self) -> str:
-        """"other processes used 1.70 of 2 cores during measurement (steal 0.02) over 36 s"."""
-        text = f"other processes used {self.other_cores:.2f} of {self.cpus} cores"
-        if self.steal_cores >= 0.005:
-            text += f" and the hypervisor took {self.steal_cores:.2f} (steal)"
-        return text + f" during measurement ({self.window_s:.0f} s; guard's engine used {self.own_cores:.2f})"
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -210,7 +203,7 @@ def reading(start: Snapshot, end: Snapshot) -> ContentionReading | None:
         load_1m_end=end.load_1m,
         mhz_start=None if start.mhz is None else round(start.mhz, 1),
         mhz_end=None if end.mhz is None else round(end.mhz, 1),
-        tree_pids=len(end.tree_pids),
+        tree_processes=len(end.tree_pids),
     )
 
 
@@ -290,6 +283,8 @@ def contention_problems(recorded: Mapping[str, Any] | None, max_other_cpu_pct: f
     r = ContentionReading.from_dict(recorded)
     if r.lost_fraction * 100.0 <= max_other_cpu_pct:
         return []
+    from guard import format as fmt  # the sentence is format's; imported late: format imports results
+
     limit = r.cpus * max_other_cpu_pct / 100.0
-    return [f"busy machine: {r.describe()}; the profile allows {limit:.2f} "
+    return [f"busy machine: {fmt.contention(r)}; the profile allows {limit:.2f} "
             f"({max_other_cpu_pct:g} % of {r.cpus} cores, validity.max_other_cpu_pct), so its TTFT is not judged"]

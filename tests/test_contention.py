@@ -95,11 +95,14 @@ def test_reading_splits_the_machine_into_ours_and_theirs(captured):
     assert captured.other_cores + captured.own_cores == pytest.approx(2.0, abs=0.02)  # the machine was full
     assert captured.steal_cores == pytest.approx(0.0066, abs=0.001)
     assert captured.mhz_end == pytest.approx(2596.1, abs=0.1) and captured.load_1m_end == 1.35
-    assert captured.tree_pids == 3
+    assert captured.tree_processes == 3
 
 
 def test_reading_describes_itself_in_cores(captured):
-    text = captured.describe()
+    from guard import format as fmt
+
+    text = fmt.contention(captured)
+    assert fmt.contention(captured.as_dict()) == text  # the recorded form reads the same
     assert text.startswith("other processes used 1.30 of 2 cores and the hypervisor took 0.01 (steal)")
     assert "guard's engine used 0.69" in text
 

@@ -16,6 +16,7 @@ from guard.errors import ExitCode
 from guard.evaluate import evaluate
 from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
 from guard.results import RequestOutcome, RunRecord, Verdict
+from guard.contention import ContentionSampler
 from guard.runner import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
@@ -76,7 +77,7 @@ def assert_invalid(res, fragment: str) -> None:
 # ----------------------------------------------------------------------------- baselines
 def test_a_clean_cpu_run_is_valid(cpu):
     res = evaluate(cpu, cpu_run())
-    assert res.verdict == Verdict.PASS and res.invalid_reasons == [] and res.notices == []
+    assert res.verdict == Verdict.PASS and res.invalid_reasons == [] and res.notices == ()
 
 
 def test_a_clean_gpu_run_is_valid(a10):
@@ -269,15 +270,11 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
     monkeypatch.setattr("guard.runner.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
     monkeypatch.setattr("guard.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
 
-    class Scripted(GuardRun):
-        def measure(self, count):
-            self.record.rounds += 1
-            new = outcomes(count, 2.283)
-            self.record.outcomes.extend(new)
-            return new
+    def driver(jobs, on_outcome):
+        return [dataclasses.replace(o, index=j.index) for j, o in zip(jobs, outcomes(len(jobs), 2.283))]
 
-    run = Scripted(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
-                   progress=lambda m: None)
+    run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
+                   progress=lambda m: None, driver=driver, contention=ContentionSampler(proc=tmp_path / "no-proc"))
     run.measure_until_decided()
     state = run.record.environment["gpu_state"]
     assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]
@@ -325,14 +322,15 @@ def test_ttft_bound_to_another_cpu_is_shown_not_judged(cpu, tmp_path):
                                   provenance={"hardware": "AMD EPYC (2 cores)"})
     res = evaluate(profile, cpu_run(), output=tmp_path)
     assert res.verdict == Verdict.PASS and res.exit_code == 0  # 7.2 s > 6 s, but not judged here
-    (c,) = [c for c in res.checks if c.kind == "ttft"]
-    assert c.status == Status.NOT_JUDGED and c.measured == pytest.approx(7250.4)
+    (c,) = res.ttft_checks
+    assert c.status == Status.NOT_JUDGED and c.measured_ms == pytest.approx(7250.4)
     assert c.note == ("not judged: budget measured on a CPU matching /^AMD EPYC$/ with 2 cores; "
                       "this machine is Test CPU (2 cores)")
     (notice,) = res.notices
     assert "guard update-thresholds --from" in notice and "A/B" in notice
     term = render_terminal(res)
-    assert "not judged" in term and "PASS:" in term and "TTFT measured, not judged" in term
+    assert "not judged: budget measured on a CPU matching /^AMD EPYC$/" in term
+    assert term.splitlines()[-1].endswith("all 0 budgets held")  # the profile's ops were cut: nothing judged
     md = render_markdown(res)
     assert "not judged" in md and "AMD EPYC" in md
 

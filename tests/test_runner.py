@@ -1,0 +1,127 @@
+"""guard.runner: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from guard.budgets import Statistics, TtftHardware
+from guard.contention import ContentionSampler
+from guard.evaluate import evaluate
+from guard.hardware import Hardware
+from guard.results import RequestOutcome, Verdict
+from guard.runner import GuardRun
+from tests.ttft_scenarios import CPU_ENV, budgeted
+
+
+class ScriptedDriver:
+    """Stands in for the engine: each job gets the next scripted TTFT (None: the request timed out)."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.counts: list[int] = []
+
+    def __call__(self, jobs, on_outcome):
+        self.counts.append(len(jobs))
+        out = []
+        for job in jobs:
+            t = self.script.pop(0)
+            o = RequestOutcome(index=job.index, image_size=job.image_size, warmup=job.warmup, success=t is not None,
+                               ttft_client_s=t, error=None if t is not None else "timed out after 600 s")
+            on_outcome(o)
+            out.append(o)
+        return out
+
+
+def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None):
+    """A real GuardRun with the scripted driver injected; returns it, the driver and its progress lines.
+    The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject)."""
+    driver, lines = ScriptedDriver(script), []
+    run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
+                   progress=lines.append, driver=driver, environment=dict(environment or CPU_ENV),
+                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"))
+    return run, driver, lines
+
+
+def test_run_stage_resamples_to_the_cap_and_the_verdict_agrees(thresholds, cpu, tmp_path):
+    run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5, 5, 5]  # p90/p99 cannot be passed by their interval below n = 36
+    assert run.record.rounds == 3
+    assert any("p99" in line and "inconclusive" in line and "measuring 5 more" in line for line in lines)
+    res = evaluate(cpu, run.finish())
+    assert {(c.samples, c.rounds) for c in res.ttft_checks} == {(15, 3)}
+    assert res.verdict == Verdict.PASS
+
+
+def test_run_stage_stops_as_soon_as_every_percentile_is_decided(thresholds, cpu, tmp_path):
+    profile = budgeted(cpu, p90=7000)  # a clear regression: the lower bound is above at n = 5
+    run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5]
+    assert evaluate(profile, run.finish()).ttft_checks[0].note is None
+
+
+def test_run_stage_cuts_the_last_batch_at_the_cap(thresholds, cpu, tmp_path):
+    profile = dataclasses.replace(cpu, statistics=Statistics(confidence=0.95, max_requests=12, batch=5))
+    run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5, 5, 2]
+
+
+def test_run_stage_does_not_resample_without_a_cap(thresholds, cpu, tmp_path):
+    profile = dataclasses.replace(cpu, statistics=Statistics(confidence=0.95, max_requests=None, batch=5))
+    run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5] and not any("inconclusive" in ln for ln in lines)
+
+
+def test_run_stage_stops_resampling_after_a_failed_request(thresholds, cpu, tmp_path):
+    run, driver, lines = scripted_run(thresholds, cpu, [7.2, None, 7.2, 7.2, 7.2] + [7.2] * 10, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5]  # the run is invalid whatever more samples say
+
+
+
+
+# ----------------------------------------------------------------------------- the machine under the run
+CAPTURE = Path(__file__).parent / "fixtures" / "proc" / "busy-child-and-other"
+
+
+class RecordedSampler(ContentionSampler):
+    """The real sampler reading a recorded /proc: the first snapshot from start/, later ones from end/
+    (a busy machine: 1.30 of 2 cores used by others, see tests/test_contention.py)."""
+
+    def __init__(self):
+        root = int((CAPTURE / "README.txt").read_text().split()[0].split("=")[1])
+        super().__init__(root, proc=CAPTURE / "start", sys=CAPTURE / "no-sys")
+        self.snapshots = 0
+
+    def snapshot(self):
+        self.proc = CAPTURE / ("start" if self.snapshots == 0 else "end")
+        self.snapshots += 1
+        return super().snapshot()
+
+
+def test_a_busy_machine_stops_resampling_and_is_recorded(thresholds, cpu, tmp_path):
+    run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path, contention=RecordedSampler())
+    run.measure_until_decided()
+    assert driver.counts == [5]  # p90/p99 undecided, but more requests on a busy machine prove nothing
+    reading = run.record.environment["cpu_contention"]
+    assert reading["other_cores"] == pytest.approx(1.30, abs=0.01) and reading["cpus"] == 2
+    assert any(line.startswith("CPU during measurement: other processes used 1.30 of 2 cores") for line in lines)
+    res = evaluate(cpu, run.finish())
+    assert res.verdict == Verdict.INVALID
+    assert any("other processes used 1.30 of 2 cores" in r for r in res.invalid_reasons)
+
+
+def test_ttft_bound_to_another_cpu_measures_no_extra_rounds(thresholds, cpu, tmp_path):
+    profile = dataclasses.replace(cpu, ttft_hardware=TtftHardware(cpu_model_regex="^AMD EPYC$", cpu_count=(2, 2)))
+    env = {**CPU_ENV, "ttft_hardware_match": {"ok": False, "reason": "budget measured on ..."}}
+    run, driver, _ = scripted_run(thresholds, profile, [7.2] * 20, tmp_path, environment=env)
+    run.measure_until_decided()
+    assert driver.counts == [5]  # nothing to decide here: the workload's requests, shown, not judged
+    res = evaluate(profile, run.finish())
+    assert res.verdict == Verdict.PASS and {c.status for c in res.ttft_checks} == {"not_judged"}
