@@ -222,6 +222,9 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
         chart = _chart(results, ttft)
         if chart:
             lines += [""] + chart
+        reading = run.environment.get("cpu_contention")
+        if reading:
+            lines += ["", f"Machine during measurement: {text(fmt.contention(reading))}."]
 
     ops = results.op_checks
     if ops:

@@ -335,6 +335,13 @@ def test_ttft_bound_to_another_cpu_is_shown_not_judged(cpu, tmp_path):
     assert "not judged" in md and "AMD EPYC" in md
 
 
+def test_reports_show_the_contention_reading(cpu):
+    res = evaluate(cpu, contended_run(0.05))
+    line = "other processes used 0.05 of 2 cores during measurement (40 s; guard's engine used 1.90)"
+    assert f"machine: {line}" in render_terminal(res)
+    assert f"Machine during measurement: {line}." in render_markdown(res)
+
+
 def test_contention_does_not_invalidate_ttft_that_is_not_judged(cpu):
     profile = dataclasses.replace(cpu, ttft_hardware=BOUND_ELSEWHERE)
     res = evaluate(profile, contended_run(1.7))
