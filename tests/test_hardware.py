@@ -21,7 +21,8 @@ def test_binding_matches_exactly_the_recorded_cpu(name):
     assert b["cpu_count"] == 4 and b["cpu_model_regex"].startswith("^") and b["cpu_model_regex"].endswith("$")
     assert re.search(b["cpu_model_regex"], name)
     assert not re.search(b["cpu_model_regex"], name + " v2") and not re.search(b["cpu_model_regex"], "x" + name)
-    assert "\\ " not in b["cpu_model_regex"]  # spaces are not escaped: the YAML stays readable
+    if "\\" not in name:
+        assert "\\ " not in b["cpu_model_regex"]  # spaces are not escaped: the YAML stays readable
 
 
 def test_no_binding_on_a_gpu_or_without_a_recorded_cpu():
