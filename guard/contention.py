@@ -6,16 +6,24 @@ stop) and the reading says, in cores, what the machine did in between:
 
 - ``other_cores``: busy CPU time of the whole machine (``/proc/stat``: user, nice, system, irq,
   softirq) minus the busy time of this process tree (``/proc/<pid>/stat`` utime + stime, plus
-  cutime + cstime for children that exited and were reaped), per second of wall time;
+  cutime + cstime for children that exited and were reaped), averaged over the window;
 - ``steal_cores``: time the hypervisor ran someone else while this VM wanted the CPU (``steal``);
 - the 1-minute load average at both ends (it counts our own runnable threads too, so it is
   recorded, not judged) and, where readable, the mean CPU frequency (``scaling_cur_freq``, else
   ``/proc/cpuinfo`` "cpu MHz"; in a VM this is often the nominal figure, so it is recorded only).
 
-Everything below the sampler is a pure function over recorded text, so it is tested on real
-``/proc`` captures (tests/fixtures/proc/). ``guard.evaluate`` decides on the reading
-(``contention_problems``) with the profile's ``contention`` limit; the reading itself goes into
-results.json under ``environment.cpu_contention``.
+Everything but the sampler is a pure function over recorded text, tested on a real ``/proc``
+capture (tests/fixtures/proc/). ``guard.evaluate`` judges the reading (``contention_problems``)
+against the profile's ``validity.max_other_cpu_pct``; the reading itself goes into results.json
+under ``run.environment.cpu_contention``.
+
+Reusable by any runner (A/B included)::
+
+    sampler = ContentionSampler()      # this process and its children are "us"
+    sampler.start()
+    ...                                # the measured requests
+    reading = sampler.stop()           # ContentionReading, or None where /proc is unreadable
+    problems = contention_problems(reading.as_dict(), max_other_cpu_pct)
 """
 
 from __future__ import annotations
