@@ -591,3 +591,31 @@ def test_a_hand_written_range_that_fits_is_kept(tmp_path, capsys):
     assert code == 0, err
     cpu = load_thresholds(y).profile("cpu")
     assert cpu.ttft_ms["p50"] == 10400 and cpu.ttft_hardware.cpu_count == (2, 8)  # the range stays
+
+
+def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
+    """A run on another CPU: TTFT not judged; following the notice (a local copy, update-thresholds
+    --only ttft) gives a budget for this CPU that the same run is then judged against."""
+    import dataclasses
+
+    from guard.evaluate import evaluate
+
+    local = _shipped_copy(tmp_path)  # the notice's "copy the thresholds file to local.yaml"
+    profile = dataclasses.replace(load_thresholds(REAL).profile("cpu"), ops=())  # TTFT alone here
+    outcomes = [RequestOutcome(index=i, image_size=(640, 480), warmup=False, success=True, ttft_client_s=9.0 + i / 100)
+                for i in range(6)]
+    run = RunRecord(profile="cpu", thresholds_path=str(REAL), model="deepseek-ocr-2", environment=dict(ENV),
+                    outcomes=outcomes, rounds=1)
+    first = evaluate(profile, run, output=tmp_path)
+    assert first.verdict == Verdict.PASS and {c.status for c in first.ttft_checks} == {Status.NOT_JUDGED}
+    (notice,) = [n for n in first.notices if n.startswith("TTFT not judged")]
+    assert f"guard update-thresholds --from {tmp_path / 'results.json'} --thresholds local.yaml --only ttft" in notice
+    write_json_atomic(tmp_path / "results.json", results_to_dict(first))
+    code, out, err = guard(capsys, "--from", str(tmp_path / "results.json"), "--thresholds", str(local), "--only", "ttft")
+    assert code == 0, err
+    mine = dataclasses.replace(load_thresholds(local).profile("cpu"), ops=())
+    assert mine.ttft_ms["p50"] == 10400  # 9025 ms + 15 %, 3 significant figures up
+    again = evaluate(mine, run, output=tmp_path)
+    assert [c.status for c in again.ttft_checks] == [Status.PASS]
+    assert load_thresholds(REAL).profile("cpu").ttft_ms == profile.ttft_ms  # the shipped file is untouched
+    assert mine.ttft_hardware.fits(ENV["cpu"], 2)
