@@ -65,7 +65,7 @@ class Validity:
 
     # Other processes plus hypervisor steal may use at most this share of the machine's CPU time
     # during the measured requests (guard.contention). See docs/reliability.md for the measurement.
-    max_other_cpu_pct: float = 10.0
+    max_other_cpu_pct: float = 5.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
