@@ -221,7 +221,9 @@ def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
     assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
     res = results_of(out)
     reading = res["run"]["environment"]["cpu_contention"]
-    assert reading["other_cores"] >= 0.8, reading  # the loop's core, seen from /proc
+    # the loop, seen from /proc: it shares two cores with the engine's two threads, so it gets at
+    # least about two thirds of one (a quiet machine reads ~0)
+    assert reading["other_cores"] >= 0.5, reading
     if proc.returncode == 3:
         assert res["verdict"] == "invalid"
         assert any(r.startswith("busy machine: other processes used") for r in res["judged_invalid_reasons"])
