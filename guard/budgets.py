@@ -35,6 +35,43 @@ class Match:
 
 
 @dataclass(frozen=True)
+class TtftHardware:
+    """The machine absolute TTFT budgets were measured on (``budgets.ttft_hardware``). The profile
+    is still *selected* by ``match`` (so op counts run everywhere); on a CPU outside this binding
+    the TTFT budgets are measured and shown but not judged."""
+
+    cpu_model_regex: str | None = None  # searched in /proc/cpuinfo's "model name"
+    cpu_count: tuple[int, int] | None = None  # inclusive range; `cpu_count: 2` is (2, 2)
+    line: int | None = None
+
+    def fits(self, cpu_name: str, cpu_count: int) -> bool:
+        if self.cpu_model_regex is not None and not re.search(self.cpu_model_regex, cpu_name or ""):
+            return False
+        return self.cpu_count is None or self.cpu_count[0] <= cpu_count <= self.cpu_count[1]
+
+    def describe(self) -> str:
+        parts = []
+        if self.cpu_model_regex is not None:
+            parts.append(f"a CPU matching /{self.cpu_model_regex}/")
+        if self.cpu_count is not None:
+            lo, hi = self.cpu_count
+            parts.append(f"{lo} cores" if lo == hi else f"{lo}-{hi} cores")
+        return " with ".join(parts) or "any CPU"
+
+
+@dataclass(frozen=True)
+class Validity:
+    """When a measurement is too disturbed to judge TTFT on (``validity:`` in a profile)."""
+
+    # Other processes plus hypervisor steal may use at most this share of the machine's CPU time
+    # during the measured requests (guard.contention). See docs/reliability.md for the measurement.
+    max_other_cpu_pct: float = 5.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class EngineArgs:
     model: str  # HF id, absolute path, or path resolved against the YAML's folder
     revision: str | None
@@ -192,6 +229,8 @@ class Profile:
     # A/B budgets: percentile key -> allowed slowdown of the candidate vs the baseline, in percent
     ttft_vs_baseline_pct: dict[str, float] = field(default_factory=dict)
     ab: ABSettings = ABSettings()
+    ttft_hardware: TtftHardware | None = None  # None: TTFT budgets apply wherever `match` fits
+    validity: Validity = field(default_factory=Validity)
 
 
 @dataclass(frozen=True)
@@ -220,8 +259,10 @@ def percentile_value(key: str) -> float:
 # ----------------------------------------------------------------------------- schema
 # key -> required?  (types are checked by the converters below)
 TOP_KEYS = {"schema_version": True, "model": True, "profiles": True}
-PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": False,
+PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": False, "validity": False,
                 "headroom_pct": False, "budgets": True, "provenance": False, "ab": False}
+VALIDITY_KEYS = {"max_other_cpu_pct": False}
+TTFT_HARDWARE_KEYS = {"cpu_model_regex": False, "cpu_count": False}
 MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
 ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
@@ -231,7 +272,7 @@ ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
                  "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
 STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
-BUDGETS_KEYS = {"ttft_ms": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False}
+BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False}
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
 AB_KEYS = {"gpu_memory_utilization": False}
 AB_SIDES_KEYS = {"candidate": False, "baseline": False}
@@ -374,6 +415,13 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
                 raise r.error(knode, mk, f"'{mode}' is this profile's engine.mode: its budgets are budgets.ttft_ms")
             mm = r.mapping(vnode, mk, MODE_BUDGETS_KEYS)
             by_mode[mode] = _ttft(r, f"{mk}.ttft_ms", mm["ttft_ms"][1])
+    ttft_hw = None
+    if "ttft_hardware" in budgets:
+        hw_node = budgets["ttft_hardware"][1]
+        if not ttft:
+            raise r.error(hw_node, f"{key}.budgets.ttft_hardware", "binds TTFT budgets to a CPU, but there are none",
+                          hint="add budgets.ttft_ms or remove ttft_hardware")
+        ttft_hw = _ttft_hardware(r, f"{key}.budgets.ttft_hardware", hw_node)
     return Profile(
         name=name,
         match=_match(r, f"{key}.match", m["match"][1]),
@@ -390,6 +438,8 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
         yaml_mode=engine.mode,
         ttft_vs_baseline_pct=ratio,
         ab=_ab(r, f"{key}.ab", m["ab"][1]) if "ab" in m else ABSettings(),
+        ttft_hardware=ttft_hw,
+        validity=_validity(r, f"{key}.validity", m["validity"][1]) if "validity" in m else Validity(),
     )
 
 
@@ -405,6 +455,46 @@ def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
                       f"the two engines share one GPU: candidate + baseline = {sum(shares.values()):g} > 1")
     return ABSettings(candidate_gpu_memory_utilization=shares.get("candidate"),
                       baseline_gpu_memory_utilization=shares.get("baseline"))
+
+
+def _validity(r: _Reader, key: str, node: yaml.Node) -> Validity:
+    m = r.mapping(node, key, VALIDITY_KEYS)
+    pct = Validity.max_other_cpu_pct
+    if "max_other_cpu_pct" in m:
+        pct = r.number(m["max_other_cpu_pct"][1], f"{key}.max_other_cpu_pct", minimum=0.0)
+        if pct > 100:
+            raise r.error(m["max_other_cpu_pct"][1], f"{key}.max_other_cpu_pct",
+                          f"a share of the machine's CPU time, 0-100, got {pct:g}", hint="100 turns the gate off")
+    return Validity(max_other_cpu_pct=pct)
+
+
+def _ttft_hardware(r: _Reader, key: str, node: yaml.Node) -> TtftHardware:
+    m = r.mapping(node, key, TTFT_HARDWARE_KEYS)
+    if not m:
+        raise r.error(node, key, "empty: give cpu_model_regex and/or cpu_count")
+    regex = None
+    if "cpu_model_regex" in m:
+        regex = r.string(m["cpu_model_regex"][1], f"{key}.cpu_model_regex")
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise r.error(m["cpu_model_regex"][1], f"{key}.cpu_model_regex",
+                          f"not a valid regular expression: {exc}") from None
+    count = None
+    if "cpu_count" in m:
+        cnode = m["cpu_count"][1]
+        ck = f"{key}.cpu_count"
+        if isinstance(cnode, yaml.SequenceNode):
+            if len(cnode.value) != 2:
+                raise r.error(cnode, ck, "expected a core count or a range [min, max]")
+            lo, hi = (r.integer(n, ck, minimum=1) for n in cnode.value)
+            if lo > hi:
+                raise r.error(cnode, ck, f"empty range [{lo}, {hi}]: min is above max")
+            count = (lo, hi)
+        else:
+            n = r.integer(cnode, ck, minimum=1)
+            count = (n, n)
+    return TtftHardware(cpu_model_regex=regex, cpu_count=count, line=node.start_mark.line + 1)
 
 
 def _match(r: _Reader, key: str, node: yaml.Node) -> Match:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from guard import format as fmt
 from guard.budgets import OpBudget, Profile
-from guard.hardware import gpu_state_problems, recorded_hardware_problems
+from guard.contention import contention_problems
+from guard.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
                            UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.rules import judge_ttft
@@ -25,13 +26,34 @@ if TYPE_CHECKING:
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 
 
+def ttft_not_judged(profile: Profile, env: dict[str, Any]) -> str | None:
+    """Why the profile's absolute TTFT budgets are not judged on the recorded machine (their
+    ``budgets.ttft_hardware`` is another CPU); None: they are judged."""
+    if not profile.ttft_ms or not env or "cpu" not in env:
+        return None
+    return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0))
+
+
 def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
     samples = run.ttft_client_s()
     if not samples:
         return []  # no samples: an invalid run (see invalid_reasons), never a pass
     stats = profile.statistics
-    return [judge_ttft(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
-            for k, b in profile.ttft_ms.items()]
+    checks = [judge_ttft(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+              for k, b in profile.ttft_ms.items()]
+    why = ttft_not_judged(profile, run.environment)
+    if why:  # measured and shown, never counted: the budget belongs to another CPU
+        checks = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=f"not judged: {why}") for c in checks]
+    return checks
+
+
+def not_judged_notice(why: str, thresholds: str, output: str | Path) -> str:
+    """How to get a TTFT verdict on this machine."""
+    results = Path(output) / "results.json"
+    return (f"TTFT not judged: {why}; the verdict rests on the op counts. For a TTFT verdict on this machine, "
+            f"make a local budget from this run: copy {thresholds} to local.yaml, then "
+            f"`guard update-thresholds --from {results} --thresholds local.yaml --only ttft` and "
+            f"`guard check --thresholds local.yaml`; or compare against a baseline vLLM on this machine (A/B)")
 
 
 def stale_budget_notices(profile: Profile, checks: list[TtftCheck], output: str | Path) -> list[str]:
@@ -99,6 +121,10 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
         reasons.append(f"... and {len(failed) - 5} more failed requests")
     reasons += recorded_hardware_problems(profile, run.environment)
     reasons += gpu_state_problems(run.environment.get("gpu_state"))
+    if profile.ttft_ms and ttft_not_judged(profile, run.environment) is None:
+        # A busy machine invalidates judged TTFT (guard.contention); op counts do not depend on it,
+        # and TTFT bound to another CPU is only shown, so contention cannot change that verdict.
+        reasons += contention_problems(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
     if profile.ttft_ms:
         got = len(run.ttft_client_s())
         if got == 0:
@@ -127,7 +153,10 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
     valid = not reasons and not run.invalid_reasons
-    if valid:  # an invalid run is no basis for new budgets
+    not_judged = ttft_not_judged(profile, run.environment) if ttft else None
+    if not_judged:
+        notices.append(not_judged_notice(not_judged, run.thresholds_path, output))
+    elif valid:  # an invalid run (or another CPU's budget) is no basis for new budgets
         notices += stale_budget_notices(profile, ttft, output)
     if profile.match.cuda and not run.environment.get("gpu_state"):
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "

@@ -13,6 +13,10 @@ from __future__ import annotations
 import math
 from functools import singledispatch
 
+from collections.abc import Mapping
+from typing import Any
+
+from guard.contention import ContentionReading
 from guard.results import TOTAL_OPS, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck, TtftRatioCheck
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
@@ -92,6 +96,16 @@ def op_excess(c: OpCheck) -> str:
     if factor >= 2:
         text += f", {factor:.1f}x the budget" if factor < 10 else f", {factor:,.0f}x the budget"
     return text
+
+
+def contention(reading: ContentionReading | Mapping[str, Any]) -> str:
+    """A contention reading (or its recorded dict, ``environment.cpu_contention``):
+    "other processes used 1.70 of 2 cores during measurement (36 s; guard's engine used 0.30)"."""
+    r = reading if isinstance(reading, ContentionReading) else ContentionReading.from_dict(reading)
+    text = f"other processes used {r.other_cores:.2f} of {r.cpus} cores"
+    if r.steal_cores >= 0.005:
+        text += f" and the hypervisor took {r.steal_cores:.2f} (steal)"
+    return text + f" during measurement ({r.window_s:.0f} s; guard's engine used {r.own_cores:.2f})"
 
 
 def op_name(c: OpCheck) -> str:

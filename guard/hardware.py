@@ -71,6 +71,30 @@ def mismatch(profile: Profile, hw: Hardware) -> str | None:
     return None
 
 
+def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int) -> str | None:
+    """Why this CPU is not the one the profile's TTFT budgets were measured on; None: it is (or
+    the budgets are not bound to a CPU). Not a reason to reject the run: op counts are judged on
+    any machine the profile matches, only the absolute TTFT budgets are not."""
+    bound = profile.ttft_hardware
+    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count):
+        return None
+    # the binding, not provenance.hardware: a hand-edited binding must not be described by stale provenance
+    return f"budget measured on {bound.describe()}; this machine is {cpu} ({cpu_count} cores)"
+
+
+_REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")
+
+
+def ttft_hardware_for(env: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``budgets.ttft_hardware`` binding for the machine a run recorded: its exact CPU model
+    (regex-escaped, anchored) and core count. None on a GPU (the profile's ``match`` already names
+    the device) or when the run recorded no CPU."""
+    if env.get("gpu") or env.get("cuda") or not env.get("cpu") or not env.get("cpu_count"):
+        return None
+    return {"cpu_model_regex": "^" + _REGEX_SPECIAL.sub(r"\\\1", str(env["cpu"])) + "$",
+            "cpu_count": int(env["cpu_count"])}
+
+
 def select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:
     """`auto`: the first profile whose hardware fits. A named profile must fit too: numbers
     measured on other hardware would be judged against the wrong budget (invalid, exit 3)."""
@@ -107,10 +131,12 @@ def git_commit(cwd: Path | None = None) -> str | None:
 def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
     """What results.json records about where and with what the numbers were measured."""
     why = mismatch(profile, hw)
+    ttft_why = ttft_hardware_problem(profile, hw.cpu_name, hw.cpu_count)
     fp: dict[str, Any] = {
         "hardware_profile": profile.name,
         "hardware_match": {"ok": why is None, "reason": why,
                            "rule": {"cuda": profile.match.cuda, "gpu_name_regex": profile.match.gpu_name_regex}},
+        "ttft_hardware_match": {"ok": ttft_why is None, "reason": ttft_why},
         "cuda": hw.cuda,
         "cpu": hw.cpu_name,
         "cpu_count": hw.cpu_count,

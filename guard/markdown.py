@@ -96,12 +96,15 @@ def _summary(results: Results) -> list[str]:
                 lines += _indented_block(rest)
         return lines if results.invalid_reasons else lines + ["- (no reason recorded)"]
     failed = results.failed
+    not_judged = [c for c in results.checks if c.status == Status.NOT_JUDGED]
     if not failed:
         inconclusive = [c for c in results.checks if c.status == Status.INCONCLUSIVE]
         line = f"**All {n} budgets held.**"
         if results.unmeasured_op_checks:
             line = (f"**All {n} measured budgets held; {len(results.unmeasured_op_checks)} op-count budget(s) "
                     "were not measured in this mode.**")
+        if not_judged:
+            line += f" {len(not_judged)} measured but not judged: see the notes."
         if inconclusive:
             line += (f" {len(inconclusive)} inconclusive: the confidence interval straddles the budget, "
                      "so it was judged on the point estimate.")
@@ -311,6 +314,9 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
         chart = _chart(results, ttft)
         if chart:
             lines += [""] + chart
+        reading = run.environment.get("cpu_contention")
+        if reading:
+            lines += ["", f"Machine during measurement: {text(fmt.contention(reading))}."]
 
     ops = results.op_checks
     if ops:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from guard import format as fmt
 from guard.budgets import Profile, Thresholds
+from guard.contention import ContentionSampler, contention_problems
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
 from guard.evaluate import op_checks
@@ -35,9 +36,12 @@ class GuardRun:
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                  progress: Callable[[str], None] = print, injected: str | None = None,
                  traces: str = TRACES_ON_FAILURE, driver: Driver | None = None,
-                 environment: dict | None = None, server_url: str | None = None) -> None:
+                 environment: dict | None = None, server_url: str | None = None,
+                 contention: ContentionSampler | None = None) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
         self.server_url = server_url.rstrip("/") if server_url else None
+        # what the rest of the machine does during the timing pass (guard.contention)
+        self.contention = contention if contention is not None else ContentionSampler()
         self.traces = traces
         self.progress = progress
         self.driver: Driver = driver or (lambda jobs, on_outcome: run_jobs(self.llm, profile.workload, jobs, on_outcome))
@@ -179,10 +183,25 @@ class GuardRun:
                           + "; ".join(d.describe() for d in pending)
                           + f"; measuring {extra} more (round {self.record.rounds + 1}, cap {stats.max_requests})")
 
-        measure_until_decided(self.profile.ttft_ms, stats, self.profile.workload.requests, self.measure,
-                              on_undecided=say_undecided,
-                              # a failed request makes the run invalid: stop measuring
-                              keep_going=lambda: all(o.success for o in self.record.measured))
+        env = self.record.environment
+        # Budgets measured on another CPU are shown, not judged: more requests would decide nothing.
+        budgets = self.profile.ttft_ms if (env.get("ttft_hardware_match") or {}).get("ok", True) else {}
+        limit = self.profile.validity.max_other_cpu_pct
+
+        def keep_going() -> bool:
+            if not all(o.success for o in self.record.measured):
+                return False  # a failed request makes the run invalid: stop measuring
+            so_far = self.contention.peek()
+            # over the limit: the run is invalid already, and more requests on a busy machine would not fix it
+            return so_far is None or not contention_problems(so_far.as_dict(), limit)
+
+        self.contention.start()
+        measure_until_decided(budgets, stats, self.profile.workload.requests, self.measure,
+                              on_undecided=say_undecided, keep_going=keep_going)
+        reading = self.contention.stop()
+        env["cpu_contention"] = reading.as_dict() if reading else None
+        if reading:
+            self.progress(f"CPU during measurement: {fmt.contention(reading)}")
         gpu_state = self.record.environment.get("gpu_state")
         if gpu_state is not None:  # the end of the timing pass, while the engine holds the device
             gpu_state["end"] = read_gpu_state()

@@ -104,6 +104,9 @@ def render_terminal(results: Results) -> str:
                 for c in results.unmeasured_op_checks]
         lines += _table(["op count (per request)", "op", "budget", "status"], rows, left=2)
         lines += [f"  {results.unmeasured_op_checks[0].reason}", ""]
+    reading = results.run.environment.get("cpu_contention")
+    if reading:
+        lines.append(f"machine: {fmt.contention(reading)}")
     lines += [f"invalid: {reason}" for reason in results.invalid_reasons]
     lines += [f"notice: {notice}" for notice in results.notices]
     lines.append(verdict_line(results))

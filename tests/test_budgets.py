@@ -65,7 +65,33 @@ def test_good_file_gives_typed_records(tmp_path: Path) -> None:
     assert p.ops[0].total_ops.rule == "exact" and p.ops[0].total_ops.fails(3) and not p.ops[0].total_ops.fails(2)
 
 
+def test_ttft_hardware_and_validity_records(tmp_path: Path) -> None:
+    p = load_thresholds(write(tmp_path, GOOD)).profile("cpu")
+    assert p.ttft_hardware is None and p.validity.max_other_cpu_pct == 5.0  # defaults: unbound, 5 %
+    text = GOOD.replace("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: 25}").replace(
+        "      ttft_ms: {p50: 9000, p99: 10000}",
+        "      ttft_ms: {p50: 9000, p99: 10000}\n      ttft_hardware: {cpu_model_regex: '^AMD EPYC', cpu_count: [2, 4]}")
+    p = load_thresholds(write(tmp_path, text)).profile("cpu")
+    assert p.validity.max_other_cpu_pct == 25.0
+    hw = p.ttft_hardware
+    assert hw.cpu_model_regex == "^AMD EPYC" and hw.cpu_count == (2, 4) and hw.line == 16
+    assert hw.fits("AMD EPYC 7B13", 2) and hw.fits("AMD EPYC", 4)
+    assert not hw.fits("AMD EPYC", 8) and not hw.fits("Intel(R) Xeon(R) Platinum 8375C", 2)
+    assert hw.describe() == "a CPU matching /^AMD EPYC/ with 2-4 cores"
+    exact = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]", "cpu_count: 2"))).profile("cpu")
+    assert exact.ttft_hardware.cpu_count == (2, 2) and exact.ttft_hardware.describe().endswith("with 2 cores")
+
+
+def test_shipped_cpu_budget_is_bound_to_this_projects_cpu() -> None:
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    assert not cpu.match.cuda  # still selected on any machine without CUDA: op counts run everywhere
+    assert cpu.ttft_hardware is not None and cpu.ttft_hardware.fits("AMD EPYC", 2)
+    assert not cpu.ttft_hardware.fits("Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", 8)
+    assert load_thresholds(SHIPPED_THRESHOLDS).profile("a10").ttft_hardware is None
+
+
 # (replace this, with that) -> expected line, key and words of the problem
+T = "      ttft_ms: {p50: 9000, p99: 10000}"
 BAD = [
     ("      requests: 3", "      requests: 3\n      reqests: 4", 11, "profiles.cpu.workload.reqests", "unknown key"),
     ("      requests: 3", "      requests: three", 10, "profiles.cpu.workload.requests", "expected an integer"),
@@ -86,6 +112,17 @@ BAD = [
     ("    match: {cuda: false}", "    match: {cuda: nope}", 5, "profiles.cpu.match.cuda", "expected true or false"),
     ("      image_sizes: [[640, 480]]", "      image_sizes: [[640]]", 11, "image_sizes[0]", "expected [width, height]"),
     ("  cpu:", "  cpu:\n    headroom_pct: 5\n    headroom_pct: 6", 6, "profiles.cpu.headroom_pct", "duplicate key"),
+    (T, T + "\n      ttft_hardware: {cpu_model_regex: '(EPYC'}", 15, "budgets.ttft_hardware.cpu_model_regex",
+     "not a valid regular expression"),
+    (T, T + "\n      ttft_hardware: {cpu_count: 0}", 15, "budgets.ttft_hardware.cpu_count", "must be >= 1"),
+    (T, T + "\n      ttft_hardware: {cpu_count: [8, 4]}", 15, "budgets.ttft_hardware.cpu_count", "min is above max"),
+    (T, T + "\n      ttft_hardware: {cpu_count: [2, 4, 8]}", 15, "budgets.ttft_hardware.cpu_count", "range [min, max]"),
+    (T, T + "\n      ttft_hardware: {cpu_modle_regex: EPYC}", 15, "budgets.ttft_hardware.cpu_modle_regex", "unknown key"),
+    (T, T + "\n      ttft_hardware: {}", 15, "budgets.ttft_hardware", "empty"),
+    (T + "\n", "      ttft_hardware: {cpu_count: 2}\n", 14, "budgets.ttft_hardware", "there are none"),
+    ("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: 150}", 5, "profiles.cpu.validity.max_other_cpu_pct", "0-100"),
+    ("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: -1}", 5, "profiles.cpu.validity.max_other_cpu_pct", "must be >= 0"),
+    ("  cpu:", "  cpu:\n    validity: {max_other_cores: 1}", 5, "profiles.cpu.validity.max_other_cores", "unknown key"),
 ]
 
 

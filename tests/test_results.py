@@ -137,3 +137,25 @@ def test_version_1_is_refused_with_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="schema version 1") as exc:
         load_results(path)
     assert "re-run `guard check`" in str(exc.value)
+
+
+def test_cpu_contention_reading_is_described_by_the_schema(cpu, tmp_path):
+    """environment.cpu_contention: every field of ContentionReading (plus lost_cores) is in the schema,
+    a recorded reading validates and round-trips, and a nonsense one is refused naming its path."""
+    from guard.contention import ContentionReading
+
+    props = json.loads(SCHEMA_FILE.read_text())["$defs"]["cpu_contention"]["properties"]
+    assert set(props) == set(field_names(ContentionReading)) | {"lost_cores"}
+    reading = ContentionReading(window_s=36.2, cpus=2, other_cores=0.07, steal_cores=0.01, own_cores=1.93,
+                                load_1m_start=1.1, load_1m_end=1.9, mhz_start=2596.1, mhz_end=2596.1, tree_processes=1)
+    run = record(spread(7.2, 6))
+    run.environment["cpu_contention"] = reading.as_dict()
+    path = tmp_path / "results.json"
+    write_json_atomic(path, results_to_dict(evaluate(cpu, run)))
+    assert ContentionReading.from_dict(load_results(path).run.environment["cpu_contention"]) == reading
+    data = json.loads(path.read_text())
+    data["run"]["environment"]["cpu_contention"]["other_cores"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        load_results(path)
+    assert "run.environment.cpu_contention.other_cores" in str(err.value)

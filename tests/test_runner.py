@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
-from guard.budgets import Statistics
+import pytest
+
+from guard.budgets import Statistics, TtftHardware
+from guard.contention import ContentionSampler
 from guard.evaluate import evaluate
 from guard.hardware import Hardware
 from guard.results import RequestOutcome, Verdict
@@ -31,11 +35,13 @@ class ScriptedDriver:
         return out
 
 
-def scripted_run(thresholds, profile, script, tmp_path):
-    """A real GuardRun with the scripted driver injected; returns it, the driver and its progress lines."""
+def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None):
+    """A real GuardRun with the scripted driver injected; returns it, the driver and its progress lines.
+    The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject)."""
     driver, lines = ScriptedDriver(script), []
     run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
-                   progress=lines.append, driver=driver, environment=dict(CPU_ENV))
+                   progress=lines.append, driver=driver, environment=dict(environment or CPU_ENV),
+                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"))
     return run, driver, lines
 
 
@@ -78,3 +84,44 @@ def test_run_stage_stops_resampling_after_a_failed_request(thresholds, cpu, tmp_
     assert driver.counts == [5]  # the run is invalid whatever more samples say
 
 
+
+
+# ----------------------------------------------------------------------------- the machine under the run
+CAPTURE = Path(__file__).parent / "fixtures" / "proc" / "busy-child-and-other"
+
+
+class RecordedSampler(ContentionSampler):
+    """The real sampler reading a recorded /proc: the first snapshot from start/, later ones from end/
+    (a busy machine: 1.30 of 2 cores used by others, see tests/test_contention.py)."""
+
+    def __init__(self):
+        root = int((CAPTURE / "README.txt").read_text().split()[0].split("=")[1])
+        super().__init__(root, proc=CAPTURE / "start", sys=CAPTURE / "no-sys")
+        self.snapshots = 0
+
+    def snapshot(self):
+        self.proc = CAPTURE / ("start" if self.snapshots == 0 else "end")
+        self.snapshots += 1
+        return super().snapshot()
+
+
+def test_a_busy_machine_stops_resampling_and_is_recorded(thresholds, cpu, tmp_path):
+    run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path, contention=RecordedSampler())
+    run.measure_until_decided()
+    assert driver.counts == [5]  # p90/p99 undecided, but more requests on a busy machine prove nothing
+    reading = run.record.environment["cpu_contention"]
+    assert reading["other_cores"] == pytest.approx(1.30, abs=0.01) and reading["cpus"] == 2
+    assert any(line.startswith("CPU during measurement: other processes used 1.30 of 2 cores") for line in lines)
+    res = evaluate(cpu, run.finish())
+    assert res.verdict == Verdict.INVALID
+    assert any("other processes used 1.30 of 2 cores" in r for r in res.invalid_reasons)
+
+
+def test_ttft_bound_to_another_cpu_measures_no_extra_rounds(thresholds, cpu, tmp_path):
+    profile = dataclasses.replace(cpu, ttft_hardware=TtftHardware(cpu_model_regex="^AMD EPYC$", cpu_count=(2, 2)))
+    env = {**CPU_ENV, "ttft_hardware_match": {"ok": False, "reason": "budget measured on ..."}}
+    run, driver, _ = scripted_run(thresholds, profile, [7.2] * 20, tmp_path, environment=env)
+    run.measure_until_decided()
+    assert driver.counts == [5]  # nothing to decide here: the workload's requests, shown, not judged
+    res = evaluate(profile, run.finish())
+    assert res.verdict == Verdict.PASS and {c.status for c in res.ttft_checks} == {"not_judged"}

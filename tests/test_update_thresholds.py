@@ -156,6 +156,9 @@ def test_formatting_diff_touches_only_the_budgets_and_provenance(tmp_path, capsy
         "        p99: 11000",
         '            "aten::copy_": { exact: 2 }   # quoted key, spaced flow mapping',
         "          total_ops: {max: 3}   # trailing comment stays",
+        # the TTFT budgets moved, so they are bound to the run's CPU (the file had no binding)
+        "      ttft_hardware:", r"        cpu_model_regex: '^Intel\(R\) Xeon\(R\) Platinum 8375C CPU @ 2\.90GHz$'",
+        "        cpu_count: 2",
         "    provenance:", *("      " + p for p in PROVENANCE_LINES), "      headroom_pct: 15",
     ]
     # The provenance block sits at the end of the cpu profile, before the blank line and final comment.
@@ -544,3 +547,75 @@ def test_provenance_is_loaded_with_dates_as_strings(tmp_path):
     prov = load_thresholds(y).profiles["cpu"].provenance
     assert prov == {"date": "2024-01-02", "commit": "deadbeef", "hardware": "old machine",
                     "note": "first baseline, by hand", "samples": 3}
+
+
+# ----------------------------------------------------------------------------- hardware-bound TTFT budgets
+def _shipped_copy(tmp_path: Path) -> Path:
+    y = tmp_path / "t.yaml"
+    shutil.copyfile(REAL, y)
+    return y
+
+
+def test_budget_bound_to_another_cpu_is_rewritten_and_rebound(tmp_path, capsys):
+    y = _shipped_copy(tmp_path)  # cpu profile: p50 7000 ms bound to ^AMD EPYC$ with 2 cores
+    old_p50 = load_thresholds(y).profile("cpu").ttft_ms["p50"]
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": old_p50 / 1.15},  # would be within hysteresis
+                     ops={("mask_path", (640, 480)): {"aten::_index_put_impl_": 0, "total_ops": 4},
+                          ("mask_path", (800, 400)): {"aten::_index_put_impl_": 0, "total_ops": 4}})
+    code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y))
+    assert code == 0, err
+    assert "rewritten for this CPU" in out and "AMD EPYC" in out
+    cpu = load_thresholds(y).profile("cpu")
+    assert cpu.ttft_hardware.fits(ENV["cpu"], 2) and not cpu.ttft_hardware.fits("AMD EPYC", 2)
+    assert cpu.ttft_hardware.cpu_count == (2, 2)
+    assert cpu.provenance["hardware"].startswith("Intel(R) Xeon(R)")
+
+
+def test_budget_bound_to_this_cpu_keeps_its_hysteresis(tmp_path, capsys):
+    y = _shipped_copy(tmp_path)
+    old_p50 = load_thresholds(y).profile("cpu").ttft_ms["p50"]
+    env = {**ENV, "cpu": "AMD EPYC"}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": old_p50 / 1.15}, env=env)
+    before = y.read_text()
+    code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == 0, err
+    assert y.read_text() == before and "no changes" in out
+
+
+def test_a_hand_written_range_that_fits_is_kept(tmp_path, capsys):
+    y = _shipped_copy(tmp_path)
+    y.write_text(y.read_text().replace("cpu_count: 2\n", "cpu_count: [2, 8]\n", 1))
+    env = {**ENV, "cpu": "AMD EPYC", "cpu_count": 4}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 9000.0}, env=env)  # moves
+    code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == 0, err
+    cpu = load_thresholds(y).profile("cpu")
+    assert cpu.ttft_ms["p50"] == 10400 and cpu.ttft_hardware.cpu_count == (2, 8)  # the range stays
+
+
+def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
+    """A run on another CPU: TTFT not judged; following the notice (a local copy, update-thresholds
+    --only ttft) gives a budget for this CPU that the same run is then judged against."""
+    import dataclasses
+
+    from guard.evaluate import evaluate
+
+    local = _shipped_copy(tmp_path)  # the notice's "copy the thresholds file to local.yaml"
+    profile = dataclasses.replace(load_thresholds(REAL).profile("cpu"), ops=())  # TTFT alone here
+    outcomes = [RequestOutcome(index=i, image_size=(640, 480), warmup=False, success=True, ttft_client_s=9.0 + i / 100)
+                for i in range(6)]
+    run = RunRecord(profile="cpu", thresholds_path=str(REAL), model="deepseek-ocr-2", environment=dict(ENV),
+                    outcomes=outcomes, rounds=1)
+    first = evaluate(profile, run, output=tmp_path)
+    assert first.verdict == Verdict.PASS and {c.status for c in first.ttft_checks} == {Status.NOT_JUDGED}
+    (notice,) = [n for n in first.notices if n.startswith("TTFT not judged")]
+    assert f"guard update-thresholds --from {tmp_path / 'results.json'} --thresholds local.yaml --only ttft" in notice
+    write_json_atomic(tmp_path / "results.json", results_to_dict(first))
+    code, out, err = guard(capsys, "--from", str(tmp_path / "results.json"), "--thresholds", str(local), "--only", "ttft")
+    assert code == 0, err
+    mine = dataclasses.replace(load_thresholds(local).profile("cpu"), ops=())
+    assert mine.ttft_ms["p50"] == 10400  # 9025 ms + 15 %, 3 significant figures up
+    again = evaluate(mine, run, output=tmp_path)
+    assert [c.status for c in again.ttft_checks] == [Status.PASS]
+    assert load_thresholds(REAL).profile("cpu").ttft_ms == profile.ttft_ms  # the shipped file is untouched
+    assert mine.ttft_hardware.fits(ENV["cpu"], 2)

@@ -15,6 +15,7 @@ from guard.errors import ExitCode
 from guard.evaluate import evaluate
 from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
 from guard.results import RequestOutcome, RunRecord, Verdict
+from guard.contention import ContentionSampler
 from guard.runner import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
@@ -262,8 +263,80 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
         return [dataclasses.replace(o, index=j.index) for j, o in zip(jobs, outcomes(len(jobs), 2.283))]
 
     run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
-                   progress=lambda m: None, driver=driver)
+                   progress=lambda m: None, driver=driver, contention=ContentionSampler(proc=tmp_path / "no-proc"))
     run.measure_until_decided()
     state = run.record.environment["gpu_state"]
     assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]
     assert_invalid(evaluate(a10, run.finish()), "throttled at the end of the run: hw_slowdown")
+
+
+# ----------------------------------------------------------------------------- CPU contention, hardware-bound TTFT
+from guard.budgets import TtftHardware, Validity  # noqa: E402
+from guard.contention import ContentionReading  # noqa: E402
+from guard.markdown import render_markdown  # noqa: E402
+from guard.results import Status  # noqa: E402
+from guard.terminal import render_terminal  # noqa: E402
+
+BOUND_HERE = TtftHardware(cpu_model_regex="^Test CPU$", cpu_count=(2, 2))
+BOUND_ELSEWHERE = TtftHardware(cpu_model_regex="^AMD EPYC$", cpu_count=(2, 2))
+
+
+def busy(other: float, steal: float = 0.0) -> dict:
+    return ContentionReading(window_s=40.0, cpus=2, other_cores=other, steal_cores=steal, own_cores=1.9).as_dict()
+
+
+def contended_run(other: float, **changes) -> RunRecord:
+    return cpu_run(environment={**env_for("cpu", None), "cpu_contention": busy(other)}, **changes)
+
+
+def test_a_busy_machine_makes_the_absolute_run_invalid_not_a_regression(cpu):
+    profile = dataclasses.replace(cpu, ttft_ms={"p50": 6000}, ttft_hardware=BOUND_HERE)  # 7.2 s: would fail
+    res = evaluate(profile, contended_run(1.7))
+    assert_invalid(res, "other processes used 1.70 of 2 cores during measurement")
+    assert any("validity.max_other_cpu_pct" in r for r in res.invalid_reasons)
+
+
+def test_a_quiet_machine_passes_the_gate(cpu):
+    res = evaluate(dataclasses.replace(cpu, ttft_hardware=BOUND_HERE), contended_run(0.1))
+    assert res.verdict == Verdict.PASS and res.invalid_reasons == []
+
+
+def test_the_limit_is_the_profiles(cpu):
+    loose = dataclasses.replace(cpu, validity=Validity(max_other_cpu_pct=90))
+    assert evaluate(loose, contended_run(1.7)).verdict == Verdict.PASS
+
+
+def test_ttft_bound_to_another_cpu_is_shown_not_judged(cpu, tmp_path):
+    profile = dataclasses.replace(cpu, ttft_ms={"p50": 6000}, ttft_hardware=BOUND_ELSEWHERE,
+                                  provenance={"hardware": "AMD EPYC (2 cores)"})
+    res = evaluate(profile, cpu_run(), output=tmp_path)
+    assert res.verdict == Verdict.PASS and res.exit_code == 0  # 7.2 s > 6 s, but not judged here
+    (c,) = res.ttft_checks
+    assert c.status == Status.NOT_JUDGED and c.measured_ms == pytest.approx(7250.4)
+    assert c.note == ("not judged: budget measured on a CPU matching /^AMD EPYC$/ with 2 cores; "
+                      "this machine is Test CPU (2 cores)")
+    (notice,) = res.notices
+    assert "guard update-thresholds --from" in notice and "A/B" in notice
+    term = render_terminal(res)
+    assert "not judged: budget measured on a CPU matching /^AMD EPYC$/" in term
+    assert term.splitlines()[-1].endswith("all 0 budgets held")  # the profile's ops were cut: nothing judged
+    md = render_markdown(res)
+    assert "not judged" in md and "AMD EPYC" in md
+
+
+def test_reports_show_the_contention_reading(cpu):
+    res = evaluate(cpu, contended_run(0.05))
+    line = "other processes used 0.05 of 2 cores during measurement (40 s; guard's engine used 1.90)"
+    assert f"machine: {line}" in render_terminal(res)
+    assert f"Machine during measurement: {line}." in render_markdown(res)
+
+
+def test_contention_does_not_invalidate_ttft_that_is_not_judged(cpu):
+    profile = dataclasses.replace(cpu, ttft_hardware=BOUND_ELSEWHERE)
+    res = evaluate(profile, contended_run(1.7))
+    assert res.verdict == Verdict.PASS and res.invalid_reasons == []
+
+
+def test_an_unbound_budget_is_judged_on_any_cpu(cpu):
+    res = evaluate(dataclasses.replace(cpu, ttft_ms={"p50": 6000}, ttft_hardware=None), cpu_run())
+    assert res.verdict == Verdict.REGRESSION

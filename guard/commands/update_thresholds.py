@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from guard import yamledit
 from guard.budgets import Profile, Thresholds, load_thresholds
 from guard.errors import ConfigError, GuardError, UsageError
-from guard.hardware import git_commit
+from guard.hardware import git_commit, ttft_hardware_for
 from guard.results import TOTAL_OPS, Results, Verdict, load_results
 
 SIGNIFICANT_FIGURES = 3
@@ -48,6 +48,7 @@ class Change:
     unit: str  # "ms" | "calls"
     applied: bool
     increase: bool = False  # an op-count budget raised: needs --allow-increase
+    rebound: bool = False  # TTFT: the budget was bound to another CPU (or to none); rewritten for this one
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Plan:
     headroom_pct: float
     changes: tuple[Change, ...]
     provenance: dict[str, Any] = field(default_factory=dict)
+    ttft_hardware: dict[str, Any] | None = None  # budgets.ttft_hardware to write (with the TTFT budgets)
+    bound_to: str = ""  # the hardware the old TTFT budgets were bound to, for the summary
 
     @property
     def applied(self) -> list[Change]:
@@ -161,13 +164,18 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
                 allow_increase: bool, provenance: dict[str, Any]) -> Plan:
     base = ("profiles", profile.name, "budgets")
     changes: list[Change] = []
+    binding = None
     if only != "ops":
         measured = {c.percentile: c.measured_ms for c in results.ttft_checks}
+        binding = _rebinding(profile, results.run.environment or {})
+        # Bound to another CPU: that budget says nothing about this one, so rewrite it even within
+        # hysteresis. Bound to none yet: the binding is written only when a TTFT budget moves.
+        elsewhere = binding is not None and profile.ttft_hardware is not None
         for key, old in profile.ttft_ms.items():
             got = measured[key]  # present and positive: check_usable ran first
             new = ttft_budget(got, headroom_pct)
-            changes.append(Change(base + profile.ttft_ms_key + (key,), ".".join(profile.ttft_ms_key + (key,)), old, new, got, "ms",
-                                  applied=moves(old, new, headroom_pct)))
+            changes.append(Change(base + profile.ttft_ms_key + (key,), ".".join(profile.ttft_ms_key + (key,)), old, new, got,
+                                  "ms", applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
     if only != "ttft":
         counts = _op_measurements(results)
         for sb in profile.ops:
@@ -181,7 +189,8 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
                 changes.append(Change(base + ("ops", sb.name) + sub + (budget.rule,),
                                       f"{sb.name}.{'.'.join(sub)} ({budget.rule})", budget.count, got, got, "calls",
                                       applied=True, increase=got > budget.count))
-    plan = Plan(profile.name, headroom_pct, tuple(changes), provenance)
+    bound_to = profile.ttft_hardware.describe() if profile.ttft_hardware else ""
+    plan = Plan(profile.name, headroom_pct, tuple(changes), provenance, ttft_hardware=binding, bound_to=str(bound_to))
     if plan.increases and not allow_increase:
         rises = ", ".join(f"{c.label} {_num(c.old)} -> {_num(c.new)}" for c in plan.increases)
         raise UsageError(
@@ -192,6 +201,18 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
     return plan
 
 
+def _rebinding(profile: Profile, env: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``budgets.ttft_hardware`` to write with the TTFT budgets: the run's CPU, when the profile
+    is a CPU profile whose TTFT budgets are bound to no CPU or to another one. None: keep it."""
+    binding = ttft_hardware_for(env)
+    if binding is None or not profile.ttft_ms or profile.match.cuda:
+        return None
+    bound = profile.ttft_hardware
+    if bound is not None and bound.fits(str(env.get("cpu")), int(env.get("cpu_count") or 0)):
+        return None  # the run's machine is the budget's (a hand-written range or pattern stays)
+    return binding
+
+
 def render(text: str, plan: Plan) -> str:
     """The YAML text with the plan applied; unchanged text when nothing moves (no provenance churn)."""
     if not plan.applied:
@@ -200,8 +221,13 @@ def render(text: str, plan: Plan) -> str:
     edits = [e for c in plan.applied if (e := yamledit.set_scalar(text, root, c.path, c.new))]
     prov_path = ("profiles", plan.profile, PROVENANCE_KEY)
     edits += yamledit.set_mapping(text, root, prov_path, plan.provenance)
+    expected: dict[tuple[str, ...], Any] = {**{c.path: c.new for c in plan.applied}, prov_path: plan.provenance}
+    if plan.ttft_hardware is not None and any(c.unit == "ms" for c in plan.applied):
+        hw_path = ("profiles", plan.profile, "budgets", "ttft_hardware")
+        edits += yamledit.set_mapping(text, root, hw_path, plan.ttft_hardware)
+        expected[hw_path] = plan.ttft_hardware
     new_text = yamledit.apply(text, edits)
-    yamledit.verify(text, new_text, {**{c.path: c.new for c in plan.applied}, prov_path: plan.provenance})
+    yamledit.verify(text, new_text, expected)
     return new_text
 
 
@@ -325,10 +351,16 @@ def _print_summary(plan: Plan, out: TextIO) -> None:
         if c.unit == "ms":
             why = f"measured {c.measured:.1f} ms + {_num(plan.headroom_pct)} %"
             what = f"{old} -> {new} ms" if c.applied else f"{old} ms kept (would be {new}: within ±{band:.3g} %)"
+            if c.rebound:
+                what += f" (the budget was measured on {plan.bound_to}: rewritten for this CPU)"
         else:
             why = f"measured {int(c.measured)}"
             what = f"{old} -> {new} calls" + (" RAISED" if c.increase else " (ratchet down)")
         print(f"  {c.label}: {what}; {why}", file=out)
+    if plan.ttft_hardware is not None and any(c.unit == "ms" for c in plan.applied):
+        hw = plan.ttft_hardware
+        print(f"  ttft_hardware: TTFT budgets bound to /{hw['cpu_model_regex']}/ with {hw['cpu_count']} cores; "
+              "elsewhere TTFT is shown, not judged", file=out)
 
 
 def _warning(plan: Plan) -> str:
