@@ -24,8 +24,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--guard-profile", default=None, help="hardware profile to run (auto, cpu, a10, ...); enables the suite")
     g.addoption("--guard-thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
     g.addoption("--guard-output", default="guard-results", help="where run.json and traces go")
-    g.addoption("--guard-inject", default=None, choices=["legacy-mask"],
-                help="canary: re-inject the pre-#49531 mask before measuring (the guard must fail)")
+    from guard.mutants import INJECTABLE
+
+    g.addoption("--guard-inject", default=None, choices=["legacy-mask", *INJECTABLE],
+                help="canary: re-inject the pre-#49531 mask, or apply a source-level test mutant of vLLM "
+                     "(guard/mutants.py), before measuring")
     g.addoption("--guard-traces", default="on-failure", choices=["on-failure", "always"],
                 help="save the profiled requests' Chrome traces always, or only when an op budget fails")
     g.addoption("--guard-record-only", action="store_true", help="only write run.json; the caller (guard check) judges and reports it")
@@ -63,7 +66,12 @@ def guard_run(pytestconfig: pytest.Config):
                        progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"),
                        traces=pytestconfig.getoption("guard_traces"))
         pytestconfig.stash[RUN_KEY] = run
-        if run.record.injected:
+        if run.record.injected and run.record.injected.startswith("mutant:"):
+            from guard.mutants import install
+
+            mutant = install(run.record.injected)  # before the engine imports vLLM's model code
+            run.progress(f"MUTANT {mutant.name}: {mutant.what} ({mutant.function}); expected verdict: {mutant.expect}")
+        elif run.record.injected:
             from guard.canary import inject_legacy_mask
 
             run.progress("CANARY: the pre-#49531 mask is injected; this run must fail")

@@ -109,6 +109,9 @@ class RunRecord:
     outcomes: list[RequestOutcome] = field(default_factory=list)
     rounds: int = 0  # timing rounds (1 + resampling rounds)
     op_counts: list[ScopeCounts] = field(default_factory=list)
+    # the operator census per profiled image size: "WxH" -> "file:qualname" -> op -> calls
+    census: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    census_s: float = 0.0  # time spent counting the census (its cost in the profile pass)
     invalid_reasons: list[str] = field(default_factory=list)
     benchmark_json: str | None = None
     traces: list[str] = field(default_factory=list)  # compressed Chrome traces, relative to the output dir

@@ -17,6 +17,7 @@ from pathlib import Path
 from guard import __version__
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.canary import LEGACY_MASK
+from guard.mutants import INJECTABLE
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
 from guard.hardware import detect, select_profile
@@ -31,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="auto", help="hardware profile: auto (default), cpu, a10, ...")
     parser.add_argument("--thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for results.json, report.md, traces (default: %(default)s)")
-    parser.add_argument("--inject", choices=[LEGACY_MASK], default=None,
-                        help="canary: run with the pre-#49531 mask re-injected; the check must then fail")
+    parser.add_argument("--inject", choices=[LEGACY_MASK, *INJECTABLE], default=None, metavar="CANARY",
+                        help="canary: legacy-mask (the pre-#49531 mask re-injected), or mutant:NAME, a source-level "
+                             f"test edit of vLLM's vision path ({', '.join(INJECTABLE)}); see docs/census.md")
     parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",
                         help="save Chrome traces of the profiled requests only when an op budget fails (default), or always")
 

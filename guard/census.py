@@ -1,0 +1,317 @@
+"""The operator census: per Python function, how many operator calls it issued itself.
+
+Named scopes (guard/probes.py) budget the code paths someone already knows to watch. The census
+watches everything under its roots (default: the vLLM package): for one profiled request, every
+operator call is charged to the *innermost* frame on its Python stack whose file lies under a
+root ("self" counts: a call made by a helper under the root is the helper's, not its caller's),
+broken down by op name. A host-side loop of small tensor ops anywhere in the model shows up as
+one function whose counts grew, wherever it was written.
+
+A function is named ``file:qualname`` (``vllm/model_executor/models/deepencoder2.py:
+Qwen2Decoder2Encoder.forward``): the file relative to its package's parent folder, and the
+qualified name, never a line number (lines move with every edit). torch.profiler records
+``file(first line): co_name``; ``QualnameResolver`` turns that into the qualified name by compiling
+the module's source (through ``linecache``, so a source-level mutant resolves against the source
+that actually ran) and looking the code object up by first line and name.
+
+Everything here is pure over ``guard.probes.ProfEvent`` records except the resolver, which reads
+source files; tests pass recorded events and a resolver over the installed vLLM.
+
+The baseline file (``*.census.json``, written by ``guard update-thresholds``) holds one census per
+profiled image size, one line per function, sorted, so a review diff shows exactly the functions
+that changed.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import sys
+import types
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from guard.budgets import DEFAULT_ROOTS, CensusRule
+from guard.errors import ConfigError
+from guard.probes import FRAME_RE, HTOD_PREFIX, MEMCPY_HTOD, SYNC_CALLS, CUDA_SYNC, ProfEvent
+
+CENSUS_SCHEMA = "guard/census"
+CENSUS_SCHEMA_VERSION = 1
+
+# function "file:qualname" -> op -> calls, for one profiled request
+FunctionCounts = dict[str, dict[str, int]]
+# "WxH" -> FunctionCounts
+Census = dict[str, FunctionCounts]
+
+
+def size_key(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+# ----------------------------------------------------------------------------- qualified names
+class QualnameResolver:
+    """``(file relative to sys.path, first line, co_name) -> co_qualname``, by compiling the source.
+
+    Relative profiler paths are found under ``sys.path``; the source comes from ``linecache`` (a
+    mutant registers its patched source there). Unresolvable frames keep their bare name.
+    """
+
+    def __init__(self, search_path: Iterable[str] | None = None) -> None:
+        self._search = [p for p in (search_path if search_path is not None else sys.path) if p]
+        self._files: dict[str, dict[tuple[int, str], str]] = {}
+
+    def _absolute(self, rel: str) -> str | None:
+        if os.path.isabs(rel):
+            return rel
+        for base in self._search:
+            candidate = os.path.join(base, rel)
+            if os.path.isfile(candidate):
+                return candidate
+        return None
+
+    def _table(self, rel: str) -> dict[tuple[int, str], str]:
+        table = self._files.get(rel)
+        if table is None:
+            table = {}
+            path = self._absolute(rel)
+            lines = linecache.getlines(path) if path else []
+            if lines:
+                try:
+                    code = compile("".join(lines), path, "exec", dont_inherit=True)
+                except (SyntaxError, ValueError):
+                    code = None
+                stack = [code] if code is not None else []
+                while stack:
+                    c = stack.pop()
+                    table.setdefault((c.co_firstlineno, c.co_name), getattr(c, "co_qualname", c.co_name))
+                    stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+            self._files[rel] = table
+        return table
+
+    def __call__(self, file: str, line: int, name: str) -> str:
+        return self._table(file).get((line, name), name)
+
+
+def bare_name(file: str, line: int, name: str) -> str:
+    """A resolver that keeps the profiler's bare function name (for tests without sources)."""
+    return name
+
+
+# ----------------------------------------------------------------------------- counting
+def _under(file: str, roots: tuple[str, ...]) -> bool:
+    file = file.replace("\\", "/")
+    return any(file == r or file.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def function_of(stack: tuple[str, ...], roots: tuple[str, ...],
+                resolve: Callable[[str, int, str], str]) -> str | None:
+    """The innermost frame under a root, as ``file:qualname``; None when no frame is under one."""
+    for frame in stack:
+        m = FRAME_RE.match(frame)
+        if m and _under(m.group("file"), roots):
+            file = m.group("file").replace("\\", "/")
+            return f"{file}:{resolve(file, int(m.group('line')), m.group('func'))}"
+    return None
+
+
+def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAULT_ROOTS,
+                    resolve: Callable[[str, int, str], str] = bare_name) -> FunctionCounts:
+    """One profiled request's census: function -> op -> calls, sorted by function then op.
+
+    CUDA runtime calls are not operators; the blocking ones count as ``cuda::sync``, and a device
+    "Memcpy HtoD" an operator launched counts once more as ``cuda::memcpy_htod`` on its function.
+    """
+    counts: dict[str, Counter[str]] = {}
+    memo: dict[tuple[str, ...], str | None] = {}
+    for e in events:
+        if not e.is_op:
+            continue
+        if e.name.startswith("cuda"):
+            if e.name not in SYNC_CALLS:
+                continue
+            label = CUDA_SYNC
+        else:
+            label = e.name
+        fn = memo.get(e.stack, "?")
+        if fn == "?":
+            fn = memo[e.stack] = function_of(e.stack, roots, resolve)
+        if fn is None:
+            continue
+        c = counts.setdefault(fn, Counter())
+        c[label] += 1
+        htod = sum(1 for k in e.device_activity if k.startswith(HTOD_PREFIX))
+        if htod:
+            c[MEMCPY_HTOD] += htod
+    return {fn: dict(sorted(c.items())) for fn, c in sorted(counts.items())}
+
+
+def total_calls(ops: Mapping[str, int]) -> int:
+    """Operator calls of one function; pseudo-ops (CUDA activity) are not operator calls."""
+    return sum(n for op, n in ops.items() if not op.startswith("cuda::"))
+
+
+def without(census: FunctionCounts, excluded: Iterable[str]) -> FunctionCounts:
+    drop = set(excluded)
+    return {fn: ops for fn, ops in census.items() if fn not in drop}
+
+
+def unstable_functions(runs: list[FunctionCounts]) -> dict[str, list[int]]:
+    """Functions whose counts differ between runs of the same request: name -> totals per run."""
+    names = sorted(set().union(*runs)) if runs else []
+    return {fn: [total_calls(r.get(fn, {})) for r in runs] for fn in names
+            if any(r.get(fn) != runs[0].get(fn) for r in runs[1:])}
+
+
+# ----------------------------------------------------------------------------- rule and diff
+@dataclass(frozen=True)
+class FunctionDiff:
+    """One function of one image size whose census differs from the baseline."""
+
+    image_size: tuple[int, int]
+    function: str  # "file:qualname"
+    baseline_calls: int | None  # None: the function is not in the baseline (new)
+    measured_calls: int | None  # None: the function no longer issues any op (vanished)
+    op_deltas: tuple[tuple[str, int], ...]  # (op, measured - baseline), largest growth first
+    failed: bool
+    reason: str  # why it failed, or "" for a notice (shrinkage, vanished, growth within slack)
+    watched: tuple[str, ...] = ()  # watched ops that grew
+
+    @property
+    def growth_calls(self) -> int:
+        return (self.measured_calls or 0) - (self.baseline_calls or 0)
+
+    def describe_ops(self, limit: int = 6) -> str:
+        """``+256 aten::copy_, +256 aten::select`` (the ops that moved, largest growth first)."""
+        parts = [f"{d:+d} {op}" for op, d in self.op_deltas[:limit]]
+        if len(self.op_deltas) > limit:
+            parts.append(f"... {len(self.op_deltas) - limit} more")
+        return ", ".join(parts)
+
+
+def _op_deltas(base: Mapping[str, int], got: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    deltas = [(op, got.get(op, 0) - base.get(op, 0)) for op in set(base) | set(got)]
+    return tuple(sorted(((op, d) for op, d in deltas if d), key=lambda od: (-od[1], od[0])))
+
+
+def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCounts,
+            measured: FunctionCounts) -> list[FunctionDiff]:
+    """Every function whose counts differ, failures first, by growth. Excluded functions are skipped.
+
+    - in both, grown: fails when the growth exceeds both ``max_growth_pct`` of the baseline and
+      ``min_growth_calls``; or when a watched op grew at all;
+    - new: fails above ``new_function_max_calls``, or with any watched op;
+    - shrunk or vanished: a notice (the baseline can be ratcheted down).
+    """
+    watch = set(rule.watch)
+    out = []
+    for fn in sorted(set(baseline) | set(measured)):
+        if fn in rule.exclude:
+            continue
+        base, got = baseline.get(fn), measured.get(fn)
+        if base == got:
+            continue
+        deltas = _op_deltas(base or {}, got or {})
+        if not deltas:
+            continue
+        grew_watched = tuple(op for op, d in deltas if d > 0 and op in watch)
+        b, m = (total_calls(base) if base is not None else None), (total_calls(got) if got is not None else None)
+        reason = ""
+        if base is None:
+            if m > rule.new_function_max_calls:
+                reason = f"new function with {m} op calls > new_function_max_calls {rule.new_function_max_calls}"
+        elif got is not None and m > b:
+            growth = m - b
+            if growth > b * rule.max_growth_pct / 100.0 and growth > rule.min_growth_calls:
+                reason = (f"+{growth} op calls: more than {rule.max_growth_pct:g} % of {b} and more than "
+                          f"{rule.min_growth_calls} calls")
+        if grew_watched:
+            why = "watched op(s) grew: " + ", ".join(f"{op} {dict(deltas)[op]:+d}" for op in grew_watched)
+            reason = f"{reason}; {why}" if reason else why
+        out.append(FunctionDiff(image_size=image_size, function=fn, baseline_calls=b, measured_calls=m,
+                                op_deltas=deltas, failed=bool(reason), reason=reason, watched=grew_watched))
+    out.sort(key=lambda d: (not d.failed, -d.growth_calls, d.function))
+    return out
+
+
+# ----------------------------------------------------------------------------- baseline file
+@dataclass(frozen=True)
+class Baseline:
+    path: Path
+    model: str
+    profile: str
+    roots: tuple[str, ...]
+    census: Census  # "WxH" -> function -> op -> calls
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    excluded: Mapping[str, str] = field(default_factory=dict)  # as stated when it was written
+
+
+def render_baseline(model: str, profile: str, roots: tuple[str, ...], census: Census,
+                    provenance: Mapping[str, Any], excluded: Mapping[str, str]) -> str:
+    """JSON with one line per function, sorted: a review diff names exactly the functions that moved."""
+    dump = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=False)  # noqa: E731
+    lines = ["{",
+             f'  "schema": {dump(CENSUS_SCHEMA)},',
+             f'  "schema_version": {CENSUS_SCHEMA_VERSION},',
+             f'  "model": {dump(model)},',
+             f'  "profile": {dump(profile)},',
+             f'  "roots": {dump(list(roots))},',
+             f'  "provenance": {dump(dict(provenance))},',
+             '  "excluded": {']
+    ex = sorted(excluded.items())
+    lines += [f"    {dump(fn)}: {dump(why)}{',' if i < len(ex) - 1 else ''}" for i, (fn, why) in enumerate(ex)]
+    lines += ["  },", '  "census": {']
+    sizes = sorted(census, key=lambda s: tuple(int(x) for x in s.split("x")))
+    for si, size in enumerate(sizes):
+        lines.append(f"    {dump(size)}: {{")
+        fns = sorted(census[size].items())
+        lines += [f"      {dump(fn)}: {dump(ops)}{',' if i < len(fns) - 1 else ''}" for i, (fn, ops) in enumerate(fns)]
+        lines.append("    }" + ("," if si < len(sizes) - 1 else ""))
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def load_baseline(path: Path) -> Baseline:
+    """Read and validate a census baseline file (ConfigError naming the file, line and key)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "(file)", "no such census baseline",
+                          hint="write it with `guard check` then `guard update-thresholds --from "
+                               "guard-results/results.json`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), exc.lineno, "(syntax)", f"not valid JSON: {exc.msg}") from None
+
+    def bad(key: str, problem: str) -> ConfigError:
+        needle = f'"{key.rsplit(".", 1)[-1]}"'
+        line = next((i + 1 for i, t in enumerate(text.splitlines()) if needle in t), None)
+        return ConfigError(str(path), line, key, problem)
+
+    if not isinstance(data, dict) or data.get("schema") != CENSUS_SCHEMA:
+        raise bad("schema", f"not a {CENSUS_SCHEMA} file")
+    if data.get("schema_version") != CENSUS_SCHEMA_VERSION:
+        raise bad("schema_version", f"unknown schema version {data.get('schema_version')!r}; "
+                                    f"this guard reads {CENSUS_SCHEMA_VERSION}")
+    for key, kind in (("model", str), ("profile", str), ("roots", list), ("census", dict),
+                      ("provenance", dict), ("excluded", dict)):
+        if not isinstance(data.get(key), kind):
+            raise bad(key, f"expected {'a string' if kind is str else 'a list' if kind is list else 'a mapping'}")
+    census: Census = {}
+    for size, fns in data["census"].items():
+        parts = size.split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or not isinstance(fns, dict):
+            raise bad(f"census.{size}", "expected \"WxH\": {function: {op: calls}}")
+        for fn, ops in fns.items():
+            if not isinstance(ops, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                    for n in ops.values()):
+                raise bad(f"census.{size}.{fn}", "expected {op: calls} with calls a non-negative integer")
+        census[size] = {fn: dict(ops) for fn, ops in fns.items()}
+    return Baseline(path=Path(path), model=data["model"], profile=data["profile"], roots=tuple(data["roots"]),
+                    census=census, provenance=data["provenance"], excluded=data["excluded"])
