@@ -315,3 +315,148 @@ def load_baseline(path: Path) -> Baseline:
         census[size] = {fn: dict(ops) for fn, ops in fns.items()}
     return Baseline(path=Path(path), model=data["model"], profile=data["profile"], roots=tuple(data["roots"]),
                     census=census, provenance=data["provenance"], excluded=data["excluded"])
+
+
+# ----------------------------------------------------------------------------- judging a run
+NO_BASELINE = "no census baseline"  # the one invalid reason update-thresholds may write a baseline past
+
+
+@dataclass(frozen=True)
+class CensusJudgement:
+    """The census of one run against its baseline: every differing function, and why the
+    comparison could not be made (``invalid``: the run cannot be judged)."""
+
+    diffs: tuple[FunctionDiff, ...] = ()
+    invalid: tuple[str, ...] = ()
+    functions: int = 0  # functions judged (over all image sizes)
+
+    @property
+    def failed(self) -> tuple[FunctionDiff, ...]:
+        return tuple(d for d in self.diffs if d.failed)
+
+    @property
+    def notices(self) -> tuple[FunctionDiff, ...]:
+        return tuple(d for d in self.diffs if not d.failed)
+
+
+def parse_size(key: str) -> tuple[int, int]:
+    w, h = key.split("x")
+    return int(w), int(h)
+
+
+def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
+          sizes: Iterable[tuple[int, int]], *, model: str, profile: str, update_command: str) -> CensusJudgement:
+    """Compare every profiled image size's census with the baseline. Pure."""
+    invalid = []
+    sizes = [size_key(s) for s in sizes]
+    for s in sizes:
+        if s not in measured:
+            invalid.append(f"census: no census was measured for a {s} image")
+        elif not measured[s]:
+            invalid.append(f"census: no operator call of the {s} request was under {', '.join(rule.roots)}: "
+                           "the profiler recorded no Python frames there, so the census proves nothing")
+    if baseline is None:
+        invalid.append(f"census: {NO_BASELINE} at {rule.baseline}; write it from this run with `{update_command}`")
+        return CensusJudgement(invalid=tuple(invalid))
+    if (baseline.model, baseline.profile) != (model, profile):
+        invalid.append(f"census: baseline {baseline.path} is for model '{baseline.model}', profile "
+                       f"'{baseline.profile}', not '{model}', '{profile}'")
+    if tuple(baseline.roots) != tuple(rule.roots):
+        invalid.append(f"census: baseline {baseline.path} counted under roots {list(baseline.roots)}, the rule says "
+                       f"{list(rule.roots)}; rewrite it with `{update_command}`")
+    for s in sizes:
+        if s in measured and s not in baseline.census:
+            invalid.append(f"census: baseline {baseline.path} has no {s} census (a new profile image size?); "
+                           f"write it with `{update_command}`")
+    if invalid:
+        return CensusJudgement(invalid=tuple(invalid))
+    diffs: list[FunctionDiff] = []
+    judged = 0
+    for s in sizes:
+        judged += len(set(measured[s]) | set(baseline.census[s]))
+        diffs += compare(rule, parse_size(s), without(baseline.census[s], rule.exclude), measured[s])
+    diffs.sort(key=lambda d: (not d.failed, -d.growth_calls, d.function, d.image_size))
+    return CensusJudgement(diffs=tuple(diffs), functions=judged)
+
+
+# ----------------------------------------------------------------------------- update-thresholds
+@dataclass(frozen=True)
+class CensusPlan:
+    """A new census baseline for ``guard update-thresholds``: the text, and what moved."""
+
+    path: Path
+    old_text: str | None  # None: no baseline yet
+    new_text: str
+    functions: int
+    decreases: tuple[str, ...] = ()
+    increases: tuple[str, ...] = ()  # "640x480 file:fn: 10 -> 522 op calls (+256 aten::copy_, ...)"
+
+    def summary(self) -> list[str]:
+        if self.old_text is None:
+            return [f"census: writing the first baseline {self.path} ({self.functions} functions)"]
+        return [f"census: {self.path}: {len(self.decreases)} function(s) down (accepted), "
+                f"{len(self.increases)} up" + (" (need --allow-increase)" if self.increases else "")]
+
+
+def plan_census(profile, model: str, run_census: Census, *, provenance: Mapping[str, Any],
+                allow_increase: bool, results_path: Path) -> CensusPlan:
+    """The baseline this run's census gives (excluded functions left out). Decreases are always
+    accepted; any function whose op calls grew, or a new one, needs ``allow_increase``."""
+    from guard.errors import UsageError
+
+    rule: CensusRule = profile.census
+    sizes = [size_key(s) for s in profile.workload.profile_image_sizes]
+    missing = [s for s in sizes if not run_census.get(s)]
+    if missing:
+        raise ConfigError(str(results_path), None, "run.census",
+                          f"this run has no census for {', '.join(missing)}",
+                          hint=f"run `guard check --profile {profile.name}` with the census rule in place")
+    census = {s: without(run_census[s], rule.exclude) for s in sizes}
+    old: Baseline | None = load_baseline(rule.baseline) if rule.baseline.exists() else None
+    old_text = rule.baseline.read_text(encoding="utf-8") if old is not None else None
+    ups: list[tuple[int, str]] = []
+    downs: list[str] = []
+    if old is not None:
+        for s in sizes:
+            before = old.census.get(s, {})
+            for fn in sorted(set(before) | set(census[s])):
+                b, m = before.get(fn, {}), census[s].get(fn, {})
+                if b == m:
+                    continue
+                deltas = _op_deltas(b, m)
+                line = (f"{s} {fn}: {total_calls(b) if fn in before else 'new'} -> {total_calls(m)} op calls ("
+                        + ", ".join(f"{d:+d} {op}" for op, d in deltas[:4]) + (", ..." if len(deltas) > 4 else "") + ")")
+                if any(d > 0 for _, d in deltas):
+                    ups.append((total_calls(m) - total_calls(b), line))
+                else:
+                    downs.append(line)
+    increases = tuple(line for _, line in sorted(ups, key=lambda x: -x[0]))
+    if increases and not allow_increase:
+        shown = "; ".join(increases[:5]) + (f"; ... {len(increases) - 5} more" if len(increases) > 5 else "")
+        raise UsageError(f"refusing to raise the census of {len(increases)} function(s): {shown}. More operator "
+                         "calls per request is the regression the census exists to catch",
+                         hint="if the new calls are intended, re-run with --allow-increase and say why in the pull request")
+    unchanged = (old is not None and {s: old.census.get(s) for s in sizes} == census
+                 and tuple(old.roots) == tuple(rule.roots) and dict(old.excluded) == dict(rule.exclude))
+    new_text = old_text if unchanged else render_baseline(model, profile.name, rule.roots, census, provenance, rule.exclude)
+    return CensusPlan(path=rule.baseline, old_text=old_text, new_text=new_text,
+                      functions=sum(len(c) for c in census.values()), decreases=tuple(downs), increases=increases)
+
+
+def write_census_atomic(path: Path, text: str) -> None:
+    """Temp file beside it, checked by the loader, then os.replace: never half a baseline."""
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        load_baseline(Path(tmp))  # never put a file in place that guard itself would reject
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

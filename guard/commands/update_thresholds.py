@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from guard import yamledit
 from guard.budgets import Profile, Thresholds, load_thresholds
+from guard.census import NO_BASELINE, CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.hardware import git_commit
 from guard.results import Results, Verdict, load_results
@@ -101,6 +102,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
         raise UsageError(f"{results_path} measured model '{results.run.model}'; this thresholds file is for "
                          f"'{thresholds_model}'", hint="pass the --thresholds file the run used")
     reasons = list(results.invalid_reasons) + [r for r in results.run.invalid_reasons if r not in results.invalid_reasons]
+    reasons = [r for r in reasons if NO_BASELINE not in r]  # the run is valid; it just has nothing to compare with
     if results.verdict == Verdict.INVALID or reasons:
         detail = "; ".join(reasons) or f"verdict is '{results.verdict}'"
         raise _refuse(results_path, "verdict", f"the run was invalid ({detail}); an update is never made from a failed run",
@@ -109,7 +111,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
         raise _refuse(results_path, "run.injected",
                       f"the run had a regression injected on purpose ({results.run.injected}); it is no baseline")
     _check_same_config(results, results_path, profile)
-    if only != "ops" and profile.ttft_ms:
+    if only in (None, "ttft") and profile.ttft_ms:
         if not results.run.ttft_client_s():
             raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
                           hint="use --only ops to update the op-count budgets alone")
@@ -120,7 +122,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
                 raise _refuse(results_path, f"checks.ttft_ms.{key}", f"no TTFT {key} measurement in this run")
             if not (isinstance(got, (int, float)) and math.isfinite(got) and got > 0):
                 raise _refuse(results_path, f"checks.ttft_ms.{key}", f"not a usable TTFT measurement: {got!r}")
-    if only != "ttft":
+    if only in (None, "ops"):
         measured = _op_measurements(results)
         for sb in profile.ops:
             labels = [*sb.ops, *(["total_ops"] if sb.total_ops is not None else [])]
@@ -168,14 +170,14 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
                 allow_increase: bool, provenance: dict[str, Any]) -> Plan:
     base = ("profiles", profile.name, "budgets")
     changes: list[Change] = []
-    if only != "ops":
+    if only in (None, "ttft"):
         measured = {c.name: c.measured for c in results.checks if c.kind == "ttft"}
         for key, old in profile.ttft_ms.items():
             got = measured[f"ttft_ms.{key}"]  # present and positive: check_usable ran first
             new = ttft_budget(got, headroom_pct)
             changes.append(Change(base + ("ttft_ms", key), f"ttft_ms.{key}", old, new, got, "ms",
                                   applied=moves(old, new, headroom_pct)))
-    if only != "ttft":
+    if only in (None, "ops"):
         counts = _op_measurements(results)
         for sb in profile.ops:
             budgets = [(("ops", op), op, b) for op, b in sb.ops.items()]
@@ -280,6 +282,8 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
         raise UsageError(f"profile '{prof.name}' has no TTFT budgets to update")
     if only == "ops" and not prof.ops:
         raise UsageError(f"profile '{prof.name}' has no op-count budgets to update")
+    if only == "census" and prof.census is None:
+        raise UsageError(f"profile '{prof.name}' has no census rule", hint="add `census: {baseline: FILE}` to its budgets")
     if headroom_pct is None:
         headroom_pct = prof.headroom_pct
     elif not (math.isfinite(headroom_pct) and 0 <= headroom_pct <= 1000):
@@ -288,12 +292,20 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
 
     plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
                        provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
+    census: CensusPlan | None = None
+    if prof.census is not None and only in (None, "census"):
+        census = plan_census(prof, thresholds.model, results.run.census, provenance=plan.provenance,
+                             allow_increase=allow_increase, results_path=results_path)
     old = thresholds_path.read_bytes().decode("utf-8")  # not read_text: keep \r\n line endings as they are
     try:
         new = render(old, plan)
     except yamledit.YamlEditError as exc:
         raise GuardError(f"{thresholds_path}: could not edit in place: {exc}") from None
 
+    if census is not None:
+        _write_census(census, dry_run, out)
+    if only == "census":
+        return 0
     _print_summary(plan, out)
     if new == old:
         print(f"no changes: {thresholds_path} already holds these budgets", file=out)
@@ -312,6 +324,36 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     if plan.increases:
         print(f"WARNING: {len(plan.increases)} op-count budget(s) raised; see above", file=out)
     return 0
+
+
+def _write_census(census: CensusPlan, dry_run: bool, out: TextIO) -> None:
+    """The census baseline: summary, loud warning on increases, diff, atomic write (or dry run)."""
+    path = census.path
+    for line in census.summary():
+        print(line, file=out)
+    if census.new_text == census.old_text:
+        print(f"no changes: {path} already holds this census", file=out)
+        return
+    if census.increases:
+        rule = "!" * 78
+        print(rule, file=out)
+        print(f"WARNING: this update RAISES the census of {len(census.increases)} function(s) (--allow-increase):", file=out)
+        for line in census.increases[:20]:
+            print(f"WARNING:   {line}", file=out)
+        if len(census.increases) > 20:
+            print(f"WARNING:   ... and {len(census.increases) - 20} more (see the diff)", file=out)
+        print("WARNING: more operator calls per request is what the census catches; make sure the pull", file=out)
+        print("WARNING: request says why the new calls are needed.", file=out)
+        print(rule, file=out)
+    out.write(unified_diff(census.old_text or "", census.new_text, path))
+    if dry_run:
+        print(f"dry run: {path} not written", file=out)
+        return
+    try:
+        write_census_atomic(path, census.new_text)
+    except OSError as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot write: {exc}; the file is unchanged") from None
+    print(f"wrote {path}", file=out)
 
 
 def _num(x: float) -> int | float:
@@ -350,9 +392,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hardware profile to update (default: the run's); must match the run's")
     parser.add_argument("--headroom", type=float, default=None, metavar="PCT",
                         help="TTFT headroom in percent (default: the profile's headroom_pct, else 10)")
-    parser.add_argument("--only", choices=("ttft", "ops"), default=None, help="update only these budgets")
+    parser.add_argument("--only", choices=("ttft", "ops", "census"), default=None,
+                        help="update only these budgets (census: only the census baseline file)")
     parser.add_argument("--allow-increase", action="store_true",
-                        help="allow raising op-count budgets (new ops on a budgeted path)")
+                        help="allow raising op-count budgets (new ops on a budgeted path) and census counts")
     parser.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
 
 
