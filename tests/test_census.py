@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from guard import format as fmt
 from guard.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
 from guard.census import (QualnameResolver, compare, count_functions, function_of, load_baseline, render_baseline,
                           total_calls, unstable_functions)
 from guard.errors import ConfigError, InvalidRunError
 from guard.mutants import MUTANTS, Edit, Mutant, mutate
 from guard.probes import ProfEvent, load_events
+from guard.results import Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 MASK_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model."
@@ -104,7 +106,7 @@ BASE = {"vllm/m.py:loop": {"aten::copy_": 100, "aten::select": 100},
 def test_growth_rule(fn: str, measured: dict, fails: bool, why: str) -> None:
     got = {**BASE, fn: measured}
     (d,) = [d for d in compare(RULE, (640, 480), BASE, got) if d.function == fn]
-    assert d.failed is fails, why
+    assert (d.status == Status.FAIL) is fails, why
 
 
 def test_diff_names_the_ops_that_grew_largest_first_and_failures_first() -> None:
@@ -113,12 +115,14 @@ def test_diff_names_the_ops_that_grew_largest_first_and_failures_first() -> None
     got.pop("vllm/m.py:gone")
     diffs = compare(RULE, (640, 480), BASE, got)
     first = diffs[0]
-    assert first.failed and first.function == "vllm/m.py:loop"
+    assert first.status == Status.FAIL and first.function == "vllm/m.py:loop"
     assert first.baseline_calls == 200 and first.measured_calls == 969
-    assert first.describe_ops() == "+512 aten::select, +256 aten::copy_, +1 aten::empty_like"
+    assert fmt.census_ops(first) == "+512 aten::select, +256 aten::copy_, +1 aten::empty_like"
+    assert fmt.census_calls(first) == "200 → 969"
     vanished = next(d for d in diffs if d.function == "vllm/m.py:gone")
-    assert not vanished.failed and vanished.measured_calls is None
-    assert [d.failed for d in diffs] == [True, False, False]
+    assert vanished.status == Status.PASS and vanished.measured_calls is None
+    assert fmt.census_calls(vanished) == "5 → gone"
+    assert [d.status for d in diffs] == [Status.FAIL, Status.PASS, Status.PASS]
 
 
 def test_excluded_functions_are_not_judged() -> None:
