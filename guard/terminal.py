@@ -54,8 +54,7 @@ def census_lines(results: Results) -> list[str]:
         rows = [[c.function, fmt.size(c.image_size), fmt.census_calls(c), fmt.census_ops(c), fmt.STATUS_WORD[c.status]]
                 for c in failed]
         lines += _table(["census (op calls per request)", "image", "baseline → measured", "ops that moved", "status"],
-                        rows, left=2)
-        lines += [f"  {c.function} [{fmt.size(c.image_size)}]: {c.reason}" for c in failed]
+                        rows, left=4)
     lines.append("")
     return lines
 

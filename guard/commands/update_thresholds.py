@@ -99,8 +99,9 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
     if results.run.model and results.run.model != thresholds_model:
         raise UsageError(f"{results_path} measured model '{results.run.model}'; this thresholds file is for "
                          f"'{thresholds_model}'", hint="pass the --thresholds file the run used")
-    reasons = [r for r in results.invalid_reasons if NO_BASELINE not in r]  # valid; nothing to compare with yet
-    if results.verdict == Verdict.INVALID or reasons:
+    # a run whose only flaw is a missing census baseline is valid: it just had nothing to compare with yet
+    reasons = [r for r in results.invalid_reasons if NO_BASELINE not in r]
+    if reasons or (results.verdict == Verdict.INVALID and not results.invalid_reasons):
         detail = "; ".join(reasons) or f"verdict is '{results.verdict}'"
         raise _refuse(results_path, "verdict", f"the run was invalid ({detail}); an update is never made from a failed run",
                       hint="fix the run and re-run `guard check`")
