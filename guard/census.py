@@ -43,6 +43,10 @@ from guard.probes import FRAME_RE, HTOD_PREFIX, MEMCPY_HTOD, SYNC_CALLS, CUDA_SY
 CENSUS_SCHEMA = "guard/census"
 CENSUS_SCHEMA_VERSION = 1
 
+# Profiler events that ProfEvent.is_op lets through but that are Python calls, not operators:
+# nn.Module forward calls ("nn.Module: Linear_3", numbered per instance) and optimizer steps.
+NOT_OPS = ("nn.Module:", "Optimizer.")
+
 # function "file:qualname" -> op -> calls, for one profiled request
 FunctionCounts = dict[str, dict[str, int]]
 # "WxH" -> FunctionCounts
@@ -129,7 +133,7 @@ def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAUL
     counts: dict[str, Counter[str]] = {}
     memo: dict[tuple[str, ...], str | None] = {}
     for e in events:
-        if not e.is_op:
+        if not e.is_op or e.name.startswith(NOT_OPS):
             continue
         if e.name.startswith("cuda"):
             if e.name not in SYNC_CALLS:
