@@ -472,9 +472,9 @@ def _ops(r: _Reader, key: str, node: yaml.Node) -> tuple[ScopeBudget, ...]:
     return tuple(out)
 
 
-def _string_list(r: _Reader, key: str, node: yaml.Node) -> tuple[str, ...]:
-    if not isinstance(node, yaml.SequenceNode) or not node.value:
-        raise r.error(node, key, "expected a non-empty list of strings")
+def _string_list(r: _Reader, key: str, node: yaml.Node, allow_empty: bool = False) -> tuple[str, ...]:
+    if not isinstance(node, yaml.SequenceNode) or not (node.value or allow_empty):
+        raise r.error(node, key, f"expected a {'' if allow_empty else 'non-empty '}list of strings")
     return tuple(r.string(item, f"{key}[{i}]") for i, item in enumerate(node.value))
 
 
@@ -507,7 +507,7 @@ def _census(r: _Reader, key: str, node: yaml.Node) -> CensusRule:
         if "min_growth_calls" in m else d.min_growth_calls,
         new_function_max_calls=r.integer(m["new_function_max_calls"][1], f"{key}.new_function_max_calls", minimum=0)
         if "new_function_max_calls" in m else d.new_function_max_calls,
-        watch=_string_list(r, f"{key}.watch", m["watch"][1]) if "watch" in m else d.watch,
+        watch=_string_list(r, f"{key}.watch", m["watch"][1], allow_empty=True) if "watch" in m else d.watch,
         roots=roots,
         exclude=exclude,
         line=node.start_mark.line + 1,

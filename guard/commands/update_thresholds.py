@@ -108,7 +108,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
     if results.run.injected:
         raise _refuse(results_path, "run.injected",
                       f"the run had a regression injected on purpose ({results.run.injected}); it is no baseline")
-    _check_same_config(results, results_path, profile)
+    _check_same_config(results, results_path, profile, only)
     if only in (None, "ttft") and profile.ttft_ms:
         if not results.run.ttft_client_s():
             raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
@@ -131,11 +131,25 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
                                   hint="use --only ttft to update the TTFT budgets alone")
 
 
-def _check_same_config(results: Results, results_path: Path, profile: Profile) -> None:
+# What a census per profiled request depends on: how many requests the timing pass sent, and at
+# what concurrency, does not change it (benchmarks/census_stability.py: identical after any number).
+CENSUS_WORKLOAD_KEYS = ("profile_image_sizes", "prompt", "max_tokens", "seed")
+
+
+def _check_same_config(results: Results, results_path: Path, profile: Profile, only: str | None = None) -> None:
     """The run must have used the engine and workload the YAML holds now, or its numbers mean
-    something else. Absolute model paths differ between checkouts, so those are not compared."""
+    something else. Absolute model paths differ between checkouts, so those are not compared.
+    A census-only update compares only what the census depends on, plus the census roots."""
     recorded = results.profile_config or {}
-    current = {"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict()}
+    workload = profile.workload.as_dict()
+    if only == "census":
+        workload = {k: v for k, v in workload.items() if k in CENSUS_WORKLOAD_KEYS}
+        then_roots = (recorded.get("census") or {}).get("roots")
+        if profile.census is not None and then_roots is not None and list(then_roots) != list(profile.census.roots):
+            raise _refuse(results_path, "profile_config.census.roots",
+                          f"the run counted under roots {then_roots}, the thresholds file now says "
+                          f"{list(profile.census.roots)}", hint=f"re-run `guard check --profile {profile.name}`")
+    current = {"engine": profile.engine.as_dict(), "workload": workload}
     for section, now in current.items():
         then = recorded.get(section)
         if not isinstance(then, dict):
@@ -286,7 +300,9 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
                        provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
     census: CensusPlan | None = None
-    if prof.census is not None and only in (None, "census"):
+    if prof.census is not None and only is None and not results.run.census:
+        print(f"census: {results_path} has no census; {prof.census.baseline} is left as it is", file=out)
+    elif prof.census is not None and only in (None, "census"):
         census = plan_census(prof, thresholds.model, results.run.census, provenance=plan.provenance,
                              allow_increase=allow_increase, results_path=results_path)
     old = thresholds_path.read_bytes().decode("utf-8")  # not read_text: keep \r\n line endings as they are
