@@ -137,7 +137,7 @@ class CensusRule:
     against a committed baseline (guard/census.py)."""
 
     baseline: Path  # resolved against the thresholds file's folder
-    max_growth_pct: float = 10.0
+    max_growth_pct: float = 2.0
     min_growth_calls: int = 16
     new_function_max_calls: int = 8
     watch: tuple[str, ...] = DEFAULT_WATCH
