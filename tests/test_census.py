@@ -239,3 +239,18 @@ def test_a_mutant_that_no_longer_applies_is_an_invalid_run() -> None:
     m = Mutant("x", "vllm.x", "vllm/x.py:f", "fail", "", (Edit("not in the file", "y"),))
     with pytest.raises(InvalidRunError, match="no longer applies"):
         mutate("def f(): pass\n", m, "x.py")
+
+
+@pytest.mark.parametrize("size", ["640x480", "800x400"])
+def test_recorded_request_matches_the_committed_baseline(size: str) -> None:
+    """The fixture (recorded by benchmarks/census_stability.py in one engine) and the committed
+    baseline (written by update-thresholds from a guard check in another) agree exactly: the census
+    is the same across engine processes. After re-baselining for a new vLLM, re-record with
+    `benchmarks/census_stability.py --runs 1 --save-events tests/fixtures/profiles`."""
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    rule = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").census
+    baseline = load_baseline(rule.baseline)
+    census = count_functions(census_events(size), rule.roots, QualnameResolver())
+    assert compare(rule, tuple(int(x) for x in size.split("x")), baseline.census[size], census) == []
+    assert census == baseline.census[size]
