@@ -112,6 +112,25 @@ def _under(file: str, roots: tuple[str, ...]) -> bool:
     return any(file == r or file.startswith(r.rstrip("/") + "/") for r in roots)
 
 
+COMPREHENSIONS = (".<locals>.<listcomp>", ".<locals>.<setcomp>", ".<locals>.<dictcomp>", ".<locals>.<genexpr>")
+
+
+def fold(qualname: str) -> str:
+    """A comprehension's ops belong to the function that wrote it (Python 3.12 inlines them anyway,
+    PEP 709): ``Encoder.forward.<locals>.<listcomp>`` -> ``Encoder.forward``."""
+    while qualname.endswith(COMPREHENSIONS):
+        qualname = qualname.rsplit(".<locals>.", 1)[0]
+    return qualname
+
+
+def folded(census: FunctionCounts) -> FunctionCounts:
+    """The census with comprehension frames merged into their functions (idempotent)."""
+    out: dict[str, Counter[str]] = {}
+    for fn, ops in census.items():
+        out.setdefault(fold(fn), Counter()).update(ops)
+    return {fn: dict(sorted(c.items())) for fn, c in sorted(out.items())}
+
+
 def function_of(stack: tuple[str, ...], roots: tuple[str, ...],
                 resolve: Callable[[str, int, str], str]) -> str | None:
     """The innermost frame under a root, as ``file:qualname``; None when no frame is under one."""
@@ -119,7 +138,7 @@ def function_of(stack: tuple[str, ...], roots: tuple[str, ...],
         m = FRAME_RE.match(frame)
         if m and _under(m.group("file"), roots):
             file = m.group("file").replace("\\", "/")
-            return f"{file}:{resolve(file, int(m.group('line')), m.group('func'))}"
+            return f"{file}:{fold(resolve(file, int(m.group('line')), m.group('func')))}"
     return None
 
 
@@ -363,8 +382,8 @@ def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
     checks: list[CensusCheck] = []
     judged = 0
     for s in sizes:
-        judged += len((set(measured[s]) | set(baseline.census[s])) - set(rule.exclude))
-        checks += compare(rule, parse_size(s), without(baseline.census[s], rule.exclude), measured[s])
+        judged += len((set(folded(measured[s])) | set(folded(baseline.census[s]))) - set(rule.exclude))
+        checks += compare(rule, parse_size(s), without(folded(baseline.census[s]), rule.exclude), folded(measured[s]))
     checks.sort(key=_check_order)
     return CensusJudgement(checks=tuple(checks), functions=judged)
 
@@ -401,7 +420,7 @@ def plan_census(profile, model: str, run_census: Census, *, provenance: Mapping[
         raise ConfigError(str(results_path), None, "run.census",
                           f"this run has no census for {', '.join(missing)}",
                           hint=f"run `guard check --profile {profile.name}` with the census rule in place")
-    census = {s: without(run_census[s], rule.exclude) for s in sizes}
+    census = {s: without(folded(run_census[s]), rule.exclude) for s in sizes}
     old: Baseline | None = load_baseline(rule.baseline) if rule.baseline.exists() else None
     old_text = rule.baseline.read_text(encoding="utf-8") if old is not None else None
     ups: list[tuple[int, str]] = []

@@ -12,7 +12,8 @@ import yaml
 
 from guard import format as fmt
 from guard.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
-from guard.census import (QualnameResolver, compare, count_functions, function_of, load_baseline, render_baseline,
+from guard.census import (QualnameResolver, compare, count_functions, fold, folded, function_of, load_baseline,
+                          render_baseline,
                           total_calls, unstable_functions)
 from guard.errors import ConfigError, InvalidRunError
 from guard.mutants import MUTANTS, Edit, Mutant, mutate
@@ -254,3 +255,12 @@ def test_recorded_request_matches_the_committed_baseline(size: str) -> None:
     census = count_functions(census_events(size), rule.roots, QualnameResolver())
     assert compare(rule, tuple(int(x) for x in size.split("x")), baseline.census[size], census) == []
     assert census == baseline.census[size]
+
+
+def test_comprehensions_fold_into_the_function_that_wrote_them() -> None:
+    stack = ("vllm/m.py(9): <listcomp>", "vllm/m.py(5): forward")
+    resolve = {(9, "<listcomp>"): "Enc.forward.<locals>.<listcomp>", (5, "forward"): "Enc.forward"}
+    assert function_of(stack, ("vllm",), lambda f, line, n: resolve[(line, n)]) == "vllm/m.py:Enc.forward"
+    assert fold("A.f.<locals>.g.<locals>.<genexpr>") == "A.f.<locals>.g"
+    assert folded({"vllm/m.py:A.f": {"aten::add": 1}, "vllm/m.py:A.f.<locals>.<listcomp>": {"aten::add": 2}}) == \
+        {"vllm/m.py:A.f": {"aten::add": 3}}
