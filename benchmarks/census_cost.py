@@ -132,7 +132,7 @@ def main() -> int:
                                experimental_config=_ExperimentalConfig(verbose=True)) as prof:
                 run._run(jobs, f"profiled {label}")
             t1 = time.perf_counter()
-            events = from_profiler(prof.events())
+            events = from_profiler(prof)  # prof.events() and the conversion to ProfEvents
             t2 = time.perf_counter()
             attribute(events, profile.ops, size)
             t3 = time.perf_counter()
