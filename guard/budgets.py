@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -167,6 +168,31 @@ class ScopeBudget:
     total_ops: OpBudget | None = None
 
 
+DEFAULT_ROOTS = ("vllm",)
+# Ops that on a GPU are a host sync or a host-to-device copy even when they cost nothing on a CPU.
+DEFAULT_WATCH = ("aten::_local_scalar_dense", "aten::nonzero", "aten::_index_put_impl_", "cuda::memcpy_htod")
+
+
+@dataclass(frozen=True)
+class CensusRule:
+    """The ``census:`` block of a profile's budgets: judge every function's operator calls
+    against a committed baseline (guard/census.py)."""
+
+    baseline: Path  # resolved against the thresholds file's folder
+    max_growth_pct: float = 2.0
+    min_growth_calls: int = 16
+    new_function_max_calls: int = 8
+    watch: tuple[str, ...] = DEFAULT_WATCH
+    roots: tuple[str, ...] = DEFAULT_ROOTS
+    exclude: Mapping[str, str] = field(default_factory=dict)  # function -> why it is not judged
+    line: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"baseline": str(self.baseline), "max_growth_pct": self.max_growth_pct,
+                "min_growth_calls": self.min_growth_calls, "new_function_max_calls": self.new_function_max_calls,
+                "watch": list(self.watch), "roots": list(self.roots), "exclude": dict(self.exclude)}
+
+
 @dataclass(frozen=True)
 class ABSettings:
     """A/B mode (``guard check --baseline PYTHON``): how the two engines share the machine."""
@@ -190,6 +216,7 @@ class Profile:
     headroom_pct: float
     ttft_ms: dict[str, float]  # percentile key ("p50") -> budget in milliseconds
     ops: tuple[ScopeBudget, ...] = ()
+    census: CensusRule | None = None  # the per-function operator census (guard/census.py)
     line: int | None = None
     # Where the budgets came from (written by update-thresholds): date, commit, hardware, ... -> value
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -272,10 +299,13 @@ ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
                  "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
 STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
-BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False}
+BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False,
+                "census": False}
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
 AB_KEYS = {"gpu_memory_utilization": False}
 AB_SIDES_KEYS = {"candidate": False, "baseline": False}
+CENSUS_KEYS = {"baseline": True, "max_growth_pct": False, "min_growth_calls": False,
+               "new_function_max_calls": False, "watch": False, "roots": False, "exclude": False}
 SCOPE_BUDGET_KEYS = {"scope": True, "ops": False, "total_ops": False}
 SCOPE_KEYS = {"file": True, "function": True}
 OP_BUDGET_KEYS = {"exact": False, "max": False}
@@ -400,10 +430,12 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
     budgets = r.mapping(m["budgets"][1], f"{key}.budgets", BUDGETS_KEYS)
     ttft = _ttft(r, f"{key}.budgets.ttft_ms", budgets["ttft_ms"][1]) if "ttft_ms" in budgets else {}
     ops = _ops(r, f"{key}.budgets.ops", budgets["ops"][1]) if "ops" in budgets else ()
+    census = _census(r, f"{key}.budgets.census", budgets["census"][1]) if "census" in budgets else None
     ratio = _ttft(r, f"{key}.budgets.ttft_vs_baseline_pct", budgets["ttft_vs_baseline_pct"][1], allow_zero=True) \
         if "ttft_vs_baseline_pct" in budgets else {}
-    if not ttft and not ops and not ratio:
-        raise r.error(m["budgets"][1], f"{key}.budgets", "no budgets: give ttft_ms, ttft_vs_baseline_pct and/or ops")
+    if not ttft and not ops and not ratio and census is None:
+        raise r.error(m["budgets"][1], f"{key}.budgets",
+                      "no budgets: give ttft_ms, ttft_vs_baseline_pct, ops and/or census")
     engine = _engine(r, f"{key}.engine", m["engine"][1])
     by_mode = {}
     if "modes" in budgets:
@@ -431,6 +463,7 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
         headroom_pct=headroom,
         ttft_ms=ttft,
         ops=ops,
+        census=census,
         line=node.start_mark.line + 1,
         provenance=_provenance(r, f"{key}.provenance", m["provenance"][1]) if "provenance" in m else {},
         ttft_ms_by_mode=by_mode,
@@ -640,6 +673,48 @@ def _ops(r: _Reader, key: str, node: yaml.Node) -> tuple[ScopeBudget, ...]:
             raise r.error(vnode, k, "a scope needs `ops` and/or `total_ops`")
         out.append(ScopeBudget(name=name, scope=scope, ops=ops, total_ops=total))
     return tuple(out)
+
+
+def _string_list(r: _Reader, key: str, node: yaml.Node, allow_empty: bool = False) -> tuple[str, ...]:
+    if not isinstance(node, yaml.SequenceNode) or not (node.value or allow_empty):
+        raise r.error(node, key, f"expected a {'' if allow_empty else 'non-empty '}list of strings")
+    return tuple(r.string(item, f"{key}[{i}]") for i, item in enumerate(node.value))
+
+
+def _census(r: _Reader, key: str, node: yaml.Node) -> CensusRule:
+    """``census: {baseline: FILE, max_growth_pct, min_growth_calls, new_function_max_calls,
+    watch: [op, ...], roots: [package, ...], exclude: {"file:function": reason}}``."""
+    m = r.mapping(node, key, CENSUS_KEYS)
+    baseline = r.string(m["baseline"][1], f"{key}.baseline")
+    path = Path(baseline)
+    if not path.is_absolute():
+        path = r.path.parent / path
+    d = CensusRule(baseline=path)
+    exclude: dict[str, str] = {}
+    if "exclude" in m:
+        for fn, (knode, vnode) in r.mapping(m["exclude"][1], f"{key}.exclude", None).items():
+            if ":" not in fn:
+                raise r.error(knode, f"{key}.exclude.{fn}", "expected a function as file:qualname",
+                              hint="copy the name from the census diff, e.g. vllm/v1/worker/x.py:Runner.step")
+            exclude[fn] = r.string(vnode, f"{key}.exclude.{fn}")  # the reason, required
+    roots = _string_list(r, f"{key}.roots", m["roots"][1]) if "roots" in m else d.roots
+    for i, root in enumerate(roots):
+        if root.startswith("/") or ".." in root.split("/"):
+            raise r.error(m["roots"][1].value[i], f"{key}.roots[{i}]",
+                          f"expected a package path relative to site-packages (e.g. vllm), got {root!r}")
+    return CensusRule(
+        baseline=path,
+        max_growth_pct=r.number(m["max_growth_pct"][1], f"{key}.max_growth_pct", minimum=0.0)
+        if "max_growth_pct" in m else d.max_growth_pct,
+        min_growth_calls=r.integer(m["min_growth_calls"][1], f"{key}.min_growth_calls", minimum=0)
+        if "min_growth_calls" in m else d.min_growth_calls,
+        new_function_max_calls=r.integer(m["new_function_max_calls"][1], f"{key}.new_function_max_calls", minimum=0)
+        if "new_function_max_calls" in m else d.new_function_max_calls,
+        watch=_string_list(r, f"{key}.watch", m["watch"][1], allow_empty=True) if "watch" in m else d.watch,
+        roots=roots,
+        exclude=exclude,
+        line=node.start_mark.line + 1,
+    )
 
 
 def _provenance(r: _Reader, key: str, node: yaml.Node) -> dict[str, Any]:

@@ -117,6 +117,26 @@ def deepseek_ocr2_tiles(size: tuple[int, int]) -> int:
     return tw * th
 
 
+# ----------------------------------------------------------------------------- census counter
+def frame_getter():
+    """``sys._getframe`` (CPython's frame access; ``inspect.currentframe`` is the same call, slower)."""
+    import sys
+
+    getter = getattr(sys, "_getframe", None)
+    if getter is None:
+        raise LibraryDrift("python", "sys._getframe (not CPython?)")
+    return getter
+
+
+def torch_dispatch_mode() -> Any:
+    """torch's ``TorchDispatchMode`` base class: sees every operator that reaches the Python key."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError as exc:
+        raise LibraryDrift("torch", f"torch.utils._python_dispatch.TorchDispatchMode ({exc})") from exc
+    return TorchDispatchMode
+
+
 # ============================================================================ server mode (issue #13)
 # (this section belongs to server mode: guard/server.py; kept apart from the engine/profiler
 # entries above)

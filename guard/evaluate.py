@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard import format as fmt
 from guard.budgets import OpBudget, Profile
+from guard.census import Baseline, CensusJudgement, judge
 from guard.contention import contention_problems
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
@@ -146,12 +147,52 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
     return reasons
 
 
-def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT) -> Results:
-    """``output``: the folder results.json is written to, for the commands notices print."""
+def census_update_command(profile: Profile, output: str | Path) -> str:
+    return f"guard update-thresholds --from {Path(output) / 'results.json'} --profile {profile.name} --only census"
+
+
+def census_judgement(profile: Profile, run: RunRecord, baseline: Baseline | None,
+                     output: str | Path) -> CensusJudgement | None:
+    """The census against its committed baseline (None: the profile has no census rule)."""
+    if profile.census is None:
+        return None
+    return judge(profile.census, baseline, run.census, profile.workload.profile_image_sizes,
+                 model=run.model, profile=profile.name, update_command=census_update_command(profile, output))
+
+
+def census_notices(profile: Profile, census: CensusJudgement, output: str | Path) -> list[str]:
+    """Changes within the rule: shrinkage to ratchet the baseline down, growth within the slack."""
+    moved = [c for c in census.checks if c.status != Status.FAIL]
+    if not moved:
+        return []
+    down = sum(1 for c in moved if c.growth_calls < 0 or c.measured_calls is None)
+    lines = [f"census: {fmt.census_change(c)}" for c in moved[:10]]
+    if len(moved) > 10:
+        lines.append(f"census: ... and {len(moved) - 10} more changed function(s) within the rule (results.json)")
+    if down:
+        lines.append(f"census: {down} function(s) shrank or vanished; ratchet the baseline down: "
+                     f"`{census_update_command(profile, output)}`")
+    return lines
+
+
+def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT,
+             census_baseline: Baseline | None = None) -> Results:
+    """``output``: the folder results.json is written to, for the commands notices print.
+    ``census_baseline``: the profile's committed census (guard.census.read_baseline); None when
+    the file does not exist yet, which makes a profile with a census rule an invalid run."""
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
+    census = None
+    if ops_measurable(run):
+        census = census_judgement(profile, run, census_baseline, output)
+    elif profile.census is not None:  # a remote server's frames cannot be profiled: neither scopes nor census
+        notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")
+    if census is not None:
+        reasons += census.invalid
+        notices += census_notices(profile, census, output)
+    census_checks = census.checks if census is not None else ()
     valid = not reasons and not run.invalid_reasons
     not_judged = ttft_not_judged(profile, run.environment) if ttft else None
     if not_judged:
@@ -163,17 +204,19 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
     if not valid:
         verdict = Verdict.INVALID
-    elif any(c.status == Status.FAIL for c in (*ttft, *ops)):
+    elif any(c.status == Status.FAIL for c in (*ttft, *ops, *census_checks)):
         verdict = Verdict.REGRESSION
     else:
         verdict = Verdict.PASS
     return Results(
-        verdict=verdict, run=run, ttft_checks=tuple(ttft), op_checks=tuple(ops), guard_version=guard_version,
+        verdict=verdict, run=run, ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
+        guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
         ttft_definition=ttft_definition(run.environment.get("engine_mode", profile.engine.mode)),
         judged_invalid_reasons=tuple(reasons), notices=tuple(notices),
         profile_config={"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict(),
-                        "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct},
+                        "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
+                        **({"census": profile.census.as_dict()} if profile.census is not None else {})},
     )
 
 
@@ -188,7 +231,8 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     statement about a machine, which A/B mode exists to take out of the verdict."""
     from guard.ab import judge_ratio, op_diff, pairs
 
-    no_abs = dataclasses.replace(profile, ttft_ms={})
+    # The A/B workers do not count the census yet: its verdict stays with absolute runs (notice below).
+    no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)
     cand = evaluate(no_abs, rec.candidate, guard_version=guard_version, output=output)
     reasons = list(cand.judged_invalid_reasons)
     reasons += [f"baseline: {r}" for r in invalid_reasons(no_abs, rec.baseline)
@@ -214,5 +258,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     config = {**cand.profile_config, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization}}}
+    notices = cand.notices
+    if profile.census is not None:
+        notices += ("census: not compared in A/B mode (the workers do not count it); "
+                    "a plain `guard check` judges it against the committed baseline",)
     return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
-                               judged_invalid_reasons=tuple(reasons), profile_config=config)
+                               judged_invalid_reasons=tuple(reasons), profile_config=config, notices=notices)

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.contention import ContentionReading
-from guard.results import TOTAL_OPS, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck, TtftRatioCheck
+from guard.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
+                           TtftRatioCheck)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}
@@ -112,6 +113,26 @@ def op_name(c: OpCheck) -> str:
     return "all ops (total_ops)" if c.op == TOTAL_OPS else c.op
 
 
+def census_ops(c: CensusCheck, limit: int = 6) -> str:
+    """``+256 aten::copy_, +256 aten::select``: the ops that moved, largest growth first."""
+    parts = [f"{d.delta_calls:+d} {d.op}" for d in c.op_deltas[:limit]]
+    if len(c.op_deltas) > limit:
+        parts.append(f"... {len(c.op_deltas) - limit} more")
+    return ", ".join(parts)
+
+
+def census_calls(c: CensusCheck) -> str:
+    """``1 → 769`` op calls; a new function reads ``new → 9``, a vanished one ``12 → gone``."""
+    before = "new" if c.baseline_calls is None else str(c.baseline_calls)
+    after = "gone" if c.measured_calls is None else str(c.measured_calls)
+    return f"{before} → {after}"
+
+
+def census_change(c: CensusCheck) -> str:
+    """One line for a census change within the rule (a notice)."""
+    return f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls ({census_ops(c)})"
+
+
 @singledispatch
 def label(check: Check) -> str:
     """A short name for a check, for tables and status lines (never parsed back)."""
@@ -131,6 +152,11 @@ def _(c: OpCheck) -> str:
 @label.register
 def _(c: TtftRatioCheck) -> str:
     return f"ttft {c.percentile} vs baseline"
+
+
+@label.register
+def _(c: CensusCheck) -> str:
+    return f"census {c.function} [{size(c.image_size)}]"
 
 
 @singledispatch
@@ -158,3 +184,9 @@ def _(c: TtftRatioCheck) -> str:
     return (f"TTFT {c.percentile} is {pct(c.measured_pct)} vs the baseline (candidate {ms_unit(c.candidate_ms)}, "
             f"baseline {ms_unit(c.baseline_ms)}), over its budget of {pct(c.budget_pct)} "
             f"({confidence(c.confidence)} interval {pct_interval(c.interval_pct)}, {c.pairs} pairs)")
+
+
+@failure.register
+def _(c: CensusCheck) -> str:
+    return (f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls per request ({census_ops(c)}); "
+            f"{c.reason}")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from guard import __version__
 from guard.budgets import Profile, Thresholds
+from guard.census import read_baseline
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
 from guard.results import Results, load_run
@@ -65,6 +66,7 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
                   traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
                   server_url: str | None = None) -> Results:
     """Run the suite into ``output`` and judge what it recorded."""
+    census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
     output.mkdir(parents=True, exist_ok=True)
     for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
         (output / stale).unlink(missing_ok=True)
@@ -78,5 +80,5 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
     if code not in (0, 1, 3):  # pytest: 2 interrupted, 4 usage error, 5 no tests ran
         record.invalid_reasons.append(f"the perf suite exited with pytest status {code}; see the output above")
     judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
-    return evaluate(judged, record, guard_version=__version__, output=output)
+    return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)
 

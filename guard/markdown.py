@@ -285,6 +285,32 @@ def _sites(results: Results, failed_ops: list[OpCheck]) -> list[str]:
     return lines
 
 
+def _census(results: Results) -> list[str]:
+    """Functions whose operator calls grew beyond the rule (and, folded, those that changed within it)."""
+    if not results.run.census:
+        return []
+    functions = sum(len(fns) for fns in results.run.census.values())
+    failed = [c for c in results.census_checks if c.status == Status.FAIL]
+    within = [c for c in results.census_checks if c.status != Status.FAIL]
+    lines = [f"{functions} functions × image sizes counted against the committed baseline: "
+             f"{len(failed)} grew beyond the rule, {len(within)} changed within it."]
+
+    def table(checks) -> list[str]:
+        out = ["| function | image size | op calls (baseline → measured) | ops that moved | status |",
+               "|---|---|---|---|---|"]
+        for c in checks:
+            out.append(f"| {code(c.function, in_table=True)} | {_size(c.image_size)} | {text(fmt.census_calls(c))} "
+                       f"| {code(fmt.census_ops(c), in_table=True)} | {_status(c.status)} |")
+        return out
+
+    if failed:
+        lines += [""] + table(failed) + [""]
+        lines += [f"- {code(c.function)} [{_size(c.image_size)}]: {text(c.reason)}" for c in failed]
+    if within:
+        lines += [""] + _folded(f"{len(within)} function(s) changed within the rule", table(within))
+    return lines
+
+
 def _environment(env: dict[str, Any]) -> list[str]:
     if not env:
         return []
@@ -331,6 +357,9 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
                   "| scope | op | budget (calls) | status |", "|---|---|---:|---|"]
         lines += [f"| {code(c.scope, in_table=True)} | {code(c.op, in_table=True)} | {_rule(c.rule, c.budget_calls)} "
                   f"| {_status(c.status)} |" for c in results.unmeasured_op_checks]
+    census = _census(results)
+    if census:
+        lines += ["", "### Operator census per function", ""] + census
 
     if results.verdict == Verdict.INVALID and results.checks:
         lines += ["", "_The tables above are for information only: an invalid run has no verdict._"]

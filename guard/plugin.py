@@ -24,8 +24,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--guard-profile", default=None, help="hardware profile to run (auto, cpu, a10, ...); enables the suite")
     g.addoption("--guard-thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
     g.addoption("--guard-output", default="guard-results", help="where run.json and traces go")
-    g.addoption("--guard-inject", default=None, choices=["legacy-mask"],
-                help="canary: re-inject the pre-#49531 mask before measuring (the guard must fail)")
+    from guard.mutants import INJECTABLE
+
+    g.addoption("--guard-inject", default=None, choices=["legacy-mask", *INJECTABLE],
+                help="canary: re-inject the pre-#49531 mask, or apply a source-level test mutant of vLLM "
+                     "(guard/mutants.py), before measuring")
     g.addoption("--guard-traces", default="on-failure", choices=["on-failure", "always"],
                 help="save the profiled requests' Chrome traces always, or only when an op budget fails")
     g.addoption("--guard-engine-mode", default=None, choices=["server", "in-process"],
@@ -68,7 +71,12 @@ def guard_run(pytestconfig: pytest.Config):
                        progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"),
                        traces=pytestconfig.getoption("guard_traces"), server_url=server_url)
         pytestconfig.stash[RUN_KEY] = run
-        if run.record.injected:
+        if run.record.injected and run.record.injected.startswith("mutant:"):
+            from guard.mutants import install
+
+            mutant = install(run.record.injected)  # before the engine imports vLLM's model code
+            run.progress(f"MUTANT {mutant.name}: {mutant.what} ({mutant.function}); expected verdict: {mutant.expect}")
+        elif run.record.injected:
             from guard.canary import inject_legacy_mask
 
             run.progress("CANARY: the pre-#49531 mask is injected; this run must fail")
@@ -105,7 +113,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return  # run by guard check, which judges run.json itself
     from guard.evaluate import evaluate
 
-    results = evaluate(run.profile, record, output=str(run.output))
+    from guard.census import read_baseline
+
+    results = evaluate(run.profile, record, output=str(run.output), census_baseline=read_baseline(run.profile.census))
     session.config.stash[_RESULTS_KEY] = results
     if results.exit_code and session.exitstatus == 0:
         session.exitstatus = results.exit_code

@@ -125,6 +125,9 @@ class RunRecord:
     outcomes: list[RequestOutcome] = field(default_factory=list)
     rounds: int = 0  # timing rounds (1 + resampling rounds)
     op_counts: list[ScopeCounts] = field(default_factory=list)
+    # the operator census per profiled image size: "WxH" -> "file:qualname" -> op -> calls
+    census: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    census_s: float = 0.0  # time spent counting the census (its cost in the profile pass)
     invalid_reasons: list[str] = field(default_factory=list)  # what went wrong while running
     benchmark_json: str | None = None
     traces: list[str] = field(default_factory=list)  # compressed Chrome traces, relative to the output dir
@@ -215,7 +218,6 @@ class TtftRatioCheck:
         return self.measured_pct - self.budget_pct
 
 
-Check = TtftCheck | OpCheck | TtftRatioCheck
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,36 @@ class ABComparison:
 
 
 @dataclass(frozen=True)
+class CensusOpDelta:
+    """An op whose census count moved against the committed baseline."""
+
+    op: str
+    delta_calls: int  # measured - baseline, per request
+
+
+@dataclass(frozen=True)
+class CensusCheck:
+    """One function whose operator census differs from the committed baseline, for one profiled
+    image size (guard.census). Functions whose counts equal the baseline have no record."""
+
+    function: str  # "file:qualname", the file relative to its package's folder; no line numbers
+    image_size: ImageSize
+    baseline_calls: int | None  # None: a function the baseline does not have (new)
+    measured_calls: int | None  # None: a function that no longer issues any op (vanished)
+    op_deltas: tuple[CensusOpDelta, ...]  # the ops that moved, largest growth first
+    status: Status  # FAIL: beyond the rule; PASS: a change within it (shrinkage, small growth)
+    reason: str = ""  # why it failed
+    watched_ops: tuple[str, ...] = ()  # watched ops that grew (any growth fails)
+
+    @property
+    def growth_calls(self) -> int:
+        return (self.measured_calls or 0) - (self.baseline_calls or 0)
+
+
+Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
+
+
+@dataclass(frozen=True)
 class Results:
     """The verdict with everything needed to explain it: the content of results.json."""
 
@@ -268,6 +300,7 @@ class Results:
     unmeasured_op_checks: tuple[UnmeasuredOpCheck, ...] = ()  # budgets this engine mode cannot measure
     ab_checks: tuple[TtftRatioCheck, ...] = ()  # A/B mode only
     ab: ABComparison | None = None  # A/B mode only: the baseline side, the pairs, the op diff
+    census_checks: tuple[CensusCheck, ...] = ()  # only the functions that differ from the baseline
     judged_invalid_reasons: tuple[str, ...] = ()  # found by evaluation, beside the run's own
     notices: tuple[str, ...] = ()  # advice (stale budgets, ...); never changes the verdict
     guard_version: str = ""
@@ -276,7 +309,7 @@ class Results:
 
     @property
     def checks(self) -> tuple[Check, ...]:
-        return (*self.ttft_checks, *self.ab_checks, *self.op_checks)
+        return (*self.ttft_checks, *self.ab_checks, *self.op_checks, *self.census_checks)
 
     @property
     def judged(self) -> list[Check]:
@@ -360,6 +393,12 @@ def _op_from_dict(d: dict[str, Any]) -> OpCheck:
     return OpCheck(**{**d, "image_size": tuple(d["image_size"]), "rule": Rule(d["rule"]), "status": Status(d["status"])})
 
 
+def _census_from_dict(d: dict[str, Any]) -> CensusCheck:
+    return CensusCheck(**{**d, "image_size": tuple(d["image_size"]), "status": Status(d["status"]),
+                          "op_deltas": tuple(CensusOpDelta(**o) for o in d["op_deltas"]),
+                          "watched_ops": tuple(d.get("watched_ops", ()))})
+
+
 def results_to_dict(res: Results) -> dict[str, Any]:
     return {
         "schema": RESULTS_SCHEMA,
@@ -368,7 +407,8 @@ def results_to_dict(res: Results) -> dict[str, Any]:
         "verdict": str(res.verdict),
         "checks": {"ttft": [_ttft_to_dict(c) for c in res.ttft_checks], "ops": [asdict(c) for c in res.op_checks],
                    "ops_not_measured": [asdict(c) for c in res.unmeasured_op_checks],
-                   "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks]},
+                   "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks],
+                   "census": [asdict(c) for c in res.census_checks]},
         "ab": _ab_to_dict(res.ab),
         "judged_invalid_reasons": list(res.judged_invalid_reasons),
         "notices": list(res.notices),
@@ -389,6 +429,7 @@ def results_from_dict(d: dict[str, Any]) -> Results:
                                    for c in checks.get("ops_not_measured", [])),
         ab_checks=tuple(_ratio_from_dict(c) for c in checks.get("ttft_vs_baseline", [])),
         ab=_ab_from_dict(d.get("ab")),
+        census_checks=tuple(_census_from_dict(c) for c in checks.get("census", [])),
         judged_invalid_reasons=tuple(d.get("judged_invalid_reasons", ())),
         notices=tuple(d.get("notices", ())),
         guard_version=d.get("guard_version", ""),

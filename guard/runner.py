@@ -14,6 +14,7 @@ from pathlib import Path
 from guard import format as fmt
 from guard.budgets import Profile, Thresholds
 from guard.contention import ContentionSampler, contention_problems
+from guard.census import QualnameResolver, count_functions, size_key
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
 from guard.evaluate import op_checks
@@ -57,6 +58,7 @@ class GuardRun:
         self._served_model: str | None = None
         self._next_index = 0
         self._warm_sizes: set[tuple[int, int]] = set()
+        self._resolver = QualnameResolver()
 
     # -------------------------------------------------------------- engine
     @property
@@ -227,6 +229,8 @@ class GuardRun:
             # Keep the events that touch the budgeted code paths: small, and enough to re-attribute.
             save_events(scope_events(events, self.profile.ops), self.output / f"events{label}-{fmt.size(size)}.json.gz")
             counts = attribute(events, self.profile.ops, size)
+            if self.profile.census is not None:
+                self.take_census(events, size)
             # The full trace costs seconds to write; it is there to explain a failure.
             if self.traces == TRACES_ALWAYS or any(c.status == Status.FAIL for c in op_checks(self.profile, counts)):
                 name = f"trace{label}-{fmt.size(size)}.json.gz"
@@ -239,6 +243,17 @@ class GuardRun:
                               f"{fmt.calls(c.total_calls)} ({ops})")
             found.extend(counts)
         return found
+
+    def take_census(self, events, size: tuple[int, int]) -> None:
+        """The per-function operator census of one profiled request, into the record."""
+        rule = self.profile.census
+        t = time.perf_counter()
+        census = count_functions(events, rule.roots, self._resolver)
+        self.record.census_s = round(self.record.census_s + time.perf_counter() - t, 3)
+        self.record.census[size_key(size)] = census
+        calls = sum(n for ops in census.values() for n in ops.values())
+        self.progress(f"  census [{size[0]}x{size[1]}]: {len(census)} functions under {', '.join(rule.roots)}, "
+                      f"{calls} op calls ({time.perf_counter() - t:.2f} s)")
 
     def finish(self) -> RunRecord:
         self.stop_server()

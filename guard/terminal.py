@@ -80,6 +80,23 @@ def ab_lines(results: Results) -> list[str]:
     return lines
 
 
+def census_lines(results: Results) -> list[str]:
+    """The census diff: each function beyond the rule, baseline → measured, the ops that grew."""
+    if not results.run.census:
+        return []
+    functions = sum(len(fns) for fns in results.run.census.values())
+    failed = [c for c in results.census_checks if c.status == Status.FAIL]
+    lines = [f"census: {functions} functions x image sizes counted; {len(failed)} grew beyond the rule, "
+             f"{len(results.census_checks) - len(failed)} changed within it"]
+    if failed:
+        rows = [[c.function, fmt.size(c.image_size), fmt.census_calls(c), fmt.census_ops(c), fmt.STATUS_WORD[c.status]]
+                for c in failed]
+        lines += _table(["census (op calls per request)", "image", "baseline → measured", "ops that moved", "status"],
+                        rows, left=4)
+    lines.append("")
+    return lines
+
+
 def render_terminal(results: Results) -> str:
     lines: list[str] = []
     summary = percentile_summary(results)
@@ -107,6 +124,7 @@ def render_terminal(results: Results) -> str:
     reading = results.run.environment.get("cpu_contention")
     if reading:
         lines.append(f"machine: {fmt.contention(reading)}")
+    lines += census_lines(results)
     lines += [f"invalid: {reason}" for reason in results.invalid_reasons]
     lines += [f"notice: {notice}" for notice in results.notices]
     lines.append(verdict_line(results))

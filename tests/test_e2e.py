@@ -38,6 +38,9 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
         cpu["engine"]["model"] = model
     if mask_function:
         cpu["budgets"]["ops"]["mask_path"]["scope"]["function"] = mask_function
+    census = cpu["budgets"].get("census")
+    if census:  # the committed baseline, not one beside the copy
+        census["baseline"] = str((SHIPPED_THRESHOLDS.parent / census["baseline"]).resolve())
     path = tmp_path / "budget.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -131,6 +134,32 @@ def test_legacy_mask_injected_exits_1_and_names_the_code_path(tmp_path: Path) ->
     assert res["run"]["injected"] == "legacy-mask"
     (trace,) = res["run"]["traces"]
     assert trace == "trace-640x480.json.gz" and (out / trace).stat().st_size > 100_000
+
+
+@pytest.mark.parametrize(("mutant", "code"), [("token-item", 1), ("rewrite-clean", 0)])
+def test_census_catches_a_source_mutant_and_passes_the_clean_rewrite(tmp_path: Path, mutant: str, code: int) -> None:
+    """A source-level edit of vLLM's vision path (guard/mutants.py), outside every named scope."""
+    from guard.mutants import MUTANTS
+
+    m = MUTANTS[mutant]
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path)), "--output", str(out),
+                     "--inject", f"mutant:{mutant}")
+    assert proc.returncode == code, proc.stdout[-4000:] + proc.stderr[-3000:]
+    res = results_of(out)
+    failed = [c for c in res["checks"]["census"] if c["status"] == "fail"]
+    if code == 1:
+        (c,) = failed
+        assert c["function"] == m.function and c["image_size"] == [640, 480]
+        grew = {d["op"]: d["delta_calls"] for d in c["op_deltas"]}
+        assert grew["aten::_local_scalar_dense"] == 256  # one .item() per causal-flow query of the global view
+        assert c["watched_ops"] == ["aten::_local_scalar_dense"]
+        assert m.function in proc.stdout and "+256 aten::_local_scalar_dense" in proc.stdout
+        # the named mask scope still holds: only the census can see this one
+        assert all(o["status"] == "pass" for o in res["checks"]["ops"])
+    else:
+        assert failed == [] and res["verdict"] == "pass"
+        assert res["run"]["census"]["640x480"]  # the census was taken, not skipped
 
 
 def test_missing_model_path_is_an_invalid_run(tmp_path: Path) -> None:

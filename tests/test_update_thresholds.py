@@ -601,7 +601,7 @@ def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
     from guard.evaluate import evaluate
 
     local = _shipped_copy(tmp_path)  # the notice's "copy the thresholds file to local.yaml"
-    profile = dataclasses.replace(load_thresholds(REAL).profile("cpu"), ops=())  # TTFT alone here
+    profile = dataclasses.replace(load_thresholds(REAL).profile("cpu"), ops=(), census=None)  # TTFT alone here
     outcomes = [RequestOutcome(index=i, image_size=(640, 480), warmup=False, success=True, ttft_client_s=9.0 + i / 100)
                 for i in range(6)]
     run = RunRecord(profile="cpu", thresholds_path=str(REAL), model="deepseek-ocr-2", environment=dict(ENV),

@@ -16,6 +16,7 @@ from pathlib import Path
 from guard.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
 from guard.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
+from guard.mutants import INJECTABLE
 from guard.evaluate import DEFAULT_OUTPUT
 from guard.harness import run_and_judge
 from guard.hardware import detect, select_profile
@@ -31,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for results.json, report.md, traces (default: %(default)s)")
     parser.add_argument("--inject", default=None, metavar="CANARY",
                         help=f"`{LEGACY_MASK}`: run with the pre-#49531 mask re-injected (the check must then fail); "
-                             f"`{SLOW_ENCODER}:P%%` (A/B only): the candidate's vision encoder slowed by P %% of TTFT, "
-                             "for sensitivity measurements")
+                             f"`mutant:NAME`: a source-level test edit of vLLM's vision path ({', '.join(INJECTABLE)}; "
+                             f"docs/census.md); `{SLOW_ENCODER}:P%%` (A/B only): the candidate's vision encoder slowed "
+                             "by P %% of TTFT, for sensitivity measurements")
     parser.add_argument("--baseline", default=None, metavar="PYTHON",
                         help="A/B mode: the python of an environment holding the baseline vLLM (guard need not be "
                              "installed there). Both engines run here in alternation and TTFT is judged as the "
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Usage errors (exit 2) before a minute is spent."""
-    if args.inject not in (None, LEGACY_MASK):
+    if args.inject is not None and args.inject not in (LEGACY_MASK, *INJECTABLE):
         parse_inject(args.inject)  # UsageError on anything else
         if args.baseline is None:
             raise UsageError(f"--inject {args.inject} slows the candidate against a baseline: it needs --baseline PYTHON",

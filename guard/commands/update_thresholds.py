@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from guard import yamledit
 from guard.budgets import Profile, Thresholds, load_thresholds
+from guard.census import NO_BASELINE, CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.hardware import git_commit, ttft_hardware_for
 from guard.results import TOTAL_OPS, Results, Verdict, load_results
@@ -101,16 +102,17 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
     if results.run.model and results.run.model != thresholds_model:
         raise UsageError(f"{results_path} measured model '{results.run.model}'; this thresholds file is for "
                          f"'{thresholds_model}'", hint="pass the --thresholds file the run used")
-    reasons = results.invalid_reasons
-    if results.verdict == Verdict.INVALID or reasons:
+    # a run whose only flaw is a missing census baseline is valid: it just had nothing to compare with yet
+    reasons = [r for r in results.invalid_reasons if NO_BASELINE not in r]
+    if reasons or (results.verdict == Verdict.INVALID and not results.invalid_reasons):
         detail = "; ".join(reasons) or f"verdict is '{results.verdict}'"
         raise _refuse(results_path, "verdict", f"the run was invalid ({detail}); an update is never made from a failed run",
                       hint="fix the run and re-run `guard check`")
     if results.run.injected:
         raise _refuse(results_path, "run.injected",
                       f"the run had a regression injected on purpose ({results.run.injected}); it is no baseline")
-    _check_same_config(results, results_path, profile)
-    if only != "ops" and profile.ttft_ms:
+    _check_same_config(results, results_path, profile, only)
+    if only in (None, "ttft") and profile.ttft_ms:
         if not results.run.ttft_client_s():
             raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
                           hint="use --only ops to update the op-count budgets alone")
@@ -121,7 +123,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
                 raise _refuse(results_path, f"checks.ttft[{key}]", f"no TTFT {key} measurement in this run")
             if not (math.isfinite(got) and got > 0):
                 raise _refuse(results_path, f"checks.ttft[{key}].measured_ms", f"not a usable TTFT measurement: {got!r}")
-    if only != "ttft":
+    if only in (None, "ops"):
         measured = _op_measurements(results)
         for sb in profile.ops:
             labels = [*sb.ops, *([TOTAL_OPS] if sb.total_ops is not None else [])]
@@ -132,11 +134,25 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
                                   hint="use --only ttft to update the TTFT budgets alone")
 
 
-def _check_same_config(results: Results, results_path: Path, profile: Profile) -> None:
+# What a census per profiled request depends on: how many requests the timing pass sent, and at
+# what concurrency, does not change it (benchmarks/census_stability.py: identical after any number).
+CENSUS_WORKLOAD_KEYS = ("profile_image_sizes", "prompt", "max_tokens", "seed")
+
+
+def _check_same_config(results: Results, results_path: Path, profile: Profile, only: str | None = None) -> None:
     """The run must have used the engine and workload the YAML holds now, or its numbers mean
-    something else. Absolute model paths differ between checkouts, so those are not compared."""
+    something else. Absolute model paths differ between checkouts, so those are not compared.
+    A census-only update compares only what the census depends on, plus the census roots."""
     recorded = results.profile_config or {}
-    current = {"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict()}
+    workload = profile.workload.as_dict()
+    if only == "census":
+        workload = {k: v for k, v in workload.items() if k in CENSUS_WORKLOAD_KEYS}
+        then_roots = (recorded.get("census") or {}).get("roots")
+        if profile.census is not None and then_roots is not None and list(then_roots) != list(profile.census.roots):
+            raise _refuse(results_path, "profile_config.census.roots",
+                          f"the run counted under roots {then_roots}, the thresholds file now says "
+                          f"{list(profile.census.roots)}", hint=f"re-run `guard check --profile {profile.name}`")
+    current = {"engine": profile.engine.as_dict(), "workload": workload}
     for section, now in current.items():
         then = recorded.get(section)
         if not isinstance(then, dict):
@@ -165,7 +181,7 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
     base = ("profiles", profile.name, "budgets")
     changes: list[Change] = []
     binding = None
-    if only != "ops":
+    if only in (None, "ttft"):
         measured = {c.percentile: c.measured_ms for c in results.ttft_checks}
         binding = _rebinding(profile, results.run.environment or {})
         # Bound to another CPU: that budget says nothing about this one, so rewrite it even within
@@ -176,7 +192,7 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
             new = ttft_budget(got, headroom_pct)
             changes.append(Change(base + profile.ttft_ms_key + (key,), ".".join(profile.ttft_ms_key + (key,)), old, new, got,
                                   "ms", applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
-    if only != "ttft":
+    if only in (None, "ops"):
         counts = _op_measurements(results)
         for sb in profile.ops:
             budgets = [(("ops", op), op, b) for op, b in sb.ops.items()]
@@ -305,6 +321,8 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
         raise UsageError(f"profile '{prof.name}' has no TTFT budgets to update")
     if only == "ops" and not prof.ops:
         raise UsageError(f"profile '{prof.name}' has no op-count budgets to update")
+    if only == "census" and prof.census is None:
+        raise UsageError(f"profile '{prof.name}' has no census rule", hint="add `census: {baseline: FILE}` to its budgets")
     if headroom_pct is None:
         headroom_pct = prof.headroom_pct
     elif not (math.isfinite(headroom_pct) and 0 <= headroom_pct <= 1000):
@@ -313,12 +331,22 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
 
     plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
                        provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
+    census: CensusPlan | None = None
+    if prof.census is not None and only is None and not results.run.census:
+        print(f"census: {results_path} has no census; {prof.census.baseline} is left as it is", file=out)
+    elif prof.census is not None and only in (None, "census"):
+        census = plan_census(prof, thresholds.model, results.run.census, provenance=plan.provenance,
+                             allow_increase=allow_increase, results_path=results_path)
     old = thresholds_path.read_bytes().decode("utf-8")  # not read_text: keep \r\n line endings as they are
     try:
         new = render(old, plan)
     except yamledit.YamlEditError as exc:
         raise GuardError(f"{thresholds_path}: could not edit in place: {exc}") from None
 
+    if census is not None:
+        _write_census(census, dry_run, out)
+    if only == "census":
+        return 0
     _print_summary(plan, out)
     if new == old:
         print(f"no changes: {thresholds_path} already holds these budgets", file=out)
@@ -337,6 +365,36 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     if plan.increases:
         print(f"WARNING: {len(plan.increases)} op-count budget(s) raised; see above", file=out)
     return 0
+
+
+def _write_census(census: CensusPlan, dry_run: bool, out: TextIO) -> None:
+    """The census baseline: summary, loud warning on increases, diff, atomic write (or dry run)."""
+    path = census.path
+    for line in census.summary():
+        print(line, file=out)
+    if census.new_text == census.old_text:
+        print(f"no changes: {path} already holds this census", file=out)
+        return
+    if census.increases:
+        rule = "!" * 78
+        print(rule, file=out)
+        print(f"WARNING: this update RAISES the census of {len(census.increases)} function(s) (--allow-increase):", file=out)
+        for line in census.increases[:20]:
+            print(f"WARNING:   {line}", file=out)
+        if len(census.increases) > 20:
+            print(f"WARNING:   ... and {len(census.increases) - 20} more (see the diff)", file=out)
+        print("WARNING: more operator calls per request is what the census catches; make sure the pull", file=out)
+        print("WARNING: request says why the new calls are needed.", file=out)
+        print(rule, file=out)
+    out.write(unified_diff(census.old_text or "", census.new_text, path))
+    if dry_run:
+        print(f"dry run: {path} not written", file=out)
+        return
+    try:
+        write_census_atomic(path, census.new_text)
+    except OSError as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot write: {exc}; the file is unchanged") from None
+    print(f"wrote {path}", file=out)
 
 
 def _num(x: float) -> int | float:
@@ -381,9 +439,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hardware profile to update (default: the run's); must match the run's")
     parser.add_argument("--headroom", type=float, default=None, metavar="PCT",
                         help="TTFT headroom in percent (default: the profile's headroom_pct, else 10)")
-    parser.add_argument("--only", choices=("ttft", "ops"), default=None, help="update only these budgets")
+    parser.add_argument("--only", choices=("ttft", "ops", "census"), default=None,
+                        help="update only these budgets (census: only the census baseline file)")
     parser.add_argument("--allow-increase", action="store_true",
-                        help="allow raising op-count budgets (new ops on a budgeted path)")
+                        help="allow raising op-count budgets (new ops on a budgeted path) and census counts")
     parser.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
 
 

@@ -1,0 +1,197 @@
+"""Test mutants: source-level edits of vLLM's vision path, applied when vLLM imports the module.
+
+Each mutant is what a pull request could do to a vLLM model file: a text edit of the module's
+source (``Edit(old, new)``; ``old`` must occur exactly once). ``install(name)`` puts an import hook
+first on ``sys.meta_path``; when vLLM imports the module, the hook compiles the *edited* source
+under the module's *original* filename, and registers that source in ``linecache``. So profiler
+frames, tracebacks and the census carry vLLM's real file and function names, exactly as if the
+file on disk had been edited, and nothing on disk changes.
+
+``guard check --inject mutant:NAME`` runs the whole check with one applied. The ``fail`` mutants
+must make it exit 1 naming their function; the ``pass`` rewrite must keep it at 0 (it changes
+the code, not the work done). tests/test_e2e.py runs one of each on the real engine.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import linecache
+import sys
+from dataclasses import dataclass
+
+from guard.errors import InvalidRunError
+
+MUTANT_PREFIX = "mutant:"
+_OCR2 = "vllm.model_executor.models.deepseek_ocr2"
+_ENC2 = "vllm.model_executor.models.deepencoder2"
+_SAM = "vllm.model_executor.models.deepencoder"
+
+
+@dataclass(frozen=True)
+class Edit:
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    module: str  # dotted module name, edited when imported
+    function: str  # the census function it changes ("file:qualname")
+    expect: str  # "fail" | "pass": what `guard check` must say
+    what: str
+    edits: tuple[Edit, ...]
+
+
+_GLOBAL_FEATURES_TAIL = """        features = self.projector(global_features_2)
+
+        _, hw, dim = features.shape
+
+        return features.view(-1, dim)
+"""
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in (
+    Mutant(
+        name="token-copies", module=_OCR2, expect="fail",
+        function="vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features",
+        what="the global view's features copied into a new tensor one visual token at a time",
+        edits=(Edit(_GLOBAL_FEATURES_TAIL, """        features = self.projector(global_features_2)
+
+        _, hw, dim = features.shape
+
+        flat = features.view(-1, dim)
+        out = torch.empty_like(flat)
+        for i in range(flat.shape[0]):  # mutant: one small copy per visual token
+            out[i].copy_(flat[i])
+        return out
+"""),),
+    ),
+    Mutant(
+        name="token-item", module=_ENC2, expect="fail",
+        function="vllm/model_executor/models/deepencoder2.py:Qwen2Decoder2Encoder.forward",
+        what="one .item() per causal-flow query token (a host sync per token on a GPU)",
+        edits=(Edit("""        y = y[:, n_query:, :]  # causal flow query
+""", """        y = y[:, n_query:, :]  # causal flow query
+        self.token_scale = [y[0, i, 0].item() for i in range(n_query)]  # mutant: a host sync per token
+"""),),
+    ),
+    Mutant(
+        name="row-index-writes", module=_SAM, expect="fail",
+        function="vllm/model_executor/models/deepencoder.py:ImageEncoderViT.get_abs_pos",
+        what="SAM's absolute position embedding rebuilt by one advanced-index write per row",
+        edits=(Edit("""        else:
+            return abs_pos
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+""", """        else:
+            out = torch.empty_like(abs_pos)
+            for r in range(src_size):  # mutant: one index write per row
+                out[:, [r]] = abs_pos[:, [r]]
+            return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+"""),),
+    ),
+    Mutant(
+        name="mask-cache-removed", module=_ENC2, expect="fail",
+        function=("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model."
+                  "<locals>.CustomQwen2ModelInner.compute_mask_base"),
+        what="the lru_cache of the DeepEncoder-V2 attention mask removed: the mask is rebuilt on every pass",
+        edits=(Edit("""            @classmethod
+            @lru_cache(maxsize=8)
+            def compute_mask_base(""", """            @classmethod
+            def compute_mask_base("""),),
+    ),
+    Mutant(
+        name="rewrite-clean", module=_OCR2, expect="pass",
+        function="vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features",
+        what="an equivalent rewrite of the global-feature encoder (one expression, reshape instead of view)",
+        edits=(Edit("""        global_features_1 = self.sam_model(image_tensor)
+        global_features_2 = self.qwen2_model(global_features_1)
+
+""" + _GLOBAL_FEATURES_TAIL, """        # the same computation, written as one expression
+        features = self.projector(self.qwen2_model(self.sam_model(image_tensor)))
+        return features.reshape(-1, features.shape[-1])
+"""),),
+    ),
+)}
+
+INJECTABLE = tuple(MUTANT_PREFIX + name for name in MUTANTS)
+
+
+def mutate(source: str, mutant: Mutant, path: str) -> str:
+    """The edited source; InvalidRunError when an edit no longer applies (vLLM changed the file)."""
+    for i, edit in enumerate(mutant.edits):
+        found = source.count(edit.old)
+        if found != 1:
+            raise InvalidRunError(
+                f"mutant {mutant.name}: edit {i + 1} matches {found} times in {path}, expected once: "
+                "vLLM's file changed, so the mutant no longer applies",
+                hint="update guard/mutants.py for this vLLM version")
+        source = source.replace(edit.old, edit.new)
+    return source
+
+
+class _MutantLoader(importlib.machinery.SourceFileLoader):
+    """Loads the edited source under the original filename; never reads or writes bytecode caches."""
+
+    def __init__(self, fullname: str, path: str, mutant: Mutant) -> None:
+        super().__init__(fullname, path)
+        self.mutant = mutant
+
+    def get_source(self, fullname: str) -> str:
+        original = super().get_source(fullname)
+        return mutate(original, self.mutant, self.path)
+
+    def get_code(self, fullname: str):
+        source = self.get_source(fullname)
+        # the profiler, tracebacks and guard.census read the source that ran, not the file on disk
+        linecache.cache[self.path] = (len(source), None, source.splitlines(keepends=True), self.path)
+        return compile(source, self.path, "exec", dont_inherit=True)
+
+    def set_data(self, path, data, *, _mode=0o666) -> None:
+        return None  # no .pyc of a mutant
+
+
+class _MutantFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, mutant: Mutant) -> None:
+        self.mutant = mutant
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.mutant.module:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not spec.origin:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, spec.origin, loader=_MutantLoader(fullname, spec.origin, self.mutant))
+
+
+def mutant_named(injected: str) -> Mutant:
+    name = injected[len(MUTANT_PREFIX):] if injected.startswith(MUTANT_PREFIX) else injected
+    if name not in MUTANTS:
+        raise InvalidRunError(f"no such mutant: {name!r}", hint=f"mutants: {', '.join(MUTANTS)}")
+    return MUTANTS[name]
+
+
+def install(injected: str) -> Mutant:
+    """Apply mutant ``mutant:NAME`` to the next import of its module (before the engine starts).
+
+    Checks eagerly that every edit applies to the installed file, so a vLLM that moved on makes
+    an invalid run with a reason, not a failure deep inside model loading."""
+    mutant = mutant_named(injected)
+    if mutant.module in sys.modules:
+        raise InvalidRunError(f"mutant {mutant.name}: {mutant.module} was imported before the mutant could be applied")
+    spec = importlib.util.find_spec(mutant.module.rsplit(".", 1)[0])  # the package, without importing the module
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    found = importlib.machinery.PathFinder.find_spec(mutant.module, locations)
+    if found is None or not found.origin:
+        raise InvalidRunError(f"mutant {mutant.name}: cannot find {mutant.module} (is vLLM installed?)")
+    with open(found.origin, encoding="utf-8") as f:
+        mutate(f.read(), mutant, found.origin)
+    sys.meta_path.insert(0, _MutantFinder(mutant))
+    return mutant

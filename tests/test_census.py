@@ -1,0 +1,266 @@
+"""The operator census on recorded profiler events, its rule, its baseline file, and the mutants'
+source edits against the installed vLLM (no engine here; tests/test_e2e.py runs them live)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from guard import format as fmt
+from guard.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
+from guard.census import (QualnameResolver, compare, count_functions, fold, folded, function_of, load_baseline,
+                          render_baseline,
+                          total_calls, unstable_functions)
+from guard.errors import ConfigError, InvalidRunError
+from guard.mutants import MUTANTS, Edit, Mutant, mutate
+from guard.probes import ProfEvent, load_events
+from guard.results import Status
+
+FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+MASK_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model."
+           "<locals>.CustomQwen2ModelInner._update_causal_mask")
+RULE = CensusRule(baseline=Path("unused"), max_growth_pct=10, min_growth_calls=16, new_function_max_calls=8)
+
+
+def census_events(size: str) -> list[ProfEvent]:
+    return load_events(FIXTURES / f"census-{size}.events.json.gz")
+
+
+# ----------------------------------------------------------------------------- counting
+def test_legacy_mask_ops_are_charged_to_the_innermost_vllm_function_by_qualified_name() -> None:
+    ev = load_events(FIXTURES / "legacy-mask-640x480.events.json.gz")
+    census = count_functions(ev, ("vllm",), QualnameResolver())
+    assert census[MASK_FN]["aten::_index_put_impl_"] == 513
+    assert census[MASK_FN]["aten::_local_scalar_dense"] == 512
+    # guard/canary.py is not under the root: its ops belong to the vLLM function that called it
+    assert not any(fn.startswith("guard/") for fn in census)
+
+
+def test_roots_choose_which_frames_count() -> None:
+    ev = load_events(FIXTURES / "legacy-mask-640x480.events.json.gz")
+    census = count_functions(ev, ("guard",), QualnameResolver())
+    assert census["guard/canary.py:legacy_create_custom_4d_mask"]["aten::_index_put_impl_"] == 513
+    assert all(fn.startswith("guard/") for fn in census)
+
+
+def test_innermost_frame_under_the_root_wins() -> None:
+    stack = ("<built-in method add of Tensor object at 0x1>", "torch/nn/functional.py(10): relu",
+             "vllm/a.py(5): inner", "vllm/b.py(9): outer")
+    assert function_of(stack, ("vllm",), lambda f, line, n: n) == "vllm/a.py:inner"
+    assert function_of(stack, ("vllmx",), lambda f, line, n: n) is None
+    assert function_of(stack[:2], ("vllm",), lambda f, line, n: n) is None
+
+
+def test_cuda_runtime_calls_are_not_ops_but_syncs_and_htod_copies_are_counted() -> None:
+    ev = [ProfEvent("aten::copy_", ("vllm/a.py(1): f",), True, ("Memcpy HtoD (Pageable -> Device)",)),
+          ProfEvent("cudaLaunchKernel", ("vllm/a.py(1): f",), True),
+          ProfEvent("cudaStreamSynchronize", ("vllm/a.py(1): f",), True),
+          ProfEvent("vllm/a.py(1): f", ("vllm/a.py(1): f",), False),
+          ProfEvent("nn.Module: Linear_3", ("vllm/a.py(1): f",), True)]  # a Python call the profiler names oddly
+    census = count_functions(ev, ("vllm",))
+    assert census == {"vllm/a.py:f": {"aten::copy_": 1, "cuda::memcpy_htod": 1, "cuda::sync": 1}}
+    assert total_calls(census["vllm/a.py:f"]) == 1
+
+
+@pytest.mark.parametrize("size", ["640x480", "800x400"])
+def test_recorded_request_census_covers_the_vision_path(size: str) -> None:
+    census = count_functions(census_events(size), ("vllm",), QualnameResolver())
+    assert len(census) > 20
+    assert "vllm/model_executor/models/deepencoder.py:ImageEncoderViT.forward" in census
+    assert any(fn.endswith(":Qwen2Decoder2Encoder.forward") for fn in census)
+    # line numbers never appear in a function's name
+    assert all(not fn.rsplit(":", 1)[1][:1].isdigit() for fn in census)
+    assert not any(op.startswith("nn.Module") for ops in census.values() for op in ops)
+    # the current mask path issues no index writes at all
+    assert census.get(MASK_FN, {}).get("aten::_index_put_impl_", 0) == 0
+
+
+def test_census_of_the_same_events_is_identical() -> None:
+    ev = census_events("640x480")
+    assert count_functions(ev, ("vllm",), QualnameResolver()) == count_functions(list(ev), ("vllm",), QualnameResolver())
+
+
+def test_unstable_functions_names_the_movers() -> None:
+    runs = [{"a": {"x": 1}, "b": {"y": 2}}, {"a": {"x": 1}, "b": {"y": 3}}, {"a": {"x": 1}}]
+    assert unstable_functions(runs) == {"b": [2, 3, 0]}
+
+
+# ----------------------------------------------------------------------------- the rule
+BASE = {"vllm/m.py:loop": {"aten::copy_": 100, "aten::select": 100},
+        "vllm/m.py:small": {"aten::view": 2},
+        "vllm/m.py:gone": {"aten::add": 5},
+        "vllm/m.py:noisy": {"aten::add": 50}}
+
+
+@pytest.mark.parametrize(("fn", "measured", "fails", "why"), [
+    ("vllm/m.py:loop", {"aten::copy_": 108, "aten::select": 108}, False, "16 calls: within 10 % of 200"),
+    ("vllm/m.py:loop", {"aten::copy_": 356, "aten::select": 356}, True, "+512: beyond both"),
+    ("vllm/m.py:small", {"aten::view": 2, "aten::reshape": 1}, False, "+1 of 2: 50 % but not 16 calls"),
+    ("vllm/m.py:small", {"aten::view": 2, "aten::_local_scalar_dense": 1}, True, "watched op grew"),
+    ("vllm/m.py:new", {"aten::add": 8}, False, "new, at the cap"),
+    ("vllm/m.py:new", {"aten::add": 9}, True, "new, above the cap"),
+    ("vllm/m.py:new", {"aten::nonzero": 1}, True, "new, with a watched op"),
+    ("vllm/m.py:loop", {"aten::copy_": 10, "aten::select": 10}, False, "shrinkage is a notice"),
+])
+def test_growth_rule(fn: str, measured: dict, fails: bool, why: str) -> None:
+    got = {**BASE, fn: measured}
+    (d,) = [d for d in compare(RULE, (640, 480), BASE, got) if d.function == fn]
+    assert (d.status == Status.FAIL) is fails, why
+
+
+def test_diff_names_the_ops_that_grew_largest_first_and_failures_first() -> None:
+    got = {**BASE, "vllm/m.py:loop": {"aten::copy_": 356, "aten::select": 612, "aten::empty_like": 1},
+           "vllm/m.py:small": {"aten::view": 1}}
+    got.pop("vllm/m.py:gone")
+    diffs = compare(RULE, (640, 480), BASE, got)
+    first = diffs[0]
+    assert first.status == Status.FAIL and first.function == "vllm/m.py:loop"
+    assert first.baseline_calls == 200 and first.measured_calls == 969
+    assert fmt.census_ops(first) == "+512 aten::select, +256 aten::copy_, +1 aten::empty_like"
+    assert fmt.census_calls(first) == "200 → 969"
+    vanished = next(d for d in diffs if d.function == "vllm/m.py:gone")
+    assert vanished.status == Status.PASS and vanished.measured_calls is None
+    assert fmt.census_calls(vanished) == "5 → gone"
+    assert [d.status for d in diffs] == [Status.FAIL, Status.PASS, Status.PASS]
+
+
+def test_excluded_functions_are_not_judged() -> None:
+    rule = CensusRule(baseline=Path("x"), exclude={"vllm/m.py:noisy": "scheduler bookkeeping varies per step"})
+    got = {**BASE, "vllm/m.py:noisy": {"aten::add": 5000}}
+    assert compare(rule, (1, 1), BASE, got) == []
+
+
+def test_default_watch_list() -> None:
+    assert set(DEFAULT_WATCH) == {"aten::_local_scalar_dense", "aten::nonzero", "aten::_index_put_impl_",
+                                  "cuda::memcpy_htod"}
+
+
+# ----------------------------------------------------------------------------- baseline file
+def test_baseline_round_trip_is_sorted_one_line_per_function(tmp_path: Path) -> None:
+    census = {"800x400": {"vllm/b.py:g": {"aten::mm": 2, "aten::add": 1}}, "640x480": dict(BASE)}
+    text = render_baseline("m", "cpu", ("vllm",), census, {"date": "2026-11-30"}, {"vllm/x.py:f": "varies"})
+    path = tmp_path / "m.cpu.census.json"
+    path.write_text(text)
+    b = load_baseline(path)
+    assert b.census == census and b.roots == ("vllm",) and b.excluded == {"vllm/x.py:f": "varies"}
+    assert text.index('"640x480"') < text.index('"800x400"')
+    line = next(t for t in text.splitlines() if "vllm/b.py:g" in t)
+    assert line.strip() == '"vllm/b.py:g": {"aten::add": 1, "aten::mm": 2}'
+    assert json.loads(text)["schema"] == "guard/census"
+
+
+@pytest.mark.parametrize(("patch", "key"), [
+    (lambda d: d.update(schema="x"), "schema"),
+    (lambda d: d.update(schema_version=9), "schema_version"),
+    (lambda d: d["census"].update({"640by480": {}}), "census.640by480"),
+    (lambda d: d["census"]["640x480"].update({"vllm/f.py:f": {"aten::add": -1}}), "census.640x480.vllm/f.py:f"),
+])
+def test_bad_baseline_names_the_key(tmp_path: Path, patch, key: str) -> None:
+    data = json.loads(render_baseline("m", "cpu", ("vllm",), {"640x480": dict(BASE)}, {}, {}))
+    patch(data)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(data, indent=1))
+    with pytest.raises(ConfigError) as e:
+        load_baseline(path)
+    assert e.value.key == key and str(path) in str(e.value)
+
+
+def test_missing_baseline_says_how_to_write_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="update-thresholds"):
+        load_baseline(tmp_path / "none.json")
+
+
+# ----------------------------------------------------------------------------- YAML
+def _yaml_with_census(tmp_path: Path, census: dict) -> Path:
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
+    data["profiles"]["cpu"]["budgets"]["census"] = census
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_census_rule_parses_with_defaults_and_resolves_the_baseline(tmp_path: Path) -> None:
+    rule = load_thresholds(_yaml_with_census(tmp_path, {"baseline": "t.cpu.census.json"})).profile("cpu").census
+    assert rule.baseline == tmp_path / "t.cpu.census.json"
+    assert rule.watch == DEFAULT_WATCH and rule.roots == ("vllm",) and rule.exclude == {}
+
+
+@pytest.mark.parametrize(("census", "key", "text"), [
+    ({"baseline": "b.json", "max_groth_pct": 5}, "census.max_groth_pct", "did you mean `max_growth_pct`"),
+    ({"max_growth_pct": 5}, "census.baseline", "missing required key"),
+    ({"baseline": "b.json", "min_growth_calls": -1}, "census.min_growth_calls", "must be >= 0"),
+    ({"baseline": "b.json", "exclude": {"vllm/a.py:f": None}}, "census.exclude.vllm/a.py:f", "non-empty string"),
+    ({"baseline": "b.json", "exclude": {"f": "why"}}, "census.exclude.f", "file:qualname"),
+    ({"baseline": "b.json", "roots": ["/abs"]}, "census.roots[0]", "relative"),
+    ({"baseline": "b.json", "watch": "aten::nonzero"}, "census.watch", "list"),
+])
+def test_census_rule_errors_name_file_line_and_key(tmp_path: Path, census: dict, key: str, text: str) -> None:
+    path = _yaml_with_census(tmp_path, census)
+    with pytest.raises(ConfigError) as e:
+        load_thresholds(path)
+    assert e.value.key.endswith(key) and e.value.line and text in str(e.value)
+
+
+# ----------------------------------------------------------------------------- mutants
+def _installed_source(module: str) -> tuple[str, str]:
+    origin = importlib.util.find_spec(module).origin
+    return Path(origin).read_text(encoding="utf-8"), origin
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_every_mutant_applies_to_the_installed_vllm_and_keeps_its_function(name: str) -> None:
+    m = MUTANTS[name]
+    source, origin = _installed_source(m.module)
+    edited = mutate(source, m, origin)
+    assert edited != source
+    code = compile(edited, origin, "exec", dont_inherit=True)
+    qualnames = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        qualnames.add(c.co_qualname)
+        stack += [k for k in c.co_consts if hasattr(k, "co_qualname")]
+    assert m.function.rsplit(":", 1)[1] in qualnames
+    assert m.function.split(":")[0] == m.module.replace(".", "/") + ".py"
+
+
+def test_mutants_cover_different_functions_and_one_clean_rewrite() -> None:
+    failing = [m for m in MUTANTS.values() if m.expect == "fail"]
+    assert len(failing) >= 4 and len({m.function for m in failing}) == len(failing)
+    assert [m.expect for m in MUTANTS.values()].count("pass") == 1
+
+
+def test_a_mutant_that_no_longer_applies_is_an_invalid_run() -> None:
+    m = Mutant("x", "vllm.x", "vllm/x.py:f", "fail", "", (Edit("not in the file", "y"),))
+    with pytest.raises(InvalidRunError, match="no longer applies"):
+        mutate("def f(): pass\n", m, "x.py")
+
+
+@pytest.mark.parametrize("size", ["640x480", "800x400"])
+def test_recorded_request_matches_the_committed_baseline(size: str) -> None:
+    """The fixture (recorded by benchmarks/census_stability.py in one engine) and the committed
+    baseline (written by update-thresholds from a guard check in another) agree exactly: the census
+    is the same across engine processes. After re-baselining for a new vLLM, re-record with
+    `benchmarks/census_stability.py --runs 1 --save-events tests/fixtures/profiles`."""
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    rule = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").census
+    baseline = load_baseline(rule.baseline)
+    census = count_functions(census_events(size), rule.roots, QualnameResolver())
+    assert compare(rule, tuple(int(x) for x in size.split("x")), baseline.census[size], census) == []
+    assert census == baseline.census[size]
+
+
+def test_comprehensions_fold_into_the_function_that_wrote_them() -> None:
+    stack = ("vllm/m.py(9): <listcomp>", "vllm/m.py(5): forward")
+    resolve = {(9, "<listcomp>"): "Enc.forward.<locals>.<listcomp>", (5, "forward"): "Enc.forward"}
+    assert function_of(stack, ("vllm",), lambda f, line, n: resolve[(line, n)]) == "vllm/m.py:Enc.forward"
+    assert fold("A.f.<locals>.g.<locals>.<genexpr>") == "A.f.<locals>.g"
+    assert folded({"vllm/m.py:A.f": {"aten::add": 1}, "vllm/m.py:A.f.<locals>.<listcomp>": {"aten::add": 2}}) == \
+        {"vllm/m.py:A.f": {"aten::add": 3}}

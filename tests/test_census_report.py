@@ -1,0 +1,186 @@
+"""The census through evaluation, the three views, results.json, and `guard update-thresholds`
+(recorded data built from guard's own records; no engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from guard import cli
+from guard.budgets import load_thresholds
+from guard.census import load_baseline, render_baseline
+from guard.commands import update_thresholds as ut
+from guard.evaluate import evaluate
+from guard.markdown import render_markdown
+from guard.results import (RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict,
+                           write_json_atomic)
+from guard.terminal import render_terminal
+from tests.conftest import SHIPPED_THRESHOLDS
+
+LOOP = "vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features"
+OTHER = "vllm/model_executor/models/deepencoder.py:ImageEncoderViT.forward"
+NOISY = "vllm/v1/core/sched/scheduler.py:Scheduler.schedule"
+BASE = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 40, "aten::mm": 60}, NOISY: {"aten::add": 3}}}
+ENV = {"hardware_profile": "cpu", "git_commit": "0" * 40, "gpu": None, "cpu": "EPYC", "cpu_count": 2, "vllm": "0.32.0"}
+
+
+@pytest.fixture(autouse=True)
+def pinned(monkeypatch):
+    monkeypatch.setattr(ut, "git_commit", lambda cwd=None: None)
+
+
+def setup(tmp_path: Path, *, baseline: dict | None = BASE, exclude: dict | None = None) -> Path:
+    """A thresholds file whose cpu profile has a census rule (and only that), and its baseline."""
+    data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
+    cpu = data["profiles"]["cpu"]
+    cpu["workload"]["profile_image_sizes"] = [[640, 480]]
+    cpu["budgets"] = {"census": {"baseline": "t.cpu.census.json", "max_growth_pct": 10, "min_growth_calls": 16,
+                                 "new_function_max_calls": 8, "exclude": exclude or {NOISY: "varies per step"}}}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    if baseline is not None:
+        (tmp_path / "t.cpu.census.json").write_text(
+            render_baseline("deepseek-ocr-2", "cpu", ("vllm",), {s: {f: o for f, o in fns.items() if f != NOISY}
+                                                                 for s, fns in baseline.items()},
+                            {"date": "x"}, {NOISY: "varies per step"}))
+    return path
+
+
+def run_with(census: dict, yaml_path: Path, injected: str | None = None) -> RunRecord:
+    return RunRecord(profile="cpu", thresholds_path=str(yaml_path), model="deepseek-ocr-2", environment=dict(ENV),
+                     outcomes=[RequestOutcome(0, (640, 480), False, True, ttft_client_s=7.0)], rounds=1,
+                     census=census, injected=injected)
+
+
+def judged(tmp_path: Path, census: dict, **kw):
+    path = setup(tmp_path, **kw)
+    profile = load_thresholds(path).profile("cpu")
+    baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None
+    return evaluate(profile, run_with(census, path), output=tmp_path / "out", census_baseline=baseline), path
+
+
+def grown() -> dict:
+    return {"640x480": {**BASE["640x480"],
+                        LOOP: {"aten::view": 1, "aten::empty_like": 1, "aten::select": 512, "aten::copy_": 256},
+                        NOISY: {"aten::add": 300}}}
+
+
+def test_identical_census_passes_with_no_checks(tmp_path: Path) -> None:
+    res, _ = judged(tmp_path, BASE)
+    assert res.verdict == Verdict.PASS and res.census_checks == ()
+    assert "census: 3 functions x image sizes counted; 0 grew beyond the rule" in render_terminal(res)
+
+
+def test_a_loop_of_small_ops_fails_and_every_view_names_function_and_ops(tmp_path: Path) -> None:
+    res, _ = judged(tmp_path, grown())
+    assert res.verdict == Verdict.REGRESSION and res.exit_code == 1
+    (c,) = res.census_checks  # the excluded scheduler function is not judged
+    assert c.function == LOOP and c.status == Status.FAIL and (c.baseline_calls, c.measured_calls) == (1, 770)
+    term = render_terminal(res)
+    row = next(line for line in term.splitlines() if line.startswith(LOOP))
+    assert row.split() == [LOOP, "640x480", "1", "→", "770", "+512", "aten::select,", "+256", "aten::copy_,", "+1",
+                           "aten::empty_like", "FAIL"]
+    assert "REGRESSION" in term and "more than 10 % of 1" in term
+    md = render_markdown(res)
+    assert "### Operator census per function" in md and "1 → 770" in md and "+512 aten::select" in md
+    out = tmp_path / "results.json"
+    write_json_atomic(out, results_to_dict(res))  # and back, through the JSON Schema
+    again = load_results(out)
+    assert again.census_checks == res.census_checks and again.run.census == res.run.census
+
+
+def test_shrinkage_is_a_notice_with_the_update_command(tmp_path: Path) -> None:
+    census = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}}
+    res, _ = judged(tmp_path, census)
+    assert res.verdict == Verdict.PASS
+    assert any("shrank or vanished" in n and "--only census" in n for n in res.notices)
+    assert any(f"{OTHER} [640x480]: 100 → 70" in n for n in res.notices)
+
+
+def test_missing_baseline_is_an_invalid_run_that_says_how_to_write_it(tmp_path: Path) -> None:
+    res, _ = judged(tmp_path, BASE, baseline=None)
+    assert res.verdict == Verdict.INVALID and res.exit_code == 3
+    assert any("no census baseline" in r and "update-thresholds" in r for r in res.invalid_reasons)
+
+
+def test_a_size_without_census_is_an_invalid_run(tmp_path: Path) -> None:
+    res, _ = judged(tmp_path, {})
+    assert res.verdict == Verdict.INVALID
+    assert any("no census was measured for a 640x480" in r for r in res.invalid_reasons)
+
+
+# ----------------------------------------------------------------------------- update-thresholds
+def results_file(tmp_path: Path, census: dict, yaml_path: Path, **kw) -> Path:
+    profile = load_thresholds(yaml_path).profile("cpu")
+    baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None
+    res = evaluate(profile, run_with(census, yaml_path, **kw), output=tmp_path, census_baseline=baseline)
+    path = tmp_path / "results.json"
+    write_json_atomic(path, results_to_dict(res))
+    return path
+
+
+def update(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main(["update-thresholds", *argv])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def test_first_baseline_is_written_from_a_run_that_had_none(tmp_path: Path, capsys) -> None:
+    path = setup(tmp_path, baseline=None)
+    res = results_file(tmp_path, grown(), path)
+    code, out = update(capsys, "--from", str(res), "--only", "census")
+    assert code == 0, out
+    b = load_baseline(tmp_path / "t.cpu.census.json")
+    assert b.census["640x480"][LOOP]["aten::copy_"] == 256
+    assert NOISY not in b.census["640x480"] and b.excluded == {NOISY: "varies per step"}
+    assert b.provenance["commit"] and "writing the first baseline" in out
+
+
+def test_decrease_is_accepted_and_written_atomically_with_a_diff(tmp_path: Path, capsys) -> None:
+    path = setup(tmp_path)
+    census = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}}
+    code, out = update(capsys, "--from", str(results_file(tmp_path, census, path)), "--only", "census")
+    assert code == 0, out
+    assert f'-      "{OTHER}": {{"aten::add": 40, "aten::mm": 60}}' in out
+    assert f'+      "{OTHER}": {{"aten::add": 10, "aten::mm": 60}}' in out
+    assert load_baseline(tmp_path / "t.cpu.census.json").census["640x480"][OTHER]["aten::add"] == 10
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_increase_is_refused_without_allow_increase(tmp_path: Path, capsys) -> None:
+    path = setup(tmp_path)
+    before = (tmp_path / "t.cpu.census.json").read_text()
+    res = results_file(tmp_path, grown(), path)
+    # a regression run is valid: its numbers may become the baseline, but only on purpose
+    code, out = update(capsys, "--from", str(res), "--only", "census")
+    assert code == 2 and "refusing to raise the census of 1 function(s)" in out and "--allow-increase" in out
+    assert (tmp_path / "t.cpu.census.json").read_text() == before
+
+
+def test_allow_increase_writes_with_a_loud_warning_and_dry_run_writes_nothing(tmp_path: Path, capsys) -> None:
+    path = setup(tmp_path)
+    res = results_file(tmp_path, grown(), path)
+    before = (tmp_path / "t.cpu.census.json").read_text()
+    code, out = update(capsys, "--from", str(res), "--only", "census", "--allow-increase", "--dry-run")
+    assert code == 0 and "WARNING: this update RAISES the census of 1 function(s)" in out and "dry run" in out
+    assert (tmp_path / "t.cpu.census.json").read_text() == before
+    code, out = update(capsys, "--from", str(res), "--only", "census", "--allow-increase")
+    assert code == 0 and "WARNING" in out
+    assert load_baseline(tmp_path / "t.cpu.census.json").census["640x480"][LOOP]["aten::select"] == 512
+
+
+def test_same_census_changes_nothing(tmp_path: Path, capsys) -> None:
+    path = setup(tmp_path)
+    before = (tmp_path / "t.cpu.census.json").read_text()
+    code, out = update(capsys, "--from", str(results_file(tmp_path, BASE, path)), "--only", "census")
+    assert code == 0 and "no changes" in out
+    assert (tmp_path / "t.cpu.census.json").read_text() == before
+
+
+def test_a_mutant_run_is_never_a_baseline(tmp_path: Path, capsys) -> None:
+    path = setup(tmp_path)
+    res = results_file(tmp_path, grown(), path, injected="mutant:token-copies")
+    code, out = update(capsys, "--from", str(res), "--only", "census", "--allow-increase")
+    assert code == 2 and "injected" in out
