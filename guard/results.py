@@ -245,9 +245,21 @@ def read_json(path: Path, schema: str) -> dict[str, Any]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such file", hint="run `guard check` first") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), None, "(file)", "is a directory, not a JSON file") from None
+    except OSError as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), None, "(file)", f"not UTF-8 text (byte {exc.start}): a binary file?") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(str(path), exc.lineno, "(syntax)", f"not valid JSON: {exc.msg}") from None
-    if not isinstance(data, dict) or data.get("schema") != schema:
+    except RecursionError:
+        raise ConfigError(str(path), None, "(syntax)", "nested too deeply to be a guard file") from None
+    except ValueError as exc:  # e.g. an integer literal with more digits than Python converts
+        raise ConfigError(str(path), None, "(syntax)", f"not usable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), None, "(content)", f"expected a JSON object, got {type(data).__name__}")
+    if data.get("schema") != schema:
         raise ConfigError(str(path), None, "schema", f"not a {schema} file")
     if data.get("schema_version") != RESULTS_SCHEMA_VERSION:
         raise ConfigError(str(path), None, "schema_version",
@@ -259,5 +271,5 @@ def load_results(path: Path) -> Results:
     data = read_json(path, RESULTS_SCHEMA)
     try:
         return results_from_dict(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(str(path), None, "(content)", f"malformed results: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(str(path), None, "(content)", f"malformed results: {type(exc).__name__}: {exc}") from None

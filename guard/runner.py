@@ -21,6 +21,7 @@ from guard.results import RequestOutcome, RunRecord, ScopeCounts, Status
 
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
+UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
 
 
 class GuardRun:
@@ -82,7 +83,25 @@ class GuardRun:
         self.record.outcomes.extend(outcomes)
         for o in outcomes:
             self._warm_sizes.add(o.image_size)
+        if label != "profiled":  # not inside the profiler: the write would be in the profiled request
+            self.checkpoint(label)
         return outcomes
+
+    def checkpoint(self, after: str, op_counts: list[ScopeCounts] | None = None) -> None:
+        """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
+        `guard check` still reports what was measured, as an invalid run. The session's final
+        run.json replaces it."""
+        from dataclasses import replace
+
+        from guard.results import run_to_dict, write_json_atomic
+
+        snapshot = replace(self.record, op_counts=[*self.record.op_counts, *(op_counts or [])],
+                           invalid_reasons=[*self.record.invalid_reasons, f"{UNFINISHED_PREFIX} {after}"],
+                           duration_s=round(time.perf_counter() - self._t0, 3))
+        try:
+            write_json_atomic(self.output / "run.json", run_to_dict(snapshot))
+        except OSError as exc:  # a full disk must not stop the measurement; the final write will report it
+            self.progress(f"could not write the run.json checkpoint: {exc}")
 
     # -------------------------------------------------------------- timing pass
     def warm_up(self) -> None:
@@ -144,6 +163,7 @@ class GuardRun:
                 self.progress(f"  scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entered}x, "
                               f"{c.total} op calls ({ops})")
             found.extend(counts)
+            self.checkpoint(f"profiling {size[0]}x{size[1]}", found)
         return found
 
     def finish(self) -> RunRecord:
