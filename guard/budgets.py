@@ -294,11 +294,14 @@ def _kind(node: yaml.Node) -> str:
 
 
 # ----------------------------------------------------------------------------- loader
-def load_thresholds(path: str | Path) -> Thresholds:
+def load_thresholds(path: str | Path, text: str | None = None) -> Thresholds:
+    """Load and validate a thresholds file; ``text``: its content, already read (``path`` then
+    only names it in errors, e.g. the pull request's version of the file read through the API)."""
     path = Path(path)
     r = _Reader(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if text is None:
+            text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such thresholds file",
                           hint=f"pass --thresholds PATH, e.g. {DEFAULT_THRESHOLDS}") from None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from guard import __version__
 from guard.errors import ExitCode, GuardError
+from guard.sanitize import no_workflow_commands, one_line
 
 # command name -> (module under guard.commands, one-line help)
 COMMANDS = {
@@ -69,12 +70,12 @@ def _write_crash_log(text: str) -> Path | None:
 def internal_error(command: str, exc: BaseException, argv: list[str], debug: bool) -> int:
     tb = "".join(traceback.format_exception(exc))
     log = _write_crash_log(f"guard {__version__} {command}: argv {argv!r}\n{tb}\n")
-    first = (str(exc).splitlines() or [""])[0][:300]
+    first = one_line(str(exc), limit=300)
     print(f"guard {command}: internal error: {type(exc).__name__}: {first}", file=sys.stderr)
     print("guard: this is a bug in guard (or a library it drives), not a performance verdict; exit 5.",
           file=sys.stderr)
     if debug:
-        print(tb, file=sys.stderr, end="")
+        print(no_workflow_commands(tb), file=sys.stderr, end="")
     where = f"the traceback is in {log}" if log else "the traceback could not be written to a log file"
     print(f"hint: {where}{'' if debug else '; re-run with `guard --debug ...` to print it'}", file=sys.stderr)
     return int(ExitCode.INTERNAL)
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except GuardError as exc:
-        print(f"guard {args.command}: error: {exc}", file=sys.stderr)
+        # messages can quote input files (an artifact from a pull request): never a workflow command
+        print(no_workflow_commands(f"guard {args.command}: error: {exc}"), file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print(f"guard {args.command}: interrupted", file=sys.stderr)
