@@ -28,7 +28,8 @@ from github3.session import GitHubSession
 from guard.errors import ExitCode, GuardError, UsageError
 from guard.markdown import render_markdown
 from guard.results import Results
-from guard.trust import ChangedFile, TrustPolicy, notice_markdown, protected_changes, thresholds_change_lines
+from guard.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
+                         thresholds_change_lines)
 
 MARKER_VERSION = 1  # bump only with a migration: old comments are found by this exact text
 COMMENT_LIMIT = 65536  # GitHub rejects a longer issue-comment body ("body is too long")
@@ -391,7 +392,7 @@ class PublishReport:
     errors: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
     protected: list[str] = field(default_factory=list)  # changed files in places guard trusts
-    approved: bool = False  # ... and a maintainer approved them (the label)
+    approved: bool = False  # ... and a maintainer approved the head commit in a review
 
 
 def verify_head(pr: Any, sha: str, expected_head_repo: str | None) -> None:
@@ -470,15 +471,16 @@ def file_at(repo: Any, path: str, ref: str) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
-def _pr_labels(pr: Any) -> list[str]:
-    labels = pr.as_dict().get("labels") or []
-    return [lb["name"] for lb in labels if isinstance(lb, dict) and isinstance(lb.get("name"), str)]
+def pr_reviews(pr: Any) -> list[Review]:
+    return _call("list the pull request's reviews", lambda: [
+        Review(login=str(getattr(r.user, "login", "") or ""), state=str(r.state), commit_id=r.commit_id,
+               association=str(r.author_association)) for r in pr.reviews()])
 
 
 def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: TrustPolicy,
                 report: PublishReport) -> tuple[str, CommitStatus]:
     """When the PR changes what guard trusts, say so in the comment (right under the marker line)
-    and make the status ``error`` unless a maintainer approved with the label."""
+    and make the status ``error`` unless a maintainer approved the head commit in a review."""
     changed = protected_changes(pr_changed_files(pr), policy)
     report.protected = [f.filename for f in changed]
     if not changed:
@@ -488,12 +490,12 @@ def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: Tru
         new_text = _call("read the pull request's thresholds file",
                          lambda: file_at(pr.base.repository, policy.thresholds_path, head))
         lines = thresholds_change_lines(policy, new_text)
-    approved = policy.approval_label in _pr_labels(pr)
-    report.approved = approved
-    notice = notice_markdown(changed, lines, policy.approval_label if approved else None, policy.approval_label)
+    approved_by = approver(pr_reviews(pr), head, policy)
+    report.approved = approved_by is not None
+    notice = notice_markdown(changed, lines, approved_by, head)
     first, _, rest = body.partition("\n")
     new_body = trim_body(f"{first}\n{notice}\n{rest}")
-    if approved:
+    if approved_by:
         return new_body, status
     names = ", ".join(f.filename for f in changed[:3]) + (" ..." if len(changed) > 3 else "")
     return new_body, CommitStatus(state="error", context=status.context, target_url=status.target_url,

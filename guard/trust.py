@@ -7,9 +7,9 @@ the API; when one of them is in a protected place the commit status is ``error``
 approved by a maintainer") and the comment says what changed, down to the budgets
 (``profiles.cpu ttft_ms.p50 budget 7000 -> 9000 ms``).
 
-A maintainer approves by reviewing the changes and adding the approval label to the PR (only
-people with triage or write access can); see docs/github.md. Pure functions here; the API calls
-are in guard.publish.
+A maintainer approves by submitting an approving review of the pull request's head commit; a new
+push makes the approval stale, because it is bound to the commit it reviewed. See docs/github.md,
+"Approving a run". Pure functions here; the API calls are in guard.publish.
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ from guard.errors import ConfigError
 from guard.sanitize import one_line
 
 PROTECTED_PATTERNS = (".github/workflows/*", "guard/*", "tests/perf/*")
-DEFAULT_APPROVAL_LABEL = "perf-guard: approved"
+APPROVER_ASSOCIATIONS = ("OWNER", "MEMBER", "COLLABORATOR")  # GitHub's author_association of a review
+
+
+@dataclass(frozen=True)
+class Review:
+    login: str
+    state: str  # APPROVED | CHANGES_REQUESTED | COMMENTED | DISMISSED | PENDING
+    commit_id: str | None
+    association: str  # OWNER | MEMBER | COLLABORATOR | CONTRIBUTOR | NONE ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class TrustPolicy:
 
     thresholds_path: str  # repository-relative path of the thresholds file, e.g. thresholds/deepseek-ocr-2.yaml
     thresholds_text: str | None  # its content on the default branch (None: not there)
-    approval_label: str = DEFAULT_APPROVAL_LABEL
+    approver_associations: tuple[str, ...] = APPROVER_ASSOCIATIONS
     patterns: tuple[str, ...] = PROTECTED_PATTERNS
 
 
@@ -51,6 +59,20 @@ def protected_changes(files: list[ChangedFile], policy: TrustPolicy) -> list[Cha
     """Changed files in protected places; a rename counts when either side is protected."""
     return [f for f in files if is_protected(f.filename, policy)
             or (f.previous_filename is not None and is_protected(f.previous_filename, policy))]
+
+
+def approver(reviews: list[Review], head: str, policy: TrustPolicy) -> str | None:
+    """The maintainer whose latest review approves exactly ``head``, if any. A later
+    "changes requested" by the same person, or a review of an older commit, is no approval."""
+    latest: dict[str, Review] = {}
+    for r in reviews:  # the API lists reviews oldest first
+        if r.state in ("APPROVED", "CHANGES_REQUESTED", "DISMISSED"):
+            latest[r.login.lower()] = r
+    for r in latest.values():
+        if r.state == "APPROVED" and (r.commit_id or "").lower() == head.lower() \
+                and r.association in policy.approver_associations:
+            return r.login
+    return None
 
 
 def _num(x: float) -> str:
@@ -121,8 +143,8 @@ def md_code(text: str) -> str:
     return "`" + one_line(text, limit=200).replace("`", "'") + "`"
 
 
-def notice_markdown(changed: list[ChangedFile], threshold_lines: list[str], approved_by_label: str | None,
-                    label: str) -> str:
+def notice_markdown(changed: list[ChangedFile], threshold_lines: list[str], approved_by: str | None,
+                    head: str) -> str:
     files = "\n".join(f"> - {md_code(f.filename)} ({one_line(f.status, 20)}"
                       + (f", was {md_code(f.previous_filename)}" if f.previous_filename else "") + ")"
                       for f in changed[:30])
@@ -130,13 +152,13 @@ def notice_markdown(changed: list[ChangedFile], threshold_lines: list[str], appr
         files += f"\n> - … and {len(changed) - 30} more"
     budget = "".join(f"\n> - {md_code(line)}" for line in threshold_lines)
     budget_part = f"\n>\n> **Budget changes in this pull request:**{budget}" if threshold_lines else ""
-    if approved_by_label:
-        head = ("> [!NOTE]\n> **Approved by a maintainer** (label " + md_code(label) + "): this pull request "
-                "changes what guard trusts, and a maintainer reviewed those changes. The verdict below stands.")
+    if approved_by:
+        top = (f"> [!NOTE]\n> **Approved by a maintainer:** {md_code(approved_by)} approved commit `{head[:12]}`, "
+               "which changes what guard trusts (listed below). The verdict below stands.")
     else:
-        head = ("> [!CAUTION]\n> **This run needs a run approved by a maintainer.** This pull request changes what "
-                "guard trusts (its workflow, its code, the perf suite or the budgets), so its own run cannot "
-                "vouch for it: the numbers below were measured and judged by the pull request's code. The commit "
-                f"status is `error` until a maintainer reviews the changes and adds the label {md_code(label)} "
-                "(docs/github.md, \"Approving a run\").")
-    return f"{head}\n>\n> **Changed files:**\n{files}{budget_part}\n"
+        top = ("> [!CAUTION]\n> **This pull request needs a run approved by a maintainer.** It changes what guard "
+               "trusts (its workflow, its code, the perf suite or the budgets), so its own run cannot vouch for it: "
+               "the numbers below were measured and judged by the pull request's own code. The commit status is "
+               f"`error` until a maintainer reviews these changes and approves commit `{head[:12]}` "
+               "(docs/github.md, \"Approving a run\").")
+    return f"{top}\n>\n> **Changed files:**\n{files}{budget_part}\n"

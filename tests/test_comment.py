@@ -55,7 +55,7 @@ class FakeGitHub:
         self.read_only = False
         self.next_id = 1000
         self.files: dict[int, list[dict]] = {7: [], 8: []}  # the PR's changed files (GitHub's shape, below)
-        self.labels: dict[int, list[str]] = {7: [], 8: []}
+        self.reviews: dict[int, list[dict]] = {7: [], 8: []}
         self.contents: dict[tuple[str, str], str] = {}  # (path, ref) -> text, for the contents API
         server.expect_request(re.compile(".*")).respond_with_handler(self.handle)
 
@@ -73,6 +73,14 @@ class FakeGitHub:
         if previous is not None:
             f["previous_filename"] = previous
         self.files[number].append(f)
+
+    def review(self, number: int, login: str, state: str, commit: str, association: str) -> None:
+        u = f"{self.base}/repos/{OWNER}/{REPO}/pulls/{number}"
+        self.next_id += 1
+        self.reviews[number].append({"id": self.next_id, "node_id": "PRR", "user": self.user(login), "body": "",
+                                     "body_html": "", "body_text": "", "state": state, "commit_id": commit,
+                                     "author_association": association, "html_url": f"{u}#review",
+                                     "pull_request_url": u, "submitted_at": "2025-01-01T00:00:00Z"})
 
     def fail(self, method: str, path: str, status: int, times: int = 1, **headers: str) -> None:
         self.faults += [(method, path, status, headers)] * times
@@ -127,7 +135,6 @@ class FakeGitHub:
             "author_association": "CONTRIBUTOR", "draft": False, "merged": False, "mergeable": True,
             "mergeable_state": "clean", "merged_by": None, "comments": len(self.comments[number]),
             "review_comments": 0, "commits": 1, "additions": 1, "deletions": 1,
-            "labels": [{"id": i, "name": name, "color": "ededed"} for i, name in enumerate(self.labels[number])],
         }
 
     def comment(self, number: int, c: dict) -> dict:
@@ -165,6 +172,8 @@ class FakeGitHub:
             links = [f'<{url}{page + 1}>; rel="next"', f'<{url}{last}>; rel="last"'] if page < last else []
             return self.reply(items[(page - 1) * per_page: page * per_page],
                               headers={"Link": ", ".join(links)} if links else {})
+        if (m := re.fullmatch(rf"{repo}/pulls/(\d+)/reviews", path)) and req.method == "GET":
+            return self.reply(self.reviews[int(m[1])])
         if (m := re.fullmatch(rf"{repo}/contents/(.+)", path)) and req.method == "GET":
             text = self.contents.get((m[1], req.args.get("ref", "")))
             if text is None:

@@ -19,7 +19,7 @@ from guard.errors import UsageError
 from guard.markdown import render_markdown
 from guard.results import load_results
 from guard.sanitize import no_workflow_commands, one_line
-from guard.trust import DEFAULT_APPROVAL_LABEL, TrustPolicy
+from guard.trust import TrustPolicy
 
 DEFAULT_RESULTS = "guard-results/results.json"
 
@@ -47,8 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the thresholds file as the default branch has it, repository-relative; a PR that "
                              "changes it (or .github/workflows/, guard/, tests/perf/) needs a maintainer's approval "
                              "(default: %(default)s)")
-    parser.add_argument("--approval-label", default=DEFAULT_APPROVAL_LABEL,
-                        help="label by which a maintainer approves such a run (default: %(default)s)")
     parser.add_argument("--check-pr-files", choices=("auto", "on", "off"), default="auto",
                         help="check the PR's changed files before posting: auto = when the PR comes from an "
                              "artifact (--pr-file/--sha-file/--expected-head-repo), i.e. in perf-guard-comment")
@@ -113,7 +111,7 @@ def _trust_policy(args: argparse.Namespace, verify: bool) -> TrustPolicy | None:
         text = None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--trusted-thresholds {rel}: cannot read: {exc}") from None
-    return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=text, approval_label=args.approval_label)
+    return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=text)
 
 
 def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha: str | None,
@@ -190,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     if report.status:
         say(f"guard comment: status {report.status.state} '{one_line(report.status.context)}' on {report.status_sha}")
     if report.protected:
-        how = "approved by a maintainer (label)" if report.approved else "needs a run approved by a maintainer"
+        how = "approved by a maintainer's review" if report.approved else "needs a run approved by a maintainer"
         say(f"guard comment: this PR changes {len(report.protected)} protected file(s): "
             f"{one_line(', '.join(report.protected[:10]))}; {how}")
     for refused in report.forbidden:
