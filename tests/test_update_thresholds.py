@@ -541,3 +541,41 @@ def test_provenance_is_loaded_with_dates_as_strings(tmp_path):
     prov = load_thresholds(y).profiles["cpu"].provenance
     assert prov == {"date": "2024-01-02", "commit": "deadbeef", "hardware": "old machine",
                     "note": "first baseline, by hand", "samples": 3}
+
+
+# ----------------------------------------------------------------------------- symlinks (issue #11, section 4)
+@pytest.mark.parametrize("layout", ["relative", "absolute", "chain"])
+def test_a_symlinked_thresholds_file_is_written_through_atomically(layout, tmp_path, capsys):
+    """The link stays a link; the real file (its final target) gets the new budgets; no temp file is
+    left beside either."""
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    real = real_dir / "deepseek-ocr-2.yaml"
+    shutil.copyfile(FIXTURES / "formatting" / "input.yaml", real)
+    link_dir = tmp_path / "checkout" / "thresholds"
+    link_dir.mkdir(parents=True)
+    link = link_dir / "deepseek-ocr-2.yaml"
+    if layout == "chain":
+        middle = tmp_path / "middle.yaml"
+        middle.symlink_to(real)
+        link.symlink_to(middle)
+    else:
+        link.symlink_to(os.path.relpath(real, link_dir) if layout == "relative" else real)
+    r = make_results(tmp_path / "r.json", link, **GOOD)
+    before = real.read_text()
+    code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(link))
+    assert code == 0, err
+    assert link.is_symlink() and os.path.realpath(link) == str(real)
+    assert real.read_text() != before and "p50: 8050" in real.read_text()
+    assert link.read_text() == real.read_text()
+    assert f"wrote {link} (through the symlink, to {real})" in out
+    assert temp_leftovers(real_dir) == [] and temp_leftovers(link_dir) == []
+
+
+def test_a_dangling_symlink_is_a_clear_error(tmp_path, capsys):
+    y = tmp_path / "t.yaml"
+    y.symlink_to(tmp_path / "gone.yaml")
+    shutil.copyfile(FIXTURES / "formatting" / "input.yaml", tmp_path / "src.yaml")
+    r = make_results(tmp_path / "r.json", tmp_path / "src.yaml", **GOOD)
+    code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y))
+    assert code == 2 and "no such thresholds file" in err

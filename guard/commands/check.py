@@ -108,11 +108,13 @@ def prepare_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output}: exists and is not a folder",
                          hint="pass a folder (it is created if missing), e.g. --output guard-results")
+    probe = output / f".guard-write-test-{os.getpid()}"
     try:
         output.mkdir(parents=True, exist_ok=True)
-        probe = output / f".guard-write-test-{os.getpid()}"
-        probe.write_bytes(b"x" * 4096)
-        probe.unlink()
+        try:
+            probe.write_bytes(b"x" * 4096)  # a full disk fails here, not after minutes of measuring
+        finally:
+            probe.unlink(missing_ok=True)
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}",
                          hint="pass a writable folder with free space, e.g. --output guard-results") from None
@@ -162,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
     thresholds = load_thresholds(args.thresholds)
     hw = detect(quick=True)  # the suite's own detection (with torch) is recorded and re-checked
     profile = select_profile(thresholds, args.profile, hw)
-    check_op_names(thresholds, profile)
     output = Path(args.output).resolve()
     prepare_output(output)
+    check_op_names(thresholds, profile)  # before the engine: a misspelt op would pass forever
     print(f"guard check: {thresholds.model}, profile '{profile.name}' on {hw.describe()}", flush=True)
     print(f"guard check: {profile.workload.warmup_requests} warm-up + {profile.workload.requests} measured "
           f"requests at concurrency {profile.workload.concurrency}, then the op-count profile pass", flush=True)
