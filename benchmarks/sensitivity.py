@@ -5,8 +5,8 @@
    the --pool JSON file; an existing pool file is reused and no engine is started.
 2. Simulation. Each trial bootstraps a run from the pool: ``workload.requests`` samples drawn with
    replacement, then, while any budgeted percentile is inconclusive, ``statistics.batch`` more up
-   to ``statistics.max_requests``, exactly as the run stage does (guard.evaluate.undecided_ttft and
-   more_requests), and every percentile judged by guard.evaluate.ttft_check. The budgets are
+   to ``statistics.max_requests``, by the run stage's own rule (guard.rules.measure_until_decided),
+   and every percentile judged by the verdict's (guard.rules.judge_ttft). The budgets are
    placed relative to the pool's own percentiles: the true value s % above the budget
    (budget = true / (1 + s)) gives the detection rate (share of trials that FAIL), s % below
    (budget = true / (1 - s)) the false-alarm rate. All budgeted percentiles move together, as a
@@ -41,9 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from guard import format as fmt
 from guard.budgets import Profile, load_thresholds, percentile_value
-from guard.evaluate import fmt_interval, more_requests, ttft_check, undecided_ttft
 from guard.results import RunRecord, Status
+from guard.rules import judge_ttft, measure_until_decided
 from guard.stats import percentile
 
 POOL_SCHEMA = "guard/ttft-pool"
@@ -90,11 +91,14 @@ def budgets_for(pool: Sequence[float], keys: Sequence[str], shift_pct: float) ->
 
 def simulate_run(pool: Sequence[float], profile: Profile, rng: random.Random) -> tuple[list[float], int]:
     """One bootstrapped run: the first round, then resampling rounds by the run stage's rule."""
-    samples = rng.choices(pool, k=profile.workload.requests)
-    rounds = 1
-    while extra := more_requests(profile.statistics, len(samples), bool(undecided_ttft(profile, samples))):
-        samples += rng.choices(pool, k=extra)
+    rounds = 0
+
+    def measure(n: int) -> list[float]:
+        nonlocal rounds
         rounds += 1
+        return rng.choices(pool, k=n)
+
+    samples = measure_until_decided(profile.ttft_ms, profile.statistics, profile.workload.requests, measure)
     return samples, rounds
 
 
@@ -113,7 +117,7 @@ def simulate(pool: Sequence[float], profile: Profile, shifts_pct: Sequence[float
             samples, rounds = simulate_run(pool, placed, rng)
             requests += len(samples)
             for k in keys:
-                c = ttft_check(k, budgets[k], samples, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+                c = judge_ttft(k, budgets[k], samples, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
                 fails[k] += c.status == Status.FAIL
                 by_interval[k] += c.note is None
         cells += [Cell(shift, k, fails[k] / trials, by_interval[k] / trials, requests / trials) for k in keys]
@@ -169,19 +173,18 @@ def fresh_record(run, profile: Profile) -> None:
 
 def record_pool(run, size: int) -> list[float]:
     run.warm_up()
-    outcomes = run.measure(size)
-    failed = [o for o in outcomes if not o.success]
-    if failed:
-        raise SystemExit(f"{len(failed)} of {size} pool requests failed, first: {failed[0].error}")
-    return [o.ttft_client_s for o in outcomes]
+    samples = run.measure(size)
+    if len(samples) < size:
+        raise SystemExit(f"{size - len(samples)} of {size} pool requests failed; see the progress lines above")
+    return samples
 
 
 @contextlib.contextmanager
 def slowed_encoder(llm, seconds: float) -> Iterator[list[int]]:
     """Sleep ``seconds`` before every vision-encoder forward; yields a one-item call counter."""
-    from guard.engine import find_modules
+    from guard.compat import model_modules
 
-    modules = list(find_modules(llm, ENCODER_CLASS))
+    modules = model_modules(llm, ENCODER_CLASS)
     if not modules:
         raise SystemExit(f"no {ENCODER_CLASS} module in the live model (renamed in vLLM's deepencoder2.py?)")
     calls = [0]
@@ -211,7 +214,7 @@ def live_slowdown(run, delay_pct: float, margin_pct: float, clean_requests: int)
         run.warm_up()
     per_request = max(1, calls[0] // max(1, base.workload.warmup_requests))
     fresh_record(run, base)
-    clean = [o.ttft_client_s for o in run.measure(clean_requests) if o.success]
+    clean = run.measure(clean_requests)
     clean_p50_ms = percentile(clean, 50) * 1000.0
     budget = clean_p50_ms * (1.0 + margin_pct / 100.0)
     delay_s = clean_p50_ms * delay_pct / 100.0 / 1000.0 / per_request
@@ -220,14 +223,15 @@ def live_slowdown(run, delay_pct: float, margin_pct: float, clean_requests: int)
     with slowed_encoder(run.llm, delay_s):
         run.measure_until_decided()
     results = evaluate(slowed_profile, run.record)
-    c = next(c for c in results.checks if c.name == "ttft_ms.p50")
+    (c,) = results.ttft_checks
     caught = c.status == Status.FAIL
     return [
         "| clean p50 | budget | injected delay | slowed p50 | interval | samples | rounds | status | caught |",
         "|---:|---:|---:|---:|---:|---:|---:|---|---|",
         f"| {clean_p50_ms:.0f} ms (n={len(clean)}) | {budget:.0f} ms (+{margin_pct:g} %) | "
         f"{delay_s * 1000 * per_request:.0f} ms/request ({per_request} encoder call(s), +{delay_pct:g} %) | "
-        f"{c.measured:.0f} ms ({c.delta_pct:+.1f} %) | {fmt_interval(c.interval)} | {c.samples} | {c.rounds} | "
+        f"{fmt.ms_unit(c.measured_ms)} ({fmt.delta_pct(c.measured_ms, c.budget_ms)}) | {fmt.interval(c.interval_ms)} | "
+        f"{c.samples} | {c.rounds} | "
         f"{c.status} | {'yes' if caught else 'NO'} |",
         *(["", f"note: {c.note}"] if c.note else []),
         *[f"\ninvalid: {r}" for r in results.invalid_reasons],

@@ -12,6 +12,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -88,32 +89,39 @@ class Statistics:
         return dict(self.__dict__)
 
 
+class Rule(StrEnum):
+    MAX = "max"
+    EXACT = "exact"
+
+
+class ScopeKind(StrEnum):
+    FUNCTION = "function"  # file + function, matched in each op's Python stack
+    REQUEST = "request"  # every op of the profiled request
+
+
 @dataclass(frozen=True)
 class Scope:
     """A code path (file + function, matched in each op's Python stack) or the whole request."""
 
-    kind: str  # "function" | "request"
+    kind: ScopeKind
     file: str | None = None
     function: str | None = None
 
     def describe(self) -> str:
-        return f"{self.file}:{self.function}" if self.kind == "function" else "whole request"
+        return f"{self.file}:{self.function}" if self.kind == ScopeKind.FUNCTION else "whole request"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "file": self.file, "function": self.function}
+        return {"kind": str(self.kind), "file": self.file, "function": self.function}
 
 
 @dataclass(frozen=True)
 class OpBudget:
-    rule: str  # "exact" | "max"
+    rule: Rule
     count: int
     line: int | None = None  # where it sits in the YAML (update-thresholds edits it there)
 
     def fails(self, measured: int) -> bool:
-        return measured != self.count if self.rule == "exact" else measured > self.count
-
-    def describe(self) -> str:
-        return f"== {self.count}" if self.rule == "exact" else f"<= {self.count}"
+        return measured != self.count if self.rule == Rule.EXACT else measured > self.count
 
 
 @dataclass(frozen=True)
@@ -474,10 +482,10 @@ def _ops(r: _Reader, key: str, node: yaml.Node) -> tuple[ScopeBudget, ...]:
             if r.scalar(scope_node, f"{k}.scope") != "request":
                 raise r.error(scope_node, f"{k}.scope", "unknown scope form",
                               "use `scope: request` or `scope: {file: path/to/file.py, function: name}`")
-            scope = Scope(kind="request")
+            scope = Scope(kind=ScopeKind.REQUEST)
         else:
             s = r.mapping(scope_node, f"{k}.scope", SCOPE_KEYS)
-            scope = Scope(kind="function", file=r.string(s["file"][1], f"{k}.scope.file"),
+            scope = Scope(kind=ScopeKind.FUNCTION, file=r.string(s["file"][1], f"{k}.scope.file"),
                           function=r.string(s["function"][1], f"{k}.scope.function"))
         ops = {}
         if "ops" in m:
@@ -509,7 +517,7 @@ def _op_budget(r: _Reader, key: str, node: yaml.Node) -> OpBudget:
     if len(m) != 1:
         raise r.error(node, key, "give exactly one of `exact: N` or `max: N`")
     (rule, (_, vnode)), = m.items()
-    return OpBudget(rule=rule, count=r.integer(vnode, f"{key}.{rule}", minimum=0), line=vnode.start_mark.line + 1)
+    return OpBudget(rule=Rule(rule), count=r.integer(vnode, f"{key}.{rule}", minimum=0), line=vnode.start_mark.line + 1)
 
 
 def resolve_model(model: str) -> str:

@@ -52,10 +52,10 @@ def legacy_create_custom_4d_mask(self, sequence_length, dtype, device, batch_siz
 @contextlib.contextmanager
 def inject_legacy_mask(llm) -> Iterator[None]:
     """Swap the mask builder of the live encoder class; always restore it."""
-    from guard.engine import find_modules
+    from guard.compat import model_modules
     from guard.errors import InvalidRunError
 
-    classes = {type(m) for m in find_modules(llm, ENCODER_CLASS)}
+    classes = {type(m) for m in model_modules(llm, ENCODER_CLASS)}
     if not classes:
         raise InvalidRunError(f"cannot inject the canary: no {ENCODER_CLASS} module in the model "
                               "(vLLM's deepencoder2.py changed?)")

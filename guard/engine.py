@@ -12,10 +12,11 @@ import os
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from guard import compat
 from guard.budgets import EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
 from guard.results import RequestOutcome
@@ -115,7 +116,7 @@ def run_jobs(
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0, ignore_eos=True)
-    engine = llm.llm_engine
+    engine = compat.engine_core(llm)
     pending: deque[Job] = deque(jobs)
     inflight: dict[str, tuple[Job, float, float | None]] = {}  # id -> (job, submitted, ttft)
     outcomes: list[RequestOutcome] = []
@@ -153,7 +154,7 @@ def run_jobs(
                 ttft = now - submitted
                 inflight[out.request_id] = (job, submitted, ttft)
             if out.finished:
-                engine_ttft = getattr(out.metrics, "first_token_latency", None) or None
+                engine_ttft = compat.first_token_latency_s(out)
                 if ttft is None:
                     finish(out.request_id, success=False, error="finished without producing a token")
                 else:
@@ -164,10 +165,3 @@ def run_jobs(
                 engine.abort_request([rid])
                 finish(rid, success=False, error=f"timed out after {request_timeout_s:.0f} s")
     return outcomes
-
-
-def find_modules(llm, class_name: str) -> Iterator[Any]:
-    """Modules of the live model whose class is named ``class_name`` (in-process engine only)."""
-    found: list[Any] = []
-    llm.apply_model(lambda model: found.extend(m for m in model.modules() if type(m).__name__ == class_name))
-    return iter(found)

@@ -1,182 +1,73 @@
-"""Budgets + run record -> checks -> verdict. Pure: no I/O, no engine.
+"""Budgets + run record -> typed checks -> verdict. Pure: no I/O, no engine.
 
-Each rule is a small function ``(budget, measurement) -> CheckResult``; adding a kind of budget
-means adding one function here and one table in the report.
-
-TTFT percentiles are judged by their confidence interval (``guard.stats``), by ``decide_ttft``,
-which the run stage also uses to decide whether to measure more (``GuardRun.measure_until_decided``),
-so the run stage and the verdict cannot disagree:
-
-- the whole interval above the budget: FAIL; at or below it: PASS;
-- straddling it: measure another ``statistics.batch`` requests, up to ``statistics.max_requests``;
-- still straddling at the cap (or with no cap set): judged on the point estimate, with a note
-  saying so. Above the budget: FAIL, a regression like any other. At or below: status
-  ``inconclusive``, which passes but is shown as such ("~ok", "inconclusive"), because the data
-  did not prove the budget held; on the CPU profile that is every passing p90/p99 (see the
-  guard.stats docstring: no upper bound exists at n <= 15).
+Each kind of budget has one function here that turns a budget and a measurement into its check
+record (``guard.results``); the decision rules themselves live in ``guard.rules``, shared with the
+run stage so the two cannot disagree. Adding a kind of budget: a record in results.py, a function
+here, a label and failure sentence in guard.format, a table in each view.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from guard.budgets import OpBudget, Profile, Statistics, percentile_value
-from guard.errors import ExitCode
+from guard import format as fmt
+from guard.budgets import OpBudget, Profile
 from guard.hardware import gpu_state_problems, recorded_hardware_problems
-from guard.results import CheckResult, Results, RunRecord, ScopeCounts, Status, Verdict
-from guard.stats import percentile, percentile_interval
+from guard.results import TOTAL_OPS, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck, Verdict
+from guard.rules import judge_ttft
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 
 
-def _delta_pct(measured: float, budget: float) -> float | None:
-    return None if budget == 0 else (measured - budget) / budget * 100.0
+def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
+    samples = run.ttft_client_s()
+    if not samples:
+        return []  # no samples: an invalid run (see invalid_reasons), never a pass
+    stats = profile.statistics
+    return [judge_ttft(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+            for k, b in profile.ttft_ms.items()]
 
 
-def fmt_ms(value: float) -> str:
-    """An interval bound for people: an unbounded side reads as the infinity it is."""
-    if math.isinf(value):
-        return "∞" if value > 0 else "-∞"
-    return f"{value:.0f}"
-
-
-def fmt_interval(interval: tuple[float, float]) -> str:
-    lo, hi = interval
-    return f"{'(' if math.isinf(lo) else '['}{fmt_ms(lo)}, {fmt_ms(hi)}{')' if math.isinf(hi) else ']'}"
-
-
-def _pct(confidence: float) -> str:
-    return f"{confidence * 100:g} %"
-
-
-@dataclass(frozen=True)
-class TtftDecision:
-    """One budgeted percentile judged by its confidence interval alone."""
-
-    key: str  # "p50"
-    budget_ms: float
-    estimate_ms: float  # the point estimate (type 7 percentile)
-    interval_ms: tuple[float, float]  # +-inf where that side does not exist at this n
-    samples: int
-    confidence: float
-    status: str  # Status.PASS | Status.FAIL | Status.INCONCLUSIVE (the interval straddles the budget)
-
-    def describe(self) -> str:
-        return (f"{self.key}: {_pct(self.confidence)} interval {fmt_interval(self.interval_ms)} ms "
-                f"vs budget {self.budget_ms:.0f} ms (estimate {self.estimate_ms:.0f} ms, n={self.samples})")
-
-
-def decide_ttft(key: str, budget_ms: float, samples_s: list[float], confidence: float) -> TtftDecision:
-    """FAIL when the whole interval is above the budget, PASS when it is at or below, else INCONCLUSIVE."""
-    p = percentile_value(key)
-    lo, hi = percentile_interval(samples_s, p, confidence)
-    interval = (lo * 1000.0, hi * 1000.0)
-    if interval[0] > budget_ms:
-        status = Status.FAIL
-    elif interval[1] <= budget_ms:
-        status = Status.PASS
-    else:
-        status = Status.INCONCLUSIVE
-    return TtftDecision(key=key, budget_ms=budget_ms, estimate_ms=percentile(samples_s, p) * 1000.0,
-                        interval_ms=interval, samples=len(samples_s), confidence=confidence, status=status)
-
-
-def undecided_ttft(profile: Profile, samples_s: list[float]) -> list[TtftDecision]:
-    """The budgeted percentiles whose interval still straddles the budget."""
-    if not samples_s:
-        return []
-    decisions = (decide_ttft(k, b, samples_s, profile.statistics.confidence) for k, b in profile.ttft_ms.items())
-    return [d for d in decisions if d.status == Status.INCONCLUSIVE]
-
-
-def more_requests(statistics: Statistics, measured: int, undecided: bool) -> int:
-    """Requests the next resampling round measures (a batch, cut at the cap); 0: stop."""
-    if not undecided or statistics.max_requests is None:
-        return 0
-    return max(0, min(statistics.batch, statistics.max_requests - measured))
-
-
-def _min_n_for_upper(key: str, confidence: float) -> int:
-    """Fewest samples for which the percentile's interval has an upper bound: q ** n <= alpha."""
-    q = percentile_value(key) / 100.0
-    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log(q) - 1e-9)
-
-
-def _point_estimate_note(d: TtftDecision, max_requests: int | None, over: bool) -> str:
-    if max_requests is None:
-        when = f"after {d.samples} requests (no resampling: statistics.max_requests is not set)"
-    elif d.samples >= max_requests:
-        when = f"at the cap of {max_requests} requests"
-    else:
-        when = f"after {d.samples} of up to {max_requests} requests"
-    note = (f"the {_pct(d.confidence)} interval {fmt_interval(d.interval_ms)} ms still straddles the budget {when}; "
-            f"judged on the point estimate: {d.estimate_ms:.0f} ms {'>' if over else '<='} {d.budget_ms:.0f} ms")
-    if math.isinf(d.interval_ms[1]) and not over:
-        note += (f" (an upper bound for {d.key} needs >= {_min_n_for_upper(d.key, d.confidence)} samples, "
-                 "so no smaller run can prove it holds)")
-    return note
-
-
-def ttft_check(key: str, budget_ms: float, samples_s: list[float], rounds: int, *,
-               confidence: float = Statistics.confidence, max_requests: int | None = None) -> CheckResult:
-    d = decide_ttft(key, budget_ms, samples_s, confidence)
-    status, note = d.status, None
-    if d.status == Status.INCONCLUSIVE:  # the run stage already measured up to the cap
-        over = d.estimate_ms > budget_ms
-        status = Status.FAIL if over else Status.INCONCLUSIVE
-        note = _point_estimate_note(d, max_requests, over)
-    return CheckResult(
-        kind="ttft", name=f"ttft_ms.{key}", budget=budget_ms, measured=d.estimate_ms,
-        status=status, rule="max", unit="ms", delta_pct=_delta_pct(d.estimate_ms, budget_ms),
-        interval=d.interval_ms, samples=d.samples, rounds=rounds, note=note,
-    )
-
-
-def stale_budget_notices(profile: Profile, checks: list[CheckResult], output: str | Path) -> list[str]:
+def stale_budget_notices(profile: Profile, checks: list[TtftCheck], output: str | Path) -> list[str]:
     """Budgets so loose that even the interval's upper end sits below budget / (1 + 2 x headroom):
     they would miss a regression of twice the headroom. A notice only; never a failure."""
     factor = 1.0 + 2.0 * profile.headroom_pct / 100.0
-    stale = [c for c in checks if c.kind == "ttft" and c.interval is not None and c.interval[1] < c.budget / factor]
+    stale = [c for c in checks if c.interval_ms[1] < c.budget_ms / factor]
     if not stale:
         return []
-    confidence = _pct(profile.statistics.confidence)
     command = f"guard update-thresholds --from {Path(output) / 'results.json'} --profile {profile.name}"
-    return [f"{c.name}: budget {c.budget:.0f} ms looks stale: the whole {confidence} interval "
-            f"{fmt_interval(c.interval)} ms lies below budget / (1 + 2 x {profile.headroom_pct:g} % headroom) "
-            f"= {c.budget / factor:.0f} ms; to tighten it: `{command}`" for c in stale]
+    return [f"{fmt.label(c)}: budget {fmt.ms_unit(c.budget_ms)} looks stale: the whole {fmt.confidence(c.confidence)} "
+            f"interval {fmt.interval(c.interval_ms)} ms lies below budget / (1 + 2 x {profile.headroom_pct:g} % headroom) "
+            f"= {fmt.ms_unit(c.budget_ms / factor)}; to tighten it: `{command}`" for c in stale]
 
 
-def op_check(counts: ScopeCounts, label: str, budget: OpBudget, measured: int) -> CheckResult:
-    size = f"{counts.image_size[0]}x{counts.image_size[1]}"
-    return CheckResult(
-        kind="ops", name=f"{counts.scope}[{size}].{label}", budget=budget.count, measured=measured,
-        status=Status.FAIL if budget.fails(measured) else Status.PASS, rule=budget.rule, unit="calls",
-        delta_pct=_delta_pct(measured, budget.count), scope=counts.scope, image_size=counts.image_size,
-    )
+def op_check(counts: ScopeCounts, op: str, budget: OpBudget, measured_calls: int) -> OpCheck:
+    return OpCheck(scope=counts.scope, image_size=counts.image_size, op=op, rule=budget.rule,
+                   budget_calls=budget.count, measured_calls=measured_calls,
+                   status=Status.FAIL if budget.fails(measured_calls) else Status.PASS)
 
 
-def op_checks(profile: Profile, op_counts: list[ScopeCounts]) -> list[CheckResult]:
+def op_checks(profile: Profile, op_counts: list[ScopeCounts]) -> list[OpCheck]:
     budgets = {sb.name: sb for sb in profile.ops}
     checks = []
     for counts in op_counts:
         sb = budgets.get(counts.scope)
-        if sb is None or counts.entered == 0:
+        if sb is None or counts.entries == 0:
             continue  # never entered: an invalid run, not a pass (see invalid_reasons)
-        checks += [op_check(counts, op, b, counts.counts.get(op, 0)) for op, b in sb.ops.items()]
+        checks += [op_check(counts, op, b, counts.calls_by_op.get(op, 0)) for op, b in sb.ops.items()]
         if sb.total_ops is not None:
-            checks.append(op_check(counts, "total_ops", sb.total_ops, counts.total))
+            checks.append(op_check(counts, TOTAL_OPS, sb.total_ops, counts.total_calls))
     return checks
 
 
 def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
-    """Why the run cannot be judged at all. Empty list: the run is valid."""
-    reasons = list(run.invalid_reasons)
+    """Why evaluation finds the run untrustworthy, beside the run's own ``invalid_reasons``.
+    The run is valid when both are empty."""
+    reasons: list[str] = []
     failed = [o for o in run.outcomes if not o.success]
     for o in failed[:5]:
         kind = "warm-up request" if o.warmup else "request"
-        reasons.append(f"{kind} {o.index} ({o.image_size[0]}x{o.image_size[1]}) failed: {o.error}")
+        reasons.append(f"{kind} {o.index} ({fmt.size(o.image_size)}) failed: {o.error}")
     if len(failed) > 5:
         reasons.append(f"... and {len(failed) - 5} more failed requests")
     reasons += recorded_hardware_problems(profile, run.environment)
@@ -188,9 +79,9 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
         elif got < profile.workload.requests:
             reasons.append(f"too few TTFT samples: {got} of {profile.workload.requests} requested")
     for c in run.op_counts:
-        if c.entered == 0:
+        if c.entries == 0:
             reasons.append(
-                f"op-count scope '{c.scope}' was never entered for a {c.image_size[0]}x{c.image_size[1]} image: "
+                f"op-count scope '{c.scope}' was never entered for a {fmt.size(c.image_size)} image: "
                 "its function did not run (renamed in vLLM? image never reached the encoder?), "
                 "so its counts prove nothing"
             )
@@ -205,28 +96,24 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
 def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT) -> Results:
     """``output``: the folder results.json is written to, for the commands notices print."""
     reasons = invalid_reasons(profile, run)
-    checks: list[CheckResult] = []
-    samples = run.ttft_client_s()
-    stats = profile.statistics
-    if samples:
-        checks += [ttft_check(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
-                   for k, b in profile.ttft_ms.items()]
-    checks += op_checks(profile, run.op_counts)
+    ttft = ttft_checks(profile, run)
+    ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
-    if not reasons:  # an invalid run is no basis for new budgets
-        notices += stale_budget_notices(profile, checks, output)
+    valid = not reasons and not run.invalid_reasons
+    if valid:  # an invalid run is no basis for new budgets
+        notices += stale_budget_notices(profile, ttft, output)
     if profile.match.cuda and not run.environment.get("gpu_state"):
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
-    if reasons:
-        verdict, code = Verdict.INVALID, ExitCode.INVALID
-    elif any(c.status == Status.FAIL for c in checks):
-        verdict, code = Verdict.REGRESSION, ExitCode.REGRESSION
+    if not valid:
+        verdict = Verdict.INVALID
+    elif any(c.status == Status.FAIL for c in (*ttft, *ops)):
+        verdict = Verdict.REGRESSION
     else:
-        verdict, code = Verdict.PASS, ExitCode.PASS
+        verdict = Verdict.PASS
     return Results(
-        verdict=verdict, exit_code=int(code), run=run, checks=checks, guard_version=guard_version,
-        invalid_reasons=reasons, notices=notices,
+        verdict=verdict, run=run, ttft_checks=tuple(ttft), op_checks=tuple(ops), guard_version=guard_version,
+        judged_invalid_reasons=tuple(reasons), notices=tuple(notices),
         profile_config={"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict(),
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct},
     )

@@ -9,17 +9,19 @@ people. Numbers are formatted by us and need no escaping.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
-from guard.evaluate import fmt_interval
-from guard.results import CheckResult, Results, ScopeCounts, Status
+from guard import format as fmt
+from guard.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict
+from guard.stats import percentile
 
-MAX_CHART_POINTS = 100  # xychart-beta gets unreadable (and the comment long) past this
 MAX_SITES = 10  # offending code sites listed per failed op check
 
 _ICON = {"pass": "✅", "regression": "❌", "invalid": "⚠️"}
-_STATUS = {Status.PASS: "✅ pass", Status.FAIL: "❌ fail", Status.INCONCLUSIVE: "⚠️ inconclusive"}
+_STATUS = {Status.PASS: "✅ pass", Status.FAIL: "❌ fail", Status.INCONCLUSIVE: "⚠️ inconclusive",
+           Status.NOT_JUDGED: "➖ not judged"}
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SAFE_URL = re.compile(r"https?://[^\s()<>\[\]`\"'\\]+")
 _BACKSLASHED = set("\\*_[]|~")  # Markdown punctuation that can start emphasis, links, cells
@@ -70,35 +72,21 @@ def _token(value: Any, placeholder: str) -> str:
 
 
 # ----------------------------------------------------------------------------- pieces
-def _delta(c: CheckResult) -> str:
-    return "—" if c.delta_pct is None else f"{c.delta_pct:+.1f} %"
+def _size(size: ImageSize) -> str:
+    return f"{int(size[0])}×{int(size[1])}"
 
 
-def _size(size: tuple[int, int] | None) -> str:
-    return "—" if not size else f"{int(size[0])}×{int(size[1])}"
+def _rule(rule: Rule, budget: float) -> str:
+    return f"= {budget:.0f}" if rule == Rule.EXACT else f"≤ {budget:.0f}"
 
 
-def _op_label(c: CheckResult) -> str:
-    """``mask_path[640x480].aten::add`` -> ``aten::add``: the scope and size have their own columns."""
-    if c.scope is not None and c.image_size:
-        prefix = f"{c.scope}[{int(c.image_size[0])}x{int(c.image_size[1])}]."
-        if c.name.startswith(prefix):
-            return c.name[len(prefix):]
-    return c.name
-
-
-def _rule(c: CheckResult) -> str:
-    return f"= {c.budget:.0f}" if c.rule == "exact" else f"≤ {c.budget:.0f}"
-
-
-def _confidence(results: Results) -> str:
-    conf = (results.profile_config.get("statistics") or {}).get("confidence")
-    return f"{float(conf) * 100:.0f} % CI" if isinstance(conf, (int, float)) else "CI"
+def _status(status: Status) -> str:
+    return _STATUS.get(status, text(status))
 
 
 def _summary(results: Results) -> list[str]:
-    n = len(results.checks)
-    if results.verdict == "invalid":
+    n = len(results.judged)
+    if results.verdict == Verdict.INVALID:
         lines = ["**The run cannot be trusted, so no budget was judged.** Why:", ""]
         lines += [f"- {text(r)}" for r in results.invalid_reasons] or ["- (no reason recorded)"]
         return lines
@@ -110,95 +98,93 @@ def _summary(results: Results) -> list[str]:
             line += (f" {len(inconclusive)} inconclusive: the confidence interval straddles the budget, "
                      "so it was judged on the point estimate.")
         return [line]
-    lines = [f"**{len(failed)} of {n} budgets exceeded:**", ""]
-    for c in failed:
-        unit = " ms" if c.unit == "ms" else " calls"
-        delta = "" if c.delta_pct is None else f" ({c.delta_pct:+.1f} %)"
-        lines.append(f"- {code(c.name)}: measured {c.measured:.0f}{unit}, budget {_rule(c)}{unit}{delta}")
-    return lines
+    return [f"**{len(failed)} of {n} budgets exceeded:**", ""] + [f"- {text(fmt.failure(c))}" for c in failed]
 
 
-def _ttft_table(results: Results, ttft: list[CheckResult]) -> list[str]:
-    # (header, alignment, cell): the interval / samples / rounds columns appear only when recorded
-    cols = [
-        ("metric", "---", lambda c: code(c.name, in_table=True)),
-        ("budget", "---:", lambda c: f"{c.budget:.0f} ms"),
-        ("measured", "---:", lambda c: f"{c.measured:.0f} ms"),
-        ("delta", "---:", _delta),
-    ]
-    if any(c.interval for c in ttft):
-        cols.append((_confidence(results), "---:",
-                     lambda c: fmt_interval(c.interval) if c.interval else "—"))
-    if any(c.samples is not None for c in ttft):
-        cols.append(("samples", "---:", lambda c: "—" if c.samples is None else str(int(c.samples))))
-    if any(c.rounds is not None for c in ttft):
-        cols.append(("rounds", "---:", lambda c: "—" if c.rounds is None else str(int(c.rounds))))
-    cols.append(("status", "---", lambda c: _STATUS.get(c.status, text(c.status))))
-    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "|".join(a for _, a, _ in cols) + "|"]
-    lines += ["| " + " | ".join(cell(c) for _, _, cell in cols) + " |" for c in ttft]
-    notes = [f"- {code(c.name)}: {text(c.note)}" for c in ttft if c.note]
+def _ttft_table(ttft: tuple[TtftCheck, ...]) -> list[str]:
+    conf = {c.confidence for c in ttft}
+    ci = f"{fmt.confidence(conf.pop())} CI" if len(conf) == 1 else "CI"
+    lines = [f"| percentile | budget | measured | delta | {ci} (ms) | samples | rounds | status |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for c in ttft:
+        lines.append(f"| {code(c.percentile, in_table=True)} | {fmt.ms_unit(c.budget_ms)} | {fmt.ms_unit(c.measured_ms)} "
+                     f"| {fmt.delta_pct(c.measured_ms, c.budget_ms) or '—'} | {fmt.interval(c.interval_ms)} "
+                     f"| {c.samples} | {c.rounds} | {_status(c.status)} |")
+    notes = [f"- {code(c.percentile)}: {text(c.note)}" for c in ttft if c.note]
     return lines + ([""] + notes if notes else [])
 
 
-def _chart(results: Results, ttft: list[CheckResult]) -> list[str]:
-    """Sorted per-request TTFT as bars, each budget as a flat line: the bar p % of the way along
-    must stay under the p-th percentile's line. Mermaid gets numbers only, never run strings."""
-    samples = sorted(s * 1000.0 for s in results.run.ttft_client_s())
-    if not samples:
+CHART_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
+# bars, then each budget line, then the interval's two lines (xychart-beta has no legend of its own)
+_BAR, _BUDGET, _INTERVAL = "#4C78A8", "#D62728", "#FF9F1C"
+
+
+def _chart(results: Results, ttft: tuple[TtftCheck, ...]) -> list[str]:
+    """The TTFT distribution (bars: the measured requests' deciles) against each budget (red) and
+    the first budgeted percentile's confidence interval (orange band): how far from the budget, and
+    how sure, at a glance. Mermaid gets numbers and fixed labels only, never run strings."""
+    samples = results.run.ttft_client_s()
+    if not samples or not ttft:
         return []
-    n = len(samples)
-    if n > MAX_CHART_POINTS:  # keep the shape: evenly spaced order statistics
-        samples = [samples[round(i * (n - 1) / (MAX_CHART_POINTS - 1))] for i in range(MAX_CHART_POINTS)]
-    budgets = [(c.name.rsplit(".", 1)[-1], c.budget) for c in ttft]
-    # zoom the y-axis onto the data: from 0, a 4 % regression is a difference nobody can see
-    values = [*samples, *(b for _, b in budgets)]
-    lo, hi = min(values) * 0.9, max(values) * 1.05
-    series = ", ".join(f"{v:.0f}" for v in samples)
+    deciles = [percentile(samples, p) * 1000.0 for p in CHART_PERCENTILES]
+    shown = ttft[0]
+    band = [x for x in shown.interval_ms if math.isfinite(x)]
+    values = [*deciles, *(c.budget_ms for c in ttft), *band]
+    lo, hi = min(values), max(values)
+    pad = max((hi - lo) * 0.15, hi * 0.01)
+    y_lo, y_hi = max(0.0, lo - pad), hi + pad
+    palette = [_BAR] + [_BUDGET] * len(ttft) + [_INTERVAL] * len(band)
+    init = {"themeVariables": {"xyChart": {"plotColorPalette": ", ".join(palette)}}}
     lines = [
         "```mermaid",
+        f"%%{{init: {json.dumps(init)}}}%%",
         "xychart-beta",
-        '    title "TTFT per request, fastest to slowest (ms)"',
-        f'    x-axis "request" 1 --> {len(samples)}',
-        f'    y-axis "TTFT (ms)" {lo:.0f} --> {hi:.0f}',
-        f"    bar [{series}]",
+        f'    title "TTFT of {len(samples)} requests by percentile vs the budget (ms)"',
+        f"    x-axis [{', '.join(f'p{p}' for p in CHART_PERCENTILES)}]",
+        f'    y-axis "TTFT (ms)" {y_lo:.0f} --> {y_hi:.0f}',
+        f"    bar [{', '.join(f'{v:.0f}' for v in deciles)}]",
     ]
-    lines += [f"    line [{', '.join(f'{b:.0f}' for _ in samples)}]" for _, b in budgets]
+    lines += [f"    line [{', '.join(f'{c.budget_ms:.0f}' for _ in CHART_PERCENTILES)}]" for c in ttft]
+    lines += [f"    line [{', '.join(f'{x:.0f}' for _ in CHART_PERCENTILES)}]" for x in band]
     lines.append("```")
-    shown = f"{len(samples)} of {n} (evenly spaced)" if n > len(samples) else str(n)
-    legend = ", ".join(f"{text(k)} = {b:.0f} ms" for k, b in budgets)
-    caption = f"Bars: {shown} measured requests, sorted. Lines: the budgets ({legend})." if budgets \
-        else f"Bars: {shown} measured requests, sorted."
-    lines.append(f"{caption} The y-axis starts at {lo:.0f} ms.")
-    return lines
+    budgets = "; ".join(f"{text(c.percentile)} budget {fmt.ms_unit(c.budget_ms)}" for c in ttft)
+    legend = [f"Blue bars: TTFT at each decile of the {len(samples)} measured requests.",
+              f"Red line{'s' if len(ttft) > 1 else ''}: {budgets}."]
+    if band:
+        legend.append(f"Orange lines: the {fmt.confidence(shown.confidence)} interval of {text(shown.percentile)} "
+                      f"{fmt.interval(shown.interval_ms)} ms" + (" (one side is unbounded at this sample count)"
+                                                                  if len(band) == 1 else "") + ".")
+    legend.append(f"The y-axis starts at {y_lo:.0f} ms.")
+    return lines + [" ".join(legend)]
 
 
-def _ops_table(ops: list[CheckResult]) -> list[str]:
-    lines = ["| scope | image size | op | budget | measured | status |", "|---|---|---|---:|---:|---|"]
+def _ops_table(ops: tuple[OpCheck, ...]) -> list[str]:
+    lines = ["| scope | image size | op | budget (calls) | measured (calls) | excess | status |",
+             "|---|---|---|---:|---:|---|---|"]
     for c in ops:
-        scope = code(c.scope, in_table=True) if c.scope else "—"
-        lines.append(f"| {scope} | {_size(c.image_size)} | {code(_op_label(c), in_table=True)} | {_rule(c)} "
-                     f"| {c.measured:.0f} | {_STATUS.get(c.status, text(c.status))} |")
+        excess = fmt.op_excess(c) if c.status == Status.FAIL else "—"
+        lines.append(f"| {code(c.scope, in_table=True)} | {_size(c.image_size)} | {code(c.op, in_table=True)} "
+                     f"| {_rule(c.rule, c.budget_calls)} | {c.measured_calls} | {text(excess)} | {_status(c.status)} |")
     return lines
 
 
-def _sites(results: Results, failed_ops: list[CheckResult]) -> list[str]:
+def _sites(results: Results, failed_ops: list[OpCheck]) -> list[str]:
     """Where the offending calls came from, per failed op check (most calls first)."""
     lines: list[str] = []
     for c in failed_ops:
         counts: ScopeCounts | None = next(
-            (s for s in results.run.op_counts
-             if s.scope == c.scope and c.image_size and tuple(s.image_size) == tuple(c.image_size)), None)
-        op = _op_label(c)
-        sites = [] if counts is None else [s for s in counts.sites if op == "total_ops" or s.op == op]
-        sites = sorted(sites, key=lambda s: -s.count)
+            (s for s in results.run.op_counts if s.scope == c.scope and tuple(s.image_size) == tuple(c.image_size)), None)
+        sites = [] if counts is None else [s for s in counts.sites if c.op == TOTAL_OPS or s.op == c.op]
+        sites = sorted(sites, key=lambda s: -s.calls)
         inside = f" in {code(counts.where)}" if counts is not None and counts.where else ""
-        lines += ["", f"**{code(c.name)}** — {c.measured:.0f} calls{inside}, budget {_rule(c)}:", ""]
+        lines += ["", f"**{code(c.scope)} [{_size(c.image_size)}] {code(c.op)}** — {fmt.calls(c.measured_calls)}"
+                  f"{inside}, budget {_rule(c.rule, c.budget_calls)}:", ""]
         if not sites:
             lines.append("_No call sites were recorded for this op._")
             continue
         lines += ["| calls | op | function | location |", "|---:|---|---|---|"]
         for s in sites[:MAX_SITES]:
-            lines.append(f"| {int(s.count)} | {code(s.op, in_table=True)} | {code(s.function, in_table=True)} "
+            lines.append(f"| {int(s.calls)} | {code(s.op, in_table=True)} | {code(s.function, in_table=True)} "
                          f"| {code(s.location, in_table=True)} |")
         if len(sites) > MAX_SITES:
             lines.append(f"\n_…and {len(sites) - MAX_SITES} more sites (see results.json)._")
@@ -227,21 +213,21 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
     lines = [f"## {icon} guard: {text(results.verdict)} — {text(run.model)} on {code(run.profile)}", ""]
     lines += _summary(results)
 
-    ttft = [c for c in results.checks if c.kind == "ttft"]
+    ttft = results.ttft_checks
     if ttft:
-        lines += ["", "### Time to first token", ""] + _ttft_table(results, ttft)
+        lines += ["", "### Time to first token", ""] + _ttft_table(ttft)
         chart = _chart(results, ttft)
         if chart:
             lines += [""] + chart
 
-    ops = [c for c in results.checks if c.kind == "ops"]
+    ops = results.op_checks
     if ops:
         lines += ["", "### Operator counts per request", ""] + _ops_table(ops)
         failed_ops = [c for c in ops if c.status == Status.FAIL]
         if failed_ops:
             lines += ["", "#### Where the offending calls came from"] + _sites(results, failed_ops)
 
-    if results.verdict == "invalid" and results.checks:
+    if results.verdict == Verdict.INVALID and results.checks:
         lines += ["", "_The tables above are for information only: an invalid run has no verdict._"]
     if results.notices:
         lines += ["", "### Notices", ""] + [f"- {text(n)}" for n in results.notices]

@@ -90,10 +90,10 @@ def vacuous_budgets(profile: Profile, op_counts: list[ScopeCounts]) -> list[str]
             if op in PSEUDO_OPS:
                 continue
             for c in by_scope.get(sb.name, []):
-                if c.counts.get(op, 0):
+                if c.calls_by_op.get(op, 0):
                     continue
                 for twin in _twins(op):
-                    n = c.counts.get(twin, 0)
+                    n = c.calls_by_op.get(twin, 0)
                     if n:
                         size = f"{c.image_size[0]}x{c.image_size[1]}"
                         out.append(f"op budget {sb.name}.{op} counted 0 calls, but {twin} was called {n} times in "

@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from guard import compat
 from guard.budgets import ScopeBudget
 from guard.results import OpSite, ScopeCounts
 
@@ -60,19 +61,11 @@ def frame_matches(frame: str, file: str, function: str) -> bool:
     return bool(m) and m.group("func") == function and m.group("file").replace("\\", "/").endswith(file)
 
 
-def from_profiler(function_events) -> list[ProfEvent]:
-    """torch.profiler FunctionEvents -> ProfEvents. Events without a stack of their own (CUDA
-    runtime calls) inherit the stack of the nearest enclosing event that has one."""
-    out = []
-    for e in function_events:
-        if str(getattr(e, "device_type", "")).endswith("CUDA"):
-            continue  # device-side copies of activity; counted through their launching op instead
-        stack, parent = tuple(e.stack or ()), e.cpu_parent
-        while not stack and parent is not None:
-            stack, parent = tuple(parent.stack or ()), parent.cpu_parent
-        kernels = tuple(k.name for k in getattr(e, "kernels", ()) or ())
-        out.append(ProfEvent(e.name, stack, not is_python_event(e.name), kernels))
-    return out
+def from_profiler(prof) -> list[ProfEvent]:
+    """A finished torch.profiler session -> ProfEvents (host side; device copies of activity are
+    counted through the op that launched them)."""
+    return [ProfEvent(name, stack, not is_python_event(name), kernels)
+            for name, stack, device_side, kernels in compat.profiler_events(prof) if not device_side]
 
 
 def _site(stack: tuple[str, ...]) -> tuple[str, str]:
@@ -115,8 +108,9 @@ def attribute(events: list[ProfEvent], budgets: tuple[ScopeBudget, ...], image_s
         # Keep the sites of budgeted ops first (they explain a failure), then the busiest others.
         ordered = sorted(sites.items(), key=lambda kv: (kv[0][2] not in budgeted, -kv[1]))
         result.append(ScopeCounts(
-            scope=sb.name, where=scope.describe(), image_size=image_size, entered=entered, counts=dict(counts.most_common()), total=total,
-            sites=tuple(OpSite(location=loc, function=func, op=op, count=n) for (loc, func, op), n in ordered[:TOP_SITES]),
+            scope=sb.name, where=scope.describe(), image_size=image_size, entries=entered,
+            calls_by_op=dict(counts.most_common()), total_calls=total,
+            sites=tuple(OpSite(location=loc, function=func, op=op, calls=n) for (loc, func, op), n in ordered[:TOP_SITES]),
         ))
     return result
 
@@ -148,15 +142,10 @@ def profile_request(run_one):
     Returns the events and the profiler, for ``save_trace`` when the trace is wanted.
     """
     import torch
-    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
 
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, with_stack=True,
-                 experimental_config=_ExperimentalConfig(verbose=True)) as prof:
+    with compat.profiler_with_python_stacks(cuda=torch.cuda.is_available()) as prof:
         run_one()
-    return from_profiler(prof.events()), prof
+    return from_profiler(prof), prof
 
 
 def save_trace(prof, trace_path: Path) -> None:

@@ -25,9 +25,10 @@ import requests
 from github3 import exceptions as gh_exc
 from github3.session import GitHubSession
 
+from guard import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
 from guard.markdown import render_markdown
-from guard.results import Results
+from guard.results import Results, Verdict
 from guard.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
                          thresholds_change_lines)
 
@@ -110,11 +111,11 @@ def _clip(s: str, limit: int) -> str:
 
 
 def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
-    n = len(results.checks)
-    if results.verdict == "pass":
+    n = len(results.judged)
+    if results.verdict == Verdict.PASS:
         state, desc = "success", f"all {n} budgets held"
-    elif results.verdict == "regression":
-        names = ", ".join(c.name for c in results.failed)
+    elif results.verdict == Verdict.REGRESSION:
+        names = ", ".join(fmt.label(c) for c in results.failed)
         state, desc = "failure", f"{len(results.failed)} of {n} budgets exceeded: {names}"
     else:  # invalid, or a verdict this guard does not know: never report it as a pass
         first = results.invalid_reasons[0] if results.invalid_reasons else f"verdict {results.verdict!r}"
@@ -144,12 +145,7 @@ def annotations(results: Results) -> list[str]:
     where = f"{results.run.model} / {results.run.profile}"
     out = []
     for c in results.failed:
-        unit = " ms" if c.unit == "ms" else " calls"
-        rule = "exactly" if c.rule == "exact" else "at most"
-        delta = "" if c.delta_pct is None else f" ({c.delta_pct:+.1f} %)"
-        out.append(workflow_command(
-            "error", f"{c.name}: measured {c.measured:.0f}{unit}, budget {rule} {c.budget:.0f}{unit}{delta} ({where})",
-            title=f"guard: {c.name} over budget"))
+        out.append(workflow_command("error", f"{fmt.failure(c)} ({where})", title=f"guard: {fmt.label(c)} over budget"))
     out += [workflow_command("error", f"{r} ({where})", title="guard: invalid run") for r in results.invalid_reasons]
     out += [workflow_command("notice", n, title="guard notice") for n in results.notices]
     return out

@@ -1,8 +1,13 @@
 """The records that flow run -> verdict -> report -> publish, and results.json, their file form.
 
-results.json (schema ``guard/results``, version 1) is what every later stage reads: ``guard
-comment`` and ``guard update-thresholds`` never look at the engine, only at this file.
-Seconds inside; milliseconds only in keys that say ``_ms``.
+results.json (schema ``guard/results``, version 2, described by ``results.schema.json`` beside this
+module) is what every later stage reads: ``guard comment`` and ``guard update-thresholds`` never
+look at the engine, only at this file. Each fact is written once; seconds inside, and every number
+carries its unit in its name (``_s``, ``_ms``, ``_calls``).
+
+A check is a typed record (``TtftCheck``, ``OpCheck``): its identity is its fields (percentile;
+scope, image size and op), never a string to parse back. How a check reads to people is
+``guard.format``'s business.
 """
 
 from __future__ import annotations
@@ -11,15 +16,19 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from guard.errors import ConfigError
+from guard.budgets import Rule
+from guard.errors import ConfigError, ExitCode
 
 RESULTS_SCHEMA = "guard/results"
-RESULTS_SCHEMA_VERSION = 1
-RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json), same versioning
+RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
+RESULTS_SCHEMA_VERSION = 2
+SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
 
 TTFT_DEFINITION = (
     "Client-side TTFT: from just before the request is handed to the in-process vLLM engine "
@@ -28,25 +37,37 @@ TTFT_DEFINITION = (
     "timestamp, after input processing) is recorded beside it. Warm-up requests are excluded."
 )
 
+TOTAL_OPS = "total_ops"  # OpCheck.op for the cap on all operator calls in a scope
 
-class Status:
+
+class Status(StrEnum):
     PASS = "pass"
     FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"  # TTFT interval straddles the budget (decided on the point estimate)
+    INCONCLUSIVE = "inconclusive"  # TTFT interval straddles the budget; passes on the point estimate
+    NOT_JUDGED = "not_judged"  # measured and shown, but this run cannot judge it (never fails, never proves)
 
 
-class Verdict:
+class Verdict(StrEnum):
     PASS = "pass"
     REGRESSION = "regression"
     INVALID = "invalid"
 
+    @property
+    def exit_code(self) -> ExitCode:
+        return {Verdict.PASS: ExitCode.PASS, Verdict.REGRESSION: ExitCode.REGRESSION,
+                Verdict.INVALID: ExitCode.INVALID}[self]
 
+
+ImageSize = tuple[int, int]
+
+
+# ----------------------------------------------------------------------------- the run
 @dataclass(frozen=True)
 class RequestOutcome:
     """One request of the timing pass; failures are data, not exceptions."""
 
     index: int
-    image_size: tuple[int, int]
+    image_size: ImageSize
     warmup: bool
     success: bool
     ttft_client_s: float | None = None
@@ -59,10 +80,10 @@ class RequestOutcome:
 class OpSite:
     """A code location that issued operator calls inside a scope."""
 
-    location: str  # "path/to/file.py:123"
+    location: str  # "path/to/file.py:123" (the line where the function starts)
     function: str
     op: str
-    count: int
+    calls: int
 
 
 @dataclass(frozen=True)
@@ -70,32 +91,12 @@ class ScopeCounts:
     """Operator calls attributed to one budgeted scope during one profiled request."""
 
     scope: str  # the budget's name, e.g. "mask_path"
-    image_size: tuple[int, int]
-    entered: int  # how many times the scope's function ran; 0 makes the run invalid
-    counts: dict[str, int]  # op name -> calls
-    total: int  # all operator calls in the scope
+    image_size: ImageSize
+    entries: int  # how many times the scope's function ran; 0 makes the run invalid
+    calls_by_op: dict[str, int]  # op name -> calls
+    total_calls: int  # all operator calls in the scope
     sites: tuple[OpSite, ...] = ()  # where the calls came from, most frequent first
     where: str = ""  # the scope's code path, "file:function" (or "whole request")
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One budget judged against one measurement."""
-
-    kind: str  # "ttft" | "ops"
-    name: str  # "ttft_ms.p50" | "mask_path[640x480].aten::_index_put_impl_"
-    budget: float
-    measured: float
-    status: str  # Status.*
-    rule: str = "max"  # ops: "exact" | "max"; ttft: "max"
-    unit: str = "ms"  # "ms" | "calls"
-    delta_pct: float | None = None  # (measured - budget) / budget; None when budget is 0
-    interval: tuple[float, float] | None = None  # ttft: confidence interval of the percentile, ms
-    samples: int | None = None
-    rounds: int | None = None
-    note: str | None = None
-    scope: str | None = None
-    image_size: tuple[int, int] | None = None
 
 
 @dataclass
@@ -109,7 +110,7 @@ class RunRecord:
     outcomes: list[RequestOutcome] = field(default_factory=list)
     rounds: int = 0  # timing rounds (1 + resampling rounds)
     op_counts: list[ScopeCounts] = field(default_factory=list)
-    invalid_reasons: list[str] = field(default_factory=list)
+    invalid_reasons: list[str] = field(default_factory=list)  # what went wrong while running
     benchmark_json: str | None = None
     traces: list[str] = field(default_factory=list)  # compressed Chrome traces, relative to the output dir
     started_at: str | None = None
@@ -123,95 +124,149 @@ class RunRecord:
     def ttft_client_s(self) -> list[float]:
         return [o.ttft_client_s for o in self.measured if o.success and o.ttft_client_s is not None]
 
+    def ttft_engine_s(self) -> list[float]:
+        return [o.ttft_engine_s for o in self.measured if o.success and o.ttft_engine_s is not None]
 
-@dataclass
+
+# ----------------------------------------------------------------------------- checks
+@dataclass(frozen=True)
+class TtftCheck:
+    """A TTFT percentile budget judged by its confidence interval (guard.rules)."""
+
+    percentile: str  # "p50"
+    budget_ms: float
+    measured_ms: float  # the point estimate
+    interval_ms: tuple[float, float]  # -inf / inf where that side does not exist at this sample count
+    samples: int
+    rounds: int
+    confidence: float
+    status: Status
+    note: str | None = None  # how an undecided interval was settled
+
+    @property
+    def excess_ms(self) -> float:
+        return self.measured_ms - self.budget_ms
+
+
+@dataclass(frozen=True)
+class OpCheck:
+    """An operator-count budget of one scope, for one profiled image size."""
+
+    scope: str
+    image_size: ImageSize
+    op: str  # an operator name, a guard pseudo-op, or TOTAL_OPS
+    rule: Rule
+    budget_calls: int
+    measured_calls: int
+    status: Status
+
+    @property
+    def excess_calls(self) -> int:
+        return self.measured_calls - self.budget_calls
+
+
+Check = TtftCheck | OpCheck
+
+
+@dataclass(frozen=True)
 class Results:
     """The verdict with everything needed to explain it: the content of results.json."""
 
-    verdict: str
-    exit_code: int
+    verdict: Verdict
     run: RunRecord
-    checks: list[CheckResult]
-    invalid_reasons: list[str] = field(default_factory=list)  # non-empty <=> verdict is invalid
-    notices: list[str] = field(default_factory=list)  # e.g. stale budgets; never change the verdict
+    ttft_checks: tuple[TtftCheck, ...] = ()
+    op_checks: tuple[OpCheck, ...] = ()
+    judged_invalid_reasons: tuple[str, ...] = ()  # found by evaluation, beside the run's own
+    notices: tuple[str, ...] = ()  # advice (stale budgets, ...); never changes the verdict
     guard_version: str = ""
     ttft_definition: str = TTFT_DEFINITION
     profile_config: dict[str, Any] = field(default_factory=dict)  # engine, workload, statistics used
 
     @property
-    def failed(self) -> list[CheckResult]:
+    def checks(self) -> tuple[Check, ...]:
+        return (*self.ttft_checks, *self.op_checks)
+
+    @property
+    def judged(self) -> list[Check]:
+        """The checks this run could judge (not_judged ones are shown, never counted)."""
+        return [c for c in self.checks if c.status != Status.NOT_JUDGED]
+
+    @property
+    def failed(self) -> list[Check]:
         return [c for c in self.checks if c.status == Status.FAIL]
+
+    @property
+    def invalid_reasons(self) -> list[str]:
+        return [*self.run.invalid_reasons, *self.judged_invalid_reasons]
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.verdict.exit_code)
 
 
 # ----------------------------------------------------------------------------- JSON
-def _tupled(d: dict[str, Any], *keys: str) -> dict[str, Any]:
-    for k in keys:
-        if d.get(k) is not None:
-            d[k] = tuple(d[k])
-    return d
-
-
-def _json_interval(check: dict[str, Any]) -> dict[str, Any]:
-    """Strict JSON has no Infinity: an interval side that does not exist at this sample count
-    is written as null (read back as -inf / inf)."""
-    if check.get("interval") is not None:
-        check["interval"] = [None if math.isinf(x) else x for x in check["interval"]]
-    return check
-
-
-def _interval_from_json(check: dict[str, Any]) -> dict[str, Any]:
-    if check.get("interval") is not None:
-        lo, hi = check["interval"]
-        check["interval"] = (-math.inf if lo is None else lo, math.inf if hi is None else hi)
-    return check
+def _finite_or_null(x: float) -> float | None:
+    """Strict JSON has no Infinity: an interval side that does not exist is written as null."""
+    return None if math.isinf(x) else x
 
 
 def run_to_dict(run: RunRecord) -> dict[str, Any]:
-    return {"schema": RUN_SCHEMA, "schema_version": RESULTS_SCHEMA_VERSION, **asdict(run)}
+    return asdict(run)
+
+
+def run_file_dict(run: RunRecord) -> dict[str, Any]:
+    """run.json: the run record under a schema header."""
+    return {"schema": RUN_SCHEMA, "schema_version": RESULTS_SCHEMA_VERSION, "run": run_to_dict(run)}
 
 
 def run_from_dict(d: dict[str, Any]) -> RunRecord:
-    d = {k: v for k, v in d.items() if k not in ("schema", "schema_version")}
-    d["outcomes"] = [RequestOutcome(**_tupled(o, "image_size")) for o in d.get("outcomes", [])]
+    d = dict(d)
+    d["outcomes"] = [RequestOutcome(**{**o, "image_size": tuple(o["image_size"])}) for o in d.get("outcomes", [])]
     d["op_counts"] = [
-        ScopeCounts(**{**_tupled(c, "image_size"), "sites": tuple(OpSite(**s) for s in c.get("sites", ()))})
+        ScopeCounts(**{**c, "image_size": tuple(c["image_size"]), "sites": tuple(OpSite(**s) for s in c.get("sites", ()))})
         for c in d.get("op_counts", [])
     ]
     return RunRecord(**d)
 
 
+def _ttft_to_dict(c: TtftCheck) -> dict[str, Any]:
+    return {**asdict(c), "interval_ms": [_finite_or_null(x) for x in c.interval_ms]}
+
+
+def _ttft_from_dict(d: dict[str, Any]) -> TtftCheck:
+    lo, hi = d["interval_ms"]
+    return TtftCheck(**{**d, "status": Status(d["status"]),
+                        "interval_ms": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
+
+
+def _op_from_dict(d: dict[str, Any]) -> OpCheck:
+    return OpCheck(**{**d, "image_size": tuple(d["image_size"]), "rule": Rule(d["rule"]), "status": Status(d["status"])})
+
+
 def results_to_dict(res: Results) -> dict[str, Any]:
-    client = res.run.ttft_client_s()
-    engine = [o.ttft_engine_s for o in res.run.measured if o.success and o.ttft_engine_s is not None]
     return {
         "schema": RESULTS_SCHEMA,
         "schema_version": RESULTS_SCHEMA_VERSION,
         "guard_version": res.guard_version,
-        "verdict": res.verdict,
-        "exit_code": res.exit_code,
-        "model": res.run.model,
-        "profile": res.run.profile,
+        "verdict": str(res.verdict),
+        "checks": {"ttft": [_ttft_to_dict(c) for c in res.ttft_checks], "ops": [asdict(c) for c in res.op_checks]},
+        "judged_invalid_reasons": list(res.judged_invalid_reasons),
+        "notices": list(res.notices),
         "profile_config": res.profile_config,
-        "thresholds_file": res.run.thresholds_path,
         "ttft_definition": res.ttft_definition,
-        "checks": [_json_interval(asdict(c)) for c in res.checks],
-        "notices": res.notices,
-        "invalid_reasons": res.invalid_reasons,
-        "samples": {"ttft_client_s": client, "ttft_engine_s": engine},
-        "run": asdict(res.run),
-        "environment": res.run.environment,
-        "artifacts": {"benchmark_json": res.run.benchmark_json, "traces": res.run.traces},
+        "run": run_to_dict(res.run),
     }
 
 
 def results_from_dict(d: dict[str, Any]) -> Results:
+    checks = d["checks"]
     return Results(
-        verdict=d["verdict"],
-        exit_code=d["exit_code"],
+        verdict=Verdict(d["verdict"]),
         run=run_from_dict(d["run"]),
-        checks=[CheckResult(**_tupled(_interval_from_json(dict(c)), "image_size")) for c in d["checks"]],
-        invalid_reasons=list(d.get("invalid_reasons", [])),
-        notices=list(d.get("notices", [])),
+        ttft_checks=tuple(_ttft_from_dict(c) for c in checks.get("ttft", [])),
+        op_checks=tuple(_op_from_dict(c) for c in checks.get("ops", [])),
+        judged_invalid_reasons=tuple(d.get("judged_invalid_reasons", ())),
+        notices=tuple(d.get("notices", ())),
         guard_version=d.get("guard_version", ""),
         ttft_definition=d.get("ttft_definition", TTFT_DEFINITION),
         profile_config=d.get("profile_config", {}),
@@ -239,37 +294,86 @@ def _umask() -> int:
     return mask
 
 
-def read_json(path: Path, schema: str) -> dict[str, Any]:
-    """Read a guard JSON file, checking its schema name and version (ConfigError, exit 2)."""
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number guard writes")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+@lru_cache(maxsize=1)
+def results_schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def _json_path(parts: Any) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def validate(data: Any, path: Path, schema_name: str) -> None:
+    """Check a parsed file against the shipped JSON Schema; the first error names the JSON path."""
+    import jsonschema
+
+    schema = results_schema()
+    if schema_name == RUN_SCHEMA:  # run.json holds the ``run`` object of results.json
+        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "type": "object",
+                  "required": ["schema", "schema_version", "run"],
+                  "properties": {"schema": {"const": RUN_SCHEMA}, "schema_version": {"const": RESULTS_SCHEMA_VERSION},
+                                 "run": {"$ref": "#/$defs/run"}}, "additionalProperties": False}
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        raise ConfigError(str(path), None, _json_path(error.absolute_path), f"not a valid {schema_name} file: {error.message}",
+                          hint="results files are written by `guard check`; re-run it rather than editing one")
+
+
+def read_json(path: Path, schema_name: str) -> dict[str, Any]:
+    """Read a guard JSON file and validate it (ConfigError, exit 2)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such file", hint="run `guard check` first") from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), None, "(file)", "is a directory, not a JSON file") from None
-    except OSError as exc:
+    except OSError as exc:  # a folder, no permission, ...
         raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), None, "(file)", f"not UTF-8 text (byte {exc.start}): a binary file?") from None
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(str(path), exc.lineno, "(syntax)", f"not valid JSON: {exc.msg}") from None
     except RecursionError:
-        raise ConfigError(str(path), None, "(syntax)", "nested too deeply to be a guard file") from None
-    except ValueError as exc:  # e.g. an integer literal with more digits than Python converts
-        raise ConfigError(str(path), None, "(syntax)", f"not usable JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(str(path), None, "(content)", f"expected a JSON object, got {type(data).__name__}")
-    if data.get("schema") != schema:
-        raise ConfigError(str(path), None, "schema", f"not a {schema} file")
-    if data.get("schema_version") != RESULTS_SCHEMA_VERSION:
+        raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
+    except ValueError as exc:
+        raise ConfigError(str(path), None, "(content)", f"not a results file guard can read: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != schema_name:
+        raise ConfigError(str(path), None, "schema", f"not a {schema_name} file")
+    version = data.get("schema_version")
+    if version != RESULTS_SCHEMA_VERSION:
         raise ConfigError(str(path), None, "schema_version",
-                          f"unknown schema version {data.get('schema_version')!r}; this guard reads {RESULTS_SCHEMA_VERSION}")
+                          f"schema version {version!r}; this guard reads version {RESULTS_SCHEMA_VERSION}",
+                          hint="results files from an older guard cannot be judged again: re-run `guard check`")
+    try:
+        validate(data, path, schema_name)
+    except RecursionError:
+        raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
     return data
 
 
 def load_results(path: Path) -> Results:
-    data = read_json(path, RESULTS_SCHEMA)
-    try:
-        return results_from_dict(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(str(path), None, "(content)", f"malformed results: {type(exc).__name__}: {exc}") from None
+    return results_from_dict(read_json(path, RESULTS_SCHEMA))
+
+
+def load_run(path: Path) -> RunRecord:
+    return run_from_dict(read_json(path, RUN_SCHEMA)["run"])
+
+
+def field_names(cls: type) -> list[str]:
+    """A record's field names, for the schema test."""
+    return [f.name for f in fields(cls)]

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from guard import format as fmt
 from guard.budgets import Profile, Thresholds
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
@@ -18,22 +19,31 @@ from guard.evaluate import op_checks
 from guard.hardware import Hardware, fingerprint
 from guard.probes import attribute, profile_request, save_events, save_trace, scope_events
 from guard.results import RequestOutcome, RunRecord, ScopeCounts, Status
+from guard.rules import TtftDecision, measure_until_decided
 
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
 
+# Runs a list of jobs, calling back per finished request; raises EngineDied when the engine breaks.
+Driver = Callable[[list[Job], Callable[[RequestOutcome], None]], list[RequestOutcome]]
+
 
 class GuardRun:
+    """``driver``: what sends the requests; by default the in-process vLLM engine (started lazily).
+    ``environment``: the fingerprint to record; by default this machine's."""
+
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                  progress: Callable[[str], None] = print, injected: str | None = None,
-                 traces: str = TRACES_ON_FAILURE) -> None:
+                 traces: str = TRACES_ON_FAILURE, driver: Driver | None = None,
+                 environment: dict | None = None) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
         self.traces = traces
         self.progress = progress
+        self.driver: Driver = driver or (lambda jobs, on_outcome: run_jobs(self.llm, profile.workload, jobs, on_outcome))
         self.record = RunRecord(
             profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
-            environment=fingerprint(hw, profile), injected=injected,
+            environment=fingerprint(hw, profile) if environment is None else environment, injected=injected,
             started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
         self._t0 = time.perf_counter()
@@ -68,15 +78,15 @@ class GuardRun:
         def report(o: RequestOutcome) -> None:
             nonlocal done
             done += 1
-            size = f"{o.image_size[0]}x{o.image_size[1]}"
+            size = fmt.size(o.image_size)
             if o.success:
-                eng = f", engine {o.ttft_engine_s * 1000:.0f} ms" if o.ttft_engine_s else ""
-                self.progress(f"{label} {done}/{total} [{size}] TTFT {o.ttft_client_s * 1000:.0f} ms{eng}")
+                eng = f", engine {fmt.seconds_as_ms(o.ttft_engine_s)}" if o.ttft_engine_s else ""
+                self.progress(f"{label} {done}/{total} [{size}] TTFT {fmt.seconds_as_ms(o.ttft_client_s)}{eng}")
             else:
                 self.progress(f"{label} {done}/{total} [{size}] FAILED: {o.error}")
 
         try:
-            outcomes = run_jobs(self.llm, self.profile.workload, jobs, on_outcome=report)
+            outcomes = self.driver(jobs, report)
         except EngineDied as exc:
             self.record.invalid_reasons.append(f"engine died during {label}: {exc}")
             raise InvalidRunError(f"engine died during {label}: {exc}") from exc
@@ -93,13 +103,13 @@ class GuardRun:
         run.json replaces it."""
         from dataclasses import replace
 
-        from guard.results import run_to_dict, write_json_atomic
+        from guard.results import run_file_dict, write_json_atomic
 
         snapshot = replace(self.record, op_counts=[*self.record.op_counts, *(op_counts or [])],
                            invalid_reasons=[*self.record.invalid_reasons, f"{UNFINISHED_PREFIX} {after}"],
                            duration_s=round(time.perf_counter() - self._t0, 3))
         try:
-            write_json_atomic(self.output / "run.json", run_to_dict(snapshot))
+            write_json_atomic(self.output / "run.json", run_file_dict(snapshot))
         except OSError as exc:  # a full disk must not stop the measurement; the final write will report it
             self.progress(f"could not write the run.json checkpoint: {exc}")
 
@@ -109,30 +119,28 @@ class GuardRun:
         if n:
             self._run(self._jobs(n, warmup=True), "warm-up")
 
-    def measure(self, count: int) -> list[RequestOutcome]:
-        """One round of measured requests."""
+    def measure(self, count: int) -> list[float]:
+        """One round of measured requests; returns their TTFT samples (seconds)."""
         self.record.rounds += 1
-        return self._run(self._jobs(count, warmup=False), f"round {self.record.rounds}")
+        outcomes = self._run(self._jobs(count, warmup=False), f"round {self.record.rounds}")
+        return [o.ttft_client_s for o in outcomes if o.success and o.ttft_client_s is not None]
 
     def measure_until_decided(self) -> None:
-        """The workload's measured requests, then another ``statistics.batch`` while any budgeted
-        TTFT percentile's interval straddles its budget, up to ``statistics.max_requests``.
-        The rule is guard.evaluate's, so this stage and the verdict agree."""
-        # imported here: evaluate/hardware are this method's concern only
-        from guard.evaluate import more_requests, undecided_ttft
-        from guard.hardware import read_gpu_state
+        """The workload's measured requests, then more batches while a budgeted TTFT percentile's
+        interval straddles its budget (guard.rules: the verdict's own rule, so the two agree)."""
+        from guard.hardware import read_gpu_state  # this method's concern only
 
         stats = self.profile.statistics
-        self.measure(self.profile.workload.requests)
-        while all(o.success for o in self.record.measured):  # a failed request makes the run invalid: stop
-            undecided = undecided_ttft(self.profile, self.record.ttft_client_s())
-            extra = more_requests(stats, len(self.record.measured), bool(undecided))
-            if not extra:
-                break
+
+        def say_undecided(pending: list[TtftDecision], extra: int) -> None:
             self.progress(f"inconclusive after {len(self.record.measured)} requests: "
-                          + "; ".join(d.describe() for d in undecided)
+                          + "; ".join(d.describe() for d in pending)
                           + f"; measuring {extra} more (round {self.record.rounds + 1}, cap {stats.max_requests})")
-            self.measure(extra)
+
+        measure_until_decided(self.profile.ttft_ms, stats, self.profile.workload.requests, self.measure,
+                              on_undecided=say_undecided,
+                              # a failed request makes the run invalid: stop measuring
+                              keep_going=lambda: all(o.success for o in self.record.measured))
         gpu_state = self.record.environment.get("gpu_state")
         if gpu_state is not None:  # the end of the timing pass, while the engine holds the device
             gpu_state["end"] = read_gpu_state()
@@ -144,24 +152,24 @@ class GuardRun:
         sizes = self.profile.workload.profile_image_sizes
         for size in sizes:
             if size not in self._warm_sizes:  # first request of a size fills its caches
-                self._run(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}")
+                self._run(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {fmt.size(size)}")
             jobs = self._jobs(1, warmup=True, sizes=[size])  # profiled requests are not TTFT samples
             self.output.mkdir(parents=True, exist_ok=True)
-            self.progress(f"profiling one {size[0]}x{size[1]} request{label and ' (' + label.strip('-') + ')'} ...")
+            self.progress(f"profiling one {fmt.size(size)} request{label and ' (' + label.strip('-') + ')'} ...")
             events, prof = profile_request(lambda: self._run(jobs, "profiled"))
             # Keep the events that touch the budgeted code paths: small, and enough to re-attribute.
-            save_events(scope_events(events, self.profile.ops), self.output / f"events{label}-{size[0]}x{size[1]}.json.gz")
+            save_events(scope_events(events, self.profile.ops), self.output / f"events{label}-{fmt.size(size)}.json.gz")
             counts = attribute(events, self.profile.ops, size)
             # The full trace costs seconds to write; it is there to explain a failure.
             if self.traces == TRACES_ALWAYS or any(c.status == Status.FAIL for c in op_checks(self.profile, counts)):
-                name = f"trace{label}-{size[0]}x{size[1]}.json.gz"
+                name = f"trace{label}-{fmt.size(size)}.json.gz"
                 save_trace(prof, self.output / name)
                 self.record.traces.append(name)
             del prof
             for c in counts:
-                ops = ", ".join(f"{op} {n}" for op, n in list(c.counts.items())[:4]) or "none"
-                self.progress(f"  scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entered}x, "
-                              f"{c.total} op calls ({ops})")
+                ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
+                self.progress(f"  scope {c.scope} [{fmt.size(size)}]: entered {c.entries}x, "
+                              f"{fmt.calls(c.total_calls)} ({ops})")
             found.extend(counts)
             self.checkpoint(f"profiling {size[0]}x{size[1]}", found)
         return found

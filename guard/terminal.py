@@ -1,31 +1,23 @@
-"""Results -> the table and verdict line people read in their terminal."""
+"""Results -> the tables and verdict line people read in their terminal."""
 
 from __future__ import annotations
 
-from guard.evaluate import fmt_interval
-from guard.results import CheckResult, Results, Status
+from guard import format as fmt
+from guard.results import Results, Status, Verdict
 from guard.stats import percentile
 
-_MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok"}
+MAX_SITES = 6
 
 
-def _row(cells: list[str], widths: list[int]) -> str:
-    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+def _row(cells: list[str], widths: list[int], left: int) -> str:
+    """The first ``left`` columns (names) align left, the rest (numbers) right."""
+    return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return [_row(header, widths), _row(["-" * w for w in widths], widths), *(_row(r, widths) for r in rows)]
-
-
-def _ttft_row(c: CheckResult) -> list[str]:
-    delta = "" if c.delta_pct is None else f"{c.delta_pct:+.1f}%"
-    ci = fmt_interval(c.interval) if c.interval else ""
-    return [c.name, f"{c.budget:.0f} ms", f"{c.measured:.0f} ms", delta, ci, str(c.samples or ""), _MARK[c.status]]
-
-
-def _op_row(c: CheckResult) -> list[str]:
-    return [c.name, f"{'==' if c.rule == 'exact' else '<='} {c.budget:.0f}", f"{c.measured:.0f}", _MARK[c.status]]
+    return [_row(header, widths, left), _row(["-" * w for w in widths], widths, left),
+            *(_row(r, widths, left) for r in rows)]
 
 
 def percentile_summary(results: Results) -> str | None:
@@ -33,8 +25,21 @@ def percentile_summary(results: Results) -> str | None:
     samples = results.run.ttft_client_s()
     if not samples:
         return None
-    cells = " · ".join(f"p{p} {percentile(samples, p) * 1000:.0f} ms" for p in (50, 90, 99))
+    cells = " · ".join(f"p{p} {fmt.seconds_as_ms(percentile(samples, p))}" for p in (50, 90, 99))
     return f"TTFT over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
+
+
+def sites_lines(results: Results) -> list[str]:
+    """Where the calls of each failing scope came from, most calls first."""
+    lines: list[str] = []
+    for counts in results.run.op_counts:
+        failing = [c for c in results.op_checks
+                   if c.status == Status.FAIL and c.scope == counts.scope and c.image_size == counts.image_size]
+        if failing and counts.sites:
+            where = f" ({counts.where})" if counts.where else ""
+            lines.append(f"  calls in {counts.scope}{where} [{fmt.size(counts.image_size)}] came from:")
+            lines += [f"    {s.calls:>6}  {s.op:<28} {s.function} ({s.location})" for s in counts.sites[:MAX_SITES]]
+    return lines
 
 
 def render_terminal(results: Results) -> str:
@@ -42,33 +47,30 @@ def render_terminal(results: Results) -> str:
     summary = percentile_summary(results)
     if summary:
         lines += [summary, ""]
-    ttft = [c for c in results.checks if c.kind == "ttft"]
-    if ttft:
-        lines += _table(["metric", "budget", "measured", "delta", "interval", "n", "status"], [_ttft_row(c) for c in ttft])
+    if results.ttft_checks:
+        rows = [[fmt.label(c), fmt.ms_unit(c.budget_ms), fmt.ms_unit(c.measured_ms),
+                 fmt.delta_pct(c.measured_ms, c.budget_ms) or "", fmt.interval(c.interval_ms), str(c.samples),
+                 fmt.STATUS_WORD[c.status]] for c in results.ttft_checks]
+        lines += _table(["TTFT", "budget", "measured", "delta", "interval (ms)", "n", "status"], rows)
+        lines += [f"  {fmt.label(c)}: {c.note}" for c in results.ttft_checks if c.note]
         lines.append("")
-    ops = [c for c in results.checks if c.kind == "ops"]
-    if ops:
-        lines += _table(["op count (per request)", "budget", "measured", "status"], [_op_row(c) for c in ops])
-        for counts in results.run.op_counts:
-            failed = [c for c in ops if c.status == Status.FAIL and c.scope == counts.scope and c.image_size == counts.image_size]
-            if failed and counts.sites:
-                where = f" ({counts.where})" if counts.where else ""
-                lines.append(f"  calls in {counts.scope}{where} [{counts.image_size[0]}x{counts.image_size[1]}] came from:")
-                lines += [f"    {s.count:>6}  {s.op:<28} {s.function} ({s.location})" for s in counts.sites[:6]]
+    if results.op_checks:
+        rows = [[c.scope, fmt.size(c.image_size), c.op, fmt.rule(c.rule, c.budget_calls), str(c.measured_calls),
+                 fmt.STATUS_WORD[c.status]] for c in results.op_checks]
+        lines += _table(["op count (per request)", "image", "op", "budget", "measured", "status"], rows, left=3)
+        lines += sites_lines(results)
         lines.append("")
-    for reason in results.invalid_reasons:
-        lines.append(f"invalid: {reason}")
-    for notice in results.notices:
-        lines.append(f"notice: {notice}")
+    lines += [f"invalid: {reason}" for reason in results.invalid_reasons]
+    lines += [f"notice: {notice}" for notice in results.notices]
     lines.append(verdict_line(results))
     return "\n".join(lines)
 
 
 def verdict_line(results: Results) -> str:
     where = f"{results.run.model} on profile '{results.run.profile}'"
-    if results.verdict == "pass":
-        return f"PASS: {where}: all {len(results.checks)} budgets held"
-    if results.verdict == "regression":
-        names = ", ".join(c.name for c in results.failed)
-        return f"REGRESSION: {where}: {len(results.failed)} budget(s) exceeded: {names}"
+    if results.verdict == Verdict.PASS:
+        return f"PASS: {where}: all {len(results.judged)} budgets held"
+    if results.verdict == Verdict.REGRESSION:
+        return (f"REGRESSION: {where}: {len(results.failed)} budget(s) exceeded:\n"
+                + "\n".join(f"  - {fmt.failure(c)}" for c in results.failed))
     return f"INVALID RUN: {where}: the measurement cannot be trusted ({len(results.invalid_reasons)} reason(s) above)"

@@ -25,3 +25,20 @@ def run_guard(*args: str, cwd: Path | None = None, timeout: float = 900) -> subp
     """The real `guard` console entry point, in a child process, as a person would run it."""
     exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"
     return subprocess.run([exe, *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def thresholds():
+    """The pinned statistics thresholds (tests/fixtures/thresholds-statistics.yaml)."""
+    from guard.budgets import load_thresholds
+    from tests.ttft_scenarios import THRESHOLDS
+
+    return load_thresholds(THRESHOLDS)
+
+
+@pytest.fixture
+def cpu(thresholds):
+    """The pinned cpu profile (5 requests, batches of 5 up to 15, p50/p90/p99), TTFT budgets only."""
+    import dataclasses
+
+    return dataclasses.replace(thresholds.profile("cpu"), ops=())

@@ -16,7 +16,7 @@ from werkzeug import Request, Response
 
 from guard import cli, publish
 from guard.errors import ExitCode, UsageError
-from guard.results import CheckResult, Results, Status, load_results, results_to_dict
+from guard.results import Results, Status, TtftCheck, Verdict, load_results, results_to_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
 OWNER, REPO = "acme", "guarded"
@@ -282,8 +282,9 @@ def write_results(tmp_path: Path, res: Results) -> Path:
 
 
 def passing(res: Results) -> Results:
-    checks = [dataclasses.replace(c, status=Status.PASS) for c in res.checks]
-    return dataclasses.replace(res, verdict="pass", exit_code=0, checks=checks)
+    return dataclasses.replace(res, verdict=Verdict.PASS,
+                               ttft_checks=tuple(dataclasses.replace(c, status=Status.PASS) for c in res.ttft_checks),
+                               op_checks=tuple(dataclasses.replace(c, status=Status.PASS) for c in res.op_checks))
 
 
 # ----------------------------------------------------------------------------- the sticky comment
@@ -299,7 +300,7 @@ def test_first_run_creates_the_comment_and_sets_the_status_on_the_head_sha(gh_en
     assert sha == HEAD and sha != MERGE
     assert status == {"state": "failure", "context": "guard/deepseek-ocr-2/a10",
                       "description": status["description"], "target_url": "https://github.example/acme/guarded/actions/runs/9"}
-    assert status["description"].startswith("4 of 6 budgets exceeded: ttft_ms.p50, mask_path[1024x1024]")
+    assert status["description"].startswith("4 of 6 budgets exceeded: ttft p50, mask_path [1024x1024] aten::")
     assert "comment created" in out and f"status failure 'guard/deepseek-ocr-2/a10' on {HEAD}" in out
 
 
@@ -496,28 +497,28 @@ def test_step_summary_is_appended(gh_env, guard, tmp_path, monkeypatch):
 def test_annotations_escape_as_the_runner_requires(regression):
     assert publish.escape_data("100% done\r\nnext") == "100%25 done%0D%0Anext"
     assert publish.escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
-    odd = CheckResult(kind="ttft", name="ttft_ms.p50,\nx:y", budget=100, measured=150, status=Status.FAIL,
-                      delta_pct=50.0)
-    res = dataclasses.replace(regression, checks=[odd], notices=[], invalid_reasons=[])
+    odd = TtftCheck(percentile="p50,\nx:y", budget_ms=100, measured_ms=150, interval_ms=(140, 160), samples=6,
+                    rounds=1, confidence=0.95, status=Status.FAIL)
+    res = dataclasses.replace(regression, ttft_checks=(odd,), op_checks=(), notices=(), judged_invalid_reasons=())
     [line] = publish.annotations(res)
-    assert line == ("::error title=guard%3A ttft_ms.p50%2C%0Ax%3Ay over budget::ttft_ms.p50,%0Ax:y: measured 150 ms, "
-                    "budget at most 100 ms (+50.0 %25) (deepseek-ocr-2 / a10)")
+    assert line == ("::error title=guard%3A ttft p50%2C%0Ax%3Ay over budget::TTFT p50,%0Ax:y 150 ms is over its budget "
+                    "<= 100 ms (+50.0 %25; 95 %25 interval [140, 160] ms, n=6) (deepseek-ocr-2 / a10)")
 
 
 def test_annotations_one_error_per_failed_check(gh_env, guard, regression):
     code, out, _ = guard("--pr", "7")
     errors = [ln for ln in out.splitlines() if ln.startswith("::error ")]
     assert len(errors) == len(regression.failed) == 4
-    assert errors[0].startswith("::error title=guard%3A ttft_ms.p50 over budget::ttft_ms.p50: measured 2619 ms")
+    assert errors[0].startswith("::error title=guard%3A ttft p50 over budget::TTFT p50 2619 ms is over its budget")
     assert any(ln.startswith("::notice title=guard notice::") for ln in out.splitlines())
 
 
 def test_status_description_fits_githubs_limit(regression):
-    many = [dataclasses.replace(regression.checks[0], name=f"ttft_ms.p{i}") for i in range(40)]
-    st = publish.commit_status(dataclasses.replace(regression, checks=many))
+    many = tuple(dataclasses.replace(regression.ttft_checks[0], percentile=f"p{i}") for i in range(1, 41))
+    st = publish.commit_status(dataclasses.replace(regression, ttft_checks=many))
     assert st.state == "failure" and len(st.description) <= publish.STATUS_DESCRIPTION_LIMIT
     assert publish.commit_status(passing(regression)).state == "success"
-    invalid = dataclasses.replace(regression, verdict="invalid", invalid_reasons=["engine died"])
+    invalid = dataclasses.replace(regression, verdict=Verdict.INVALID, judged_invalid_reasons=("engine died",))
     assert (publish.commit_status(invalid).state, publish.commit_status(invalid).description) == \
         ("error", "invalid run: engine died")
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
+
+from guard.results import results_schema
 
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
 
@@ -35,7 +38,19 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
 
 
 def results_of(out: Path) -> dict:
-    return json.loads((out / "results.json").read_text())
+    """results.json as written, after checking it against the shipped JSON Schema."""
+    data = json.loads((out / "results.json").read_text())
+    jsonschema.Draft202012Validator(results_schema()).validate(data)
+    return data
+
+
+def measured_s(res: dict, key: str = "ttft_client_s") -> list[float]:
+    return [o[key] for o in res["run"]["outcomes"] if not o["warmup"] and o["success"]]
+
+
+def op_check(res: dict, size: list[int], op: str = "aten::_index_put_impl_") -> dict:
+    (c,) = [c for c in res["checks"]["ops"] if c["image_size"] == size and c["op"] == op]
+    return c
 
 
 @pytest.fixture(scope="module")
@@ -50,21 +65,20 @@ def test_check_passes_and_writes_results(passing_run) -> None:
     proc, out = passing_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = results_of(out)
-    assert res["schema"] == "guard/results" and res["verdict"] == "pass" and res["exit_code"] == 0
-    samples = res["samples"]["ttft_client_s"]
+    assert res["schema"] == "guard/results" and res["schema_version"] == 2 and res["verdict"] == "pass"
+    samples = measured_s(res)
     assert len(samples) == 2 and all(s > 0 for s in samples)
-    assert len(res["samples"]["ttft_engine_s"]) == 2
+    engine = measured_s(res, "ttft_engine_s")
     # the engine's own clock starts after input processing, so it never exceeds the client's
-    assert all(0 < e <= c for e, c in zip(res["samples"]["ttft_engine_s"], samples))
-    names = {c["name"]: c for c in res["checks"]}
-    assert {"ttft_ms.p50", "ttft_ms.p99"} <= set(names)
-    index_put = names["mask_path[640x480].aten::_index_put_impl_"]
-    assert index_put["measured"] == 0 and index_put["budget"] == 0 and index_put["status"] == "pass"
-    env = res["environment"]
+    assert len(engine) == 2 and all(0 < e <= c for e, c in zip(engine, samples))
+    assert {c["percentile"] for c in res["checks"]["ttft"]} == {"p50", "p99"}
+    index_put = op_check(res, [640, 480])
+    assert index_put["measured_calls"] == 0 and index_put["budget_calls"] == 0 and index_put["status"] == "pass"
+    env = res["run"]["environment"]
     for key in ("cpu", "vllm", "torch", "transformers", "guard", "model"):
         assert env.get(key), key
     assert (out / "report.md").read_text().strip()
-    assert res["artifacts"]["traces"] == []  # traces are written to explain a failing op budget
+    assert res["run"]["traces"] == []  # traces are written to explain a failing op budget
     assert (out / "events-640x480.json.gz").stat().st_size > 0
 
 
@@ -72,14 +86,14 @@ def test_check_prints_progress_table_and_verdict(passing_run) -> None:
     proc, _ = passing_run
     assert "engine ready" in proc.stdout
     assert proc.stdout.count("TTFT") >= 3  # one progress line per request
-    assert "ttft_ms.p50" in proc.stdout and "PASS:" in proc.stdout
+    assert "ttft p50" in proc.stdout and "PASS:" in proc.stdout
 
 
 def test_benchmark_json_carries_the_samples(passing_run) -> None:
     _, out = passing_run
     bench = json.loads((out / "benchmark.json").read_text())
     (b,) = [b for b in bench["benchmarks"] if b["name"] == "test_ttft"]
-    samples = results_of(out)["samples"]["ttft_client_s"]
+    samples = measured_s(results_of(out))
     assert b["stats"]["rounds"] == len(samples)
     assert b["stats"]["median"] == pytest.approx(sorted(samples)[len(samples) // 2] if len(samples) % 2 else
                                                  sum(sorted(samples)[len(samples) // 2 - 1:][:2]) / 2)
@@ -90,11 +104,11 @@ def test_tight_budget_exits_1_and_names_the_metric(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, ttft_ms={"p50": 1})), "--output", str(out))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "REGRESSION" in proc.stdout and "ttft_ms.p50" in proc.stdout
+    assert "REGRESSION" in proc.stdout and "TTFT p50" in proc.stdout
     res = results_of(out)
     assert res["verdict"] == "regression"
-    (p50,) = [c for c in res["checks"] if c["name"] == "ttft_ms.p50"]
-    assert p50["status"] == "fail" and p50["measured"] > 1
+    (p50,) = [c for c in res["checks"]["ttft"] if c["percentile"] == "p50"]
+    assert p50["status"] == "fail" and p50["measured_ms"] > 1
 
 
 def test_legacy_mask_injected_exits_1_and_names_the_code_path(tmp_path: Path) -> None:
@@ -103,13 +117,13 @@ def test_legacy_mask_injected_exits_1_and_names_the_code_path(tmp_path: Path) ->
                      "--inject", "legacy-mask")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = results_of(out)
-    (ip,) = [c for c in res["checks"] if c["name"] == "mask_path[640x480].aten::_index_put_impl_"]
-    assert ip["status"] == "fail" and ip["measured"] == 513
+    ip = op_check(res, [640, 480])
+    assert ip["status"] == "fail" and ip["measured_calls"] == 513
     assert "_update_causal_mask" in proc.stdout and "513" in proc.stdout
     report = (out / "report.md").read_text()
     assert "_update_causal_mask" in report and "513" in report
     assert res["run"]["injected"] == "legacy-mask"
-    (trace,) = res["artifacts"]["traces"]
+    (trace,) = res["run"]["traces"]
     assert trace == "trace-640x480.json.gz" and (out / trace).stat().st_size > 100_000
 
 
@@ -130,7 +144,8 @@ def test_scope_that_never_runs_is_an_invalid_run(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = results_of(out)
     assert res["verdict"] == "invalid"
-    assert any("'mask_path' was never entered" in r for r in res["invalid_reasons"]), res["invalid_reasons"]
+    reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]
+    assert any("'mask_path' was never entered" in r for r in reasons), reasons
     assert "INVALID RUN" in proc.stdout and "mask_path" in proc.stdout
 
 
@@ -139,13 +154,14 @@ def test_selftest_catches_the_legacy_mask(tmp_path: Path) -> None:
     proc = run_guard("selftest", "--thresholds", str(small_cpu_yaml(tmp_path, profile_sizes=[[640, 480], [800, 400]])),
                      "--output", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    st = json.loads((out / "selftest.json").read_text())
-    assert st["caught"] is True
-    canary = {tuple(c["image_size"]): c["counts"].get("aten::_index_put_impl_", 0) for c in st["counts"]["canary"]}
-    assert canary == {(640, 480): 513, (800, 400): 513 + 2 * 289}
-    for phase in ("clean", "restored"):
-        assert all(c["counts"].get("aten::_index_put_impl_", 0) == 0 for c in st["counts"][phase])
-    assert st["counts"]["clean"] == st["counts"]["restored"]
+    assert "SELFTEST PASS" in proc.stdout
+    # both runs went through guard check's own harness and verdict, and wrote results.json v2
+    clean, canary = results_of(out / "clean"), results_of(out / "canary")
+    assert clean["verdict"] == "pass" and canary["verdict"] == "regression"
+    assert canary["run"]["injected"] == "legacy-mask" and clean["run"]["injected"] is None
+    assert op_check(canary, [640, 480])["measured_calls"] == 513
+    assert op_check(canary, [800, 400])["measured_calls"] == 513 + 2 * 289
+    assert all(c["measured_calls"] == 0 for c in clean["checks"]["ops"] if c["op"] == "aten::_index_put_impl_")
 
 
 def test_the_suite_runs_under_plain_pytest_and_judges_itself(tmp_path: Path) -> None:
@@ -162,6 +178,6 @@ def test_the_suite_runs_under_plain_pytest_and_judges_itself(tmp_path: Path) -> 
          "--guard-thresholds", str(small_cpu_yaml(tmp_path, ttft_ms={"p50": 1})), "--guard-output", str(tmp_path / "o")],
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    assert "REGRESSION" in proc.stdout and "ttft_ms.p50" in proc.stdout
+    assert "REGRESSION" in proc.stdout and "TTFT p50" in proc.stdout
     assert "2 passed" in proc.stdout  # the measurement itself was complete
     assert (tmp_path / "o" / "run.json").exists()

@@ -18,6 +18,7 @@ import pytest
 
 from guard import cli
 from guard.budgets import load_thresholds
+from guard import harness
 from guard.commands import check
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
 from guard.opnames import check_op_names, problems, vacuous_budgets
@@ -127,8 +128,8 @@ def test_the_vacuous_twin_is_caught_after_the_run():
     sb = prof.ops[0]
     wrong = dataclasses.replace(sb, ops={"aten::_index_put_impl": sb.ops["aten::_index_put_impl_"]})
     prof = dataclasses.replace(prof, ops=(wrong,))
-    legacy = [ScopeCounts(scope="mask_path", image_size=(640, 480), entered=1,
-                          counts={"aten::_index_put_impl_": 513, "aten::index_put_": 513}, total=2000)]
+    legacy = [ScopeCounts(scope="mask_path", image_size=(640, 480), entries=1,
+                          calls_by_op={"aten::_index_put_impl_": 513, "aten::index_put_": 513}, total_calls=2000)]
     [reason] = vacuous_budgets(prof, legacy)
     assert "aten::_index_put_impl_ was called 513 times" in reason and "budget aten::_index_put_impl_ instead" in reason
     assert vacuous_budgets(t.profile("cpu"), legacy) == []  # the right name: no complaint
@@ -357,15 +358,15 @@ def test_one_line(raw, want):
 
 # ----------------------------------------------------------------------------- 7. guard check's run stage, without an engine
 def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_path):
-    from guard.results import RequestOutcome, run_to_dict, write_json_atomic
+    from guard.results import RequestOutcome, run_file_dict, write_json_atomic
 
     rec = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={},
                     outcomes=[RequestOutcome(0, (640, 480), True, True, 6.0),
                               RequestOutcome(1, (640, 480), False, True, 6.1)],
                     invalid_reasons=["the run did not finish: the last checkpoint was written after round 1"])
-    write_json_atomic(tmp_path / "run.json", run_to_dict(rec))
+    write_json_atomic(tmp_path / "run.json", run_file_dict(rec))
     fallback = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={})
-    got = check.read_record(tmp_path / "run.json", -9, None, fallback)
+    got = harness.read_record(tmp_path / "run.json", -9, None, fallback)
     assert got.ttft_client_s() == [6.1]
     assert any("killed by SIGKILL" in r for r in got.invalid_reasons)
     assert any("did not finish" in r for r in got.invalid_reasons)
@@ -377,7 +378,7 @@ def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_p
 ])
 def test_no_run_json_is_invalid_never_a_crash(code, interrupted, fragment, tmp_path):
     fallback = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={})
-    got = check.read_record(tmp_path / "run.json", code, interrupted, fallback)
+    got = harness.read_record(tmp_path / "run.json", code, interrupted, fallback)
     assert any(fragment in r for r in got.invalid_reasons), got.invalid_reasons
     assert any("without writing run.json" in r for r in got.invalid_reasons)
 
@@ -387,6 +388,6 @@ def test_evaluating_a_fallback_record_is_invalid(tmp_path):
 
     t = load_thresholds(GOOD_BASE)
     fallback = RunRecord(profile="cpu", thresholds_path=str(GOOD_BASE), model=t.model, environment={})
-    rec = check.read_record(tmp_path / "run.json", -9, None, fallback)
+    rec = harness.read_record(tmp_path / "run.json", -9, None, fallback)
     res = evaluate(t.profile("cpu"), rec)
     assert res.exit_code == ExitCode.INVALID and res.verdict == "invalid"

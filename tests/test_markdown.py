@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from guard.markdown import code, render_markdown, text
-from guard.results import CheckResult, OpSite, RequestOutcome, Results, Status, load_results
+from guard.stats import percentile
+from guard.results import OpSite, Results, Status, Verdict, load_results
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
 HOSTILE = ("x | y `z` <img src=x onerror=alert(1)> </details> & [a](javascript:alert(1)) **b** _c_ @maintainers"
@@ -22,9 +23,10 @@ def regression() -> Results:
 
 
 def passing(res: Results) -> Results:
-    checks = [dataclasses.replace(c, status=Status.PASS, measured=0.0 if c.kind == "ops" else c.measured)
-              for c in res.checks]
-    return dataclasses.replace(res, verdict="pass", exit_code=0, checks=checks, notices=[])
+    return dataclasses.replace(
+        res, verdict=Verdict.PASS, notices=(),
+        ttft_checks=tuple(dataclasses.replace(c, status=Status.PASS) for c in res.ttft_checks),
+        op_checks=tuple(dataclasses.replace(c, status=Status.PASS, measured_calls=0) for c in res.op_checks))
 
 
 def html(markdown: str) -> str:
@@ -51,18 +53,21 @@ def test_regression_report_has_headline_tables_sites_and_footer(regression):
     assert "**4 of 6 budgets exceeded:**" in md
 
     ttft = table_after(md, "### Time to first token")
-    assert cells(ttft[0]) == ["metric", "budget", "measured", "delta", "95 % CI", "samples", "rounds", "status"]
-    assert cells(ttft[2]) == ["`ttft_ms.p50`", "2511 ms", "2619 ms", "+4.3 %", "[2610, 2628]", "100", "1", "❌ fail"]
+    assert cells(ttft[0]) == ["percentile", "budget", "measured", "delta", "95 % CI (ms)", "samples", "rounds", "status"]
+    assert cells(ttft[2]) == ["`p50`", "2511 ms", "2619 ms", "+4.3 %", "[2610, 2628]", "100", "1", "❌ fail"]
     assert cells(ttft[3])[-1] == "✅ pass"
 
     ops = table_after(md, "### Operator counts per request")
-    assert cells(ops[0]) == ["scope", "image size", "op", "budget", "measured", "status"]
-    assert ["`mask_path`", "1024×1024", "`aten::_index_put_impl_`", "≤ 0", "12", "❌ fail"] in [cells(r) for r in ops]
-    assert ["`mask_path`", "1024×1024", "`cuda::sync`", "≤ 0", "0", "✅ pass"] in [cells(r) for r in ops]
+    assert cells(ops[0]) == ["scope", "image size", "op", "budget (calls)", "measured (calls)", "excess", "status"]
+    assert ["`mask_path`", "1024×1024", "`aten::_index_put_impl_`", "≤ 0", "12", "+12 calls", "❌ fail"] \
+        in [cells(r) for r in ops]
+    assert ["`mask_path`", "1024×1024", "`cuda::sync`", "≤ 0", "0", "—", "✅ pass"] in [cells(r) for r in ops]
+    assert ["`mask_path`", "1024×1024", "`total_ops`", "≤ 4", "26", "+22 calls, 6.5x the budget", "❌ fail"] \
+        in [cells(r) for r in ops]
 
     # the failing op's code site, and only its own op's sites under it
-    sites_at = md.index("**`mask_path[1024x1024].aten::_index_put_impl_`**")
-    block = md[sites_at: md.index("**`mask_path[1024x1024].cuda::memcpy_htod`**")]
+    sites_at = md.index("**`mask_path` [1024×1024] `aten::_index_put_impl_`**")
+    block = md[sites_at: md.index("**`mask_path` [1024×1024] `cuda::memcpy_htod`**")]
     assert "| 12 | `aten::_index_put_impl_` | `_update_causal_mask` | `vllm/model_executor/models/deepencoder2.py:214` |" in block
     assert "memcpy" not in block
 
@@ -76,36 +81,32 @@ def test_regression_report_has_headline_tables_sites_and_footer(regression):
     assert md.count("<details>") == md.count("</details>") == 4
 
 
-def test_mermaid_chart_plots_sorted_samples_in_ms_against_each_budget(regression):
+def test_mermaid_chart_shows_deciles_against_budgets_and_the_interval(regression):
     md = render_markdown(regression)
     chart = re.search(r"```mermaid\n(.*?)```", md, re.S)
     assert chart, md
     body = chart.group(1)
-    assert body.startswith("xychart-beta\n")
+    assert body.startswith("%%{init: ") and "\nxychart-beta\n" in body
+    # categorical x-axis: no fractional ticks, no bars cut at the edges
+    assert "x-axis [p10, p20, p30, p40, p50, p60, p70, p80, p90]" in body
     bars = [float(v) for v in re.search(r"bar \[(.*?)\]", body).group(1).split(", ")]
-    expected = sorted(round(s * 1000) for s in regression.run.ttft_client_s())
-    assert bars == expected  # ms, sorted, warm-up excluded
-    lines = re.findall(r"line \[(.*?)\]", body)
-    assert [set(ln.split(", ")) for ln in lines] == [{"2511"}, {"2721"}]
-    assert all(len(ln.split(", ")) == len(bars) for ln in lines)
-    assert "Lines: the budgets (p50 = 2511 ms, p99 = 2721 ms)" in md
+    samples = regression.run.ttft_client_s()
+    assert bars == [round(percentile(samples, p) * 1000) for p in range(10, 100, 10)]  # ms, warm-up excluded
+    lines = [set(ln.split(", ")) for ln in re.findall(r"line \[(.*?)\]", body)]
+    assert lines == [{"2511"}, {"2721"}, {"2610"}, {"2628"}]  # budgets, then p50's interval
+    palette = re.search(r'"plotColorPalette": "(.*?)"', body).group(1).split(", ")
+    assert len(palette) == 1 + len(lines)  # one colour per series, named in the legend
+    assert "Red lines: p50 budget 2511 ms; p99 budget 2721 ms." in md
+    assert "Orange lines: the 95 % interval of p50 [2610, 2628] ms." in md
+    y_lo, y_hi = map(float, re.search(r'y-axis "TTFT \(ms\)" (\d+) --> (\d+)', body).groups())
+    assert y_lo < min(bars) and y_hi > 2721  # every series inside the axis
 
 
-def test_chart_downsamples_long_runs_but_keeps_the_extremes(regression):
-    outcomes = [RequestOutcome(index=i, image_size=(64, 64), warmup=False, success=True, ttft_client_s=1 + i / 1000)
-                for i in range(250)]
-    res = dataclasses.replace(regression, run=dataclasses.replace(regression.run, outcomes=outcomes))
-    body = re.search(r"```mermaid\n(.*?)```", render_markdown(res), re.S).group(1)
-    bars = re.search(r"bar \[(.*?)\]", body).group(1).split(", ")
-    assert len(bars) == 100
-    assert (bars[0], bars[-1]) == ("1000", "1249")
-    assert "Bars: 100 of 250 (evenly spaced) measured requests" in render_markdown(res)
-
-
-def test_interval_samples_rounds_columns_only_when_recorded(regression):
-    bare = [dataclasses.replace(c, interval=None, samples=None, rounds=None) for c in regression.checks]
-    md = render_markdown(dataclasses.replace(regression, checks=bare))
-    assert cells(table_after(md, "### Time to first token")[0]) == ["metric", "budget", "measured", "delta", "status"]
+def test_chart_says_when_the_interval_has_an_open_side(regression):
+    open_side = dataclasses.replace(regression.ttft_checks[0], interval_ms=(2610.0, float("inf")))
+    md = render_markdown(dataclasses.replace(regression, ttft_checks=(open_side, *regression.ttft_checks[1:])))
+    assert "one side is unbounded" in md
+    assert "inf" not in re.search(r"```mermaid\n(.*?)```", md, re.S).group(1)
 
 
 def test_pass_and_invalid_headlines(regression):
@@ -114,8 +115,8 @@ def test_pass_and_invalid_headlines(regression):
     assert "**All 6 budgets held.**" in md
     assert "Where the offending calls came from" not in md
 
-    invalid = dataclasses.replace(regression, verdict="invalid", exit_code=3, checks=[],
-                                  invalid_reasons=["request 3 (1024x1024) failed: CUDA out of memory"])
+    invalid = dataclasses.replace(regression, verdict=Verdict.INVALID, ttft_checks=(), op_checks=(),
+                                  judged_invalid_reasons=("request 3 (1024x1024) failed: CUDA out of memory",))
     md = render_markdown(invalid)
     assert md.splitlines()[0].startswith("## ⚠️ guard: invalid")
     assert "- request 3 (1024x1024) failed: CUDA out of memory" in md
@@ -124,20 +125,20 @@ def test_pass_and_invalid_headlines(regression):
 
 def test_no_samples_no_chart(regression):
     run = dataclasses.replace(regression.run, outcomes=[])
-    md = render_markdown(dataclasses.replace(regression, verdict="invalid", run=run,
-                                             invalid_reasons=["no TTFT samples were measured"]))
+    md = render_markdown(dataclasses.replace(regression, verdict=Verdict.INVALID, run=run,
+                                             judged_invalid_reasons=("no TTFT samples were measured",)))
     assert "```mermaid" not in md
 
 
 # ----------------------------------------------------------------------------- escaping
 def hostile_results(res: Results) -> Results:
-    site = OpSite(location=HOSTILE, function="mask|fn", op="aten::_index_put_impl_", count=3)
+    site = OpSite(location=HOSTILE, function="mask|fn", op="aten::_index_put_impl_", calls=3)
     counts = dataclasses.replace(res.run.op_counts[0], sites=(site,))
     run = dataclasses.replace(res.run, model="evil | model", profile="a10 `x`", op_counts=[counts],
                               environment={"gpu": HOSTILE, HOSTILE: "v", "cmd": "vllm | tee"})
-    checks = [dataclasses.replace(c, note=HOSTILE) if c.kind == "ttft" else c for c in res.checks]
-    return dataclasses.replace(res, run=run, checks=checks, notices=[HOSTILE], invalid_reasons=[HOSTILE],
-                               verdict="invalid")
+    ttft = tuple(dataclasses.replace(c, note=HOSTILE) for c in res.ttft_checks)
+    return dataclasses.replace(res, run=run, ttft_checks=ttft, notices=(HOSTILE,), judged_invalid_reasons=(HOSTILE,),
+                               verdict=Verdict.INVALID)
 
 
 def test_run_strings_cannot_inject_html_or_break_structure(regression):
@@ -194,10 +195,9 @@ def test_render_markdown_never_adds_the_comment_marker(regression):
     assert "<!--" not in render_markdown(regression)
 
 
-def test_unknown_status_and_verdict_are_shown_as_text(regression):
-    odd = CheckResult(kind="ttft", name="ttft_ms.p50", budget=1, measured=2, status="weird<b>")
-    md = render_markdown(dataclasses.replace(regression, verdict="mystery", checks=[odd]))
-    assert md.startswith("## ❔ guard: mystery")
+def test_unknown_status_is_shown_as_text(regression):
+    odd = dataclasses.replace(regression.ttft_checks[0], status="weird<b>")
+    md = render_markdown(dataclasses.replace(regression, ttft_checks=(odd,)))
     assert "weird&lt;b&gt;" in md
 
 

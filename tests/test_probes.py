@@ -31,27 +31,27 @@ def test_expected_legacy_counts() -> None:
 
 def test_legacy_mask_global_view_is_513_index_puts() -> None:
     (c,) = attribute(events("legacy-mask-640x480"), (MASK,), (640, 480))
-    assert c.entered == 1
-    assert c.counts[INDEX_PUT] == 513
-    assert c.total > 4
+    assert c.entries == 1
+    assert c.calls_by_op[INDEX_PUT] == 513
+    assert c.total_calls > 4
     top = c.sites[0]
-    assert top.op == INDEX_PUT and top.count == 513
+    assert top.op == INDEX_PUT and top.calls == 513
     assert top.function == "legacy_create_custom_4d_mask" and top.location.startswith("guard/canary.py:")
 
 
 def test_legacy_mask_tiles_add_289_each() -> None:
     # 1000x700 is cut into 3x2 tiles: one S=512 global view pass + one S=288 pass over 6 tiles.
     (c,) = attribute(events("legacy-mask-1000x700"), (MASK,), (1000, 700))
-    assert c.entered == 2
-    assert c.counts[INDEX_PUT] == 513 + 6 * 289
+    assert c.entries == 2
+    assert c.calls_by_op[INDEX_PUT] == 513 + 6 * 289
 
 
 @pytest.mark.parametrize(("name", "entered"), [("current-640x480", 1), ("current-1000x700", 2)])
 def test_current_code_has_no_index_puts(name: str, entered: int) -> None:
     (c,) = attribute(events(name), (MASK,), (0, 0))
-    assert c.entered == entered
-    assert c.counts.get(INDEX_PUT, 0) == 0
-    assert c.total == 2 * entered  # expand + as_strided of the cached mask per encoder pass
+    assert c.entries == entered
+    assert c.calls_by_op.get(INDEX_PUT, 0) == 0
+    assert c.total_calls == 2 * entered  # expand + as_strided of the cached mask per encoder pass
 
 
 def test_attribution_is_deterministic() -> None:
@@ -63,14 +63,14 @@ def test_scope_that_does_not_exist_is_never_entered() -> None:
     renamed = ScopeBudget("gone", Scope("function", "vllm/model_executor/models/deepencoder2.py", "_build_mask"),
                           {INDEX_PUT: OpBudget("max", 0)})
     (c,) = attribute(events("legacy-mask-640x480"), (renamed,), (640, 480))
-    assert c.entered == 0 and c.total == 0 and c.counts == {}
+    assert c.entries == 0 and c.total_calls == 0 and c.calls_by_op == {}
 
 
 def test_request_scope_counts_everything() -> None:
     whole = ScopeBudget("request", Scope("request"), {INDEX_PUT: OpBudget("max", 0)})
     ev = events("legacy-mask-640x480")
     (c,) = attribute(ev, (whole,), (640, 480))
-    assert c.entered == 1 and c.total == sum(1 for e in ev if e.is_op)
+    assert c.entries == 1 and c.total_calls == sum(1 for e in ev if e.is_op)
 
 
 def test_frame_matching_needs_file_and_function() -> None:
@@ -99,8 +99,8 @@ def test_cuda_copies_and_syncs_are_counted_in_scope() -> None:
     budget = ScopeBudget("mask", Scope("function", "m/deepencoder2.py", "_update_causal_mask"),
                          {MEMCPY_HTOD: OpBudget("max", 0), CUDA_SYNC: OpBudget("max", 0)})
     (c,) = attribute(ev, (budget,), (1, 1))
-    assert c.counts[MEMCPY_HTOD] == 1 and c.counts[CUDA_SYNC] == 1
-    assert c.total == 2  # the two aten::copy_ calls; runtime calls are not operators
+    assert c.calls_by_op[MEMCPY_HTOD] == 1 and c.calls_by_op[CUDA_SYNC] == 1
+    assert c.total_calls == 2  # the two aten::copy_ calls; runtime calls are not operators
     assert {s.op for s in c.sites} >= {MEMCPY_HTOD, CUDA_SYNC}
 
 
@@ -118,16 +118,14 @@ def _outer():
 
 
 def test_from_profiler_on_a_real_profile() -> None:
-    import torch
-    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+    from guard.compat import profiler_with_python_stacks
 
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True,
-                 experimental_config=_ExperimentalConfig(verbose=True)) as prof:
+    with profiler_with_python_stacks(cuda=False) as prof:
         _outer()
-    ev = from_profiler(prof.events())
+    ev = from_profiler(prof)
     budget = ScopeBudget("loop", Scope("function", "tests/test_probes.py", "_mask_loop"), {INDEX_PUT: OpBudget("max", 0)})
     (c,) = attribute(ev, (budget,), (7, 7))
-    assert c.entered == 1
-    assert c.counts[INDEX_PUT] == 7
+    assert c.entries == 1
+    assert c.calls_by_op[INDEX_PUT] == 7
     assert c.sites[0].function == "_mask_loop"
     assert not any(e.is_op for e in ev if e.name.startswith("tests/test_probes.py("))

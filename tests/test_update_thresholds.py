@@ -22,7 +22,7 @@ from guard.budgets import load_thresholds
 from guard.commands import update_thresholds as ut
 from guard.errors import ConfigError
 from guard.results import (
-    CheckResult, RequestOutcome, Results, RunRecord, results_to_dict, write_json_atomic,
+    OpCheck, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict, results_to_dict, write_json_atomic,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "update"
@@ -46,19 +46,20 @@ def make_results(path: Path, yaml_path: Path, *, profile: str = "cpu", ttft: dic
                  verdict: str = "pass", invalid_reasons: tuple[str, ...] = (), run_invalid: tuple[str, ...] = (),
                  env: dict | None = None, injected: str | None = None, config: dict | None = None,
                  model: str = "deepseek-ocr-2") -> Path:
-    """Write a results.json as `guard check` would (checks named like guard.evaluate names them)."""
+    """Write a results.json as `guard check` would."""
     outcomes = [RequestOutcome(index=i, image_size=(640, 480), warmup=False, success=True, ttft_client_s=7.0)
                 for i in range(samples)]
     run = RunRecord(profile=profile, thresholds_path=str(yaml_path), model=model,
                     environment=dict(ENV if env is None else env), outcomes=outcomes, rounds=1,
                     invalid_reasons=list(run_invalid), injected=injected)
-    checks = [CheckResult(kind="ttft", name=f"ttft_ms.{k}", budget=1.0, measured=v, status="pass", samples=samples)
-              for k, v in (ttft or {}).items()]
-    for (scope, size), counts in (ops or {}).items():
-        checks += [CheckResult(kind="ops", name=f"{scope}[{size[0]}x{size[1]}].{op}", budget=0, measured=n,
-                               status="pass", rule="max", unit="calls", scope=scope, image_size=size)
-                   for op, n in counts.items()]
-    res = Results(verdict=verdict, exit_code=0, run=run, checks=checks, invalid_reasons=list(invalid_reasons),
+    ttft_checks = tuple(TtftCheck(percentile=k, budget_ms=1.0, measured_ms=v, interval_ms=(v, v), samples=samples,
+                                  rounds=1, confidence=0.95, status=Status.PASS)
+                        for k, v in (ttft or {}).items() if samples)
+    op_checks = tuple(OpCheck(scope=scope, image_size=size, op=op, rule=Rule.MAX, budget_calls=0, measured_calls=n,
+                              status=Status.PASS)
+                      for (scope, size), counts in (ops or {}).items() for op, n in counts.items())
+    res = Results(verdict=Verdict(verdict), run=run, ttft_checks=ttft_checks, op_checks=op_checks,
+                  judged_invalid_reasons=tuple(invalid_reasons),
                   profile_config=config if config is not None else _config(yaml_path, profile))
     write_json_atomic(path, results_to_dict(res))
     return path
@@ -408,9 +409,11 @@ def test_refusals_exit_2_with_a_reason(name, tmp_path, capsys):
 
 BAD_RESULTS = {
     "not json": ("{ nope", "not valid JSON"),
-    "unknown schema version": (json.dumps({"schema": "guard/results", "schema_version": 99}), "unknown schema version 99"),
-    "not a results file": (json.dumps({"schema": "guard/run", "schema_version": 1}), "not a guard/results file"),
-    "malformed": (json.dumps({"schema": "guard/results", "schema_version": 1, "verdict": "pass"}), "malformed results"),
+    "unknown schema version": (json.dumps({"schema": "guard/results", "schema_version": 99}), "schema version 99"),
+    "version 1": (json.dumps({"schema": "guard/results", "schema_version": 1}), "re-run `guard check`"),
+    "not a results file": (json.dumps({"schema": "guard/run", "schema_version": 2}), "not a guard/results file"),
+    "malformed": (json.dumps({"schema": "guard/results", "schema_version": 2, "verdict": "pass"}),
+                  "not a valid guard/results file"),
 }
 
 

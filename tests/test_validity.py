@@ -76,7 +76,7 @@ def assert_invalid(res, fragment: str) -> None:
 # ----------------------------------------------------------------------------- baselines
 def test_a_clean_cpu_run_is_valid(cpu):
     res = evaluate(cpu, cpu_run())
-    assert res.verdict == Verdict.PASS and res.invalid_reasons == [] and res.notices == []
+    assert res.verdict == Verdict.PASS and res.invalid_reasons == [] and res.notices == ()
 
 
 def test_a_clean_gpu_run_is_valid(a10):
@@ -269,15 +269,11 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
     monkeypatch.setattr("guard.runner.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
     monkeypatch.setattr("guard.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
 
-    class Scripted(GuardRun):
-        def measure(self, count):
-            self.record.rounds += 1
-            new = outcomes(count, 2.283)
-            self.record.outcomes.extend(new)
-            return new
+    def driver(jobs, on_outcome):
+        return [dataclasses.replace(o, index=j.index) for j, o in zip(jobs, outcomes(len(jobs), 2.283))]
 
-    run = Scripted(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
-                   progress=lambda m: None)
+    run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
+                   progress=lambda m: None, driver=driver)
     run.measure_until_decided()
     state = run.record.environment["gpu_state"]
     assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]

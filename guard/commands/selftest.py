@@ -1,25 +1,28 @@
 """Prove on this machine that the op-count probe still sees the regression it guards.
 
-One engine, three profile passes: clean (budgets must hold), the pre-#49531 mask injected
-(the mask-path budget must fail with exactly 513 index_put calls per S=512 image and 289 per
-S=288 tile), then restored (budgets hold again, counts identical to the clean pass).
-Exit 0 when the canary is caught and the clean code passes; 1 when it is not; 3 invalid run.
+Two op-count runs through the same harness and verdict path as ``guard check`` (guard.harness):
+the current code (every op budget must hold), then ``--inject legacy-mask`` (the pre-#49531 mask
+in the live engine: the mask-path budget must fail with exactly 513 index_put calls per S=512
+image and 289 per S=288 tile). Exit 0 when the canary is caught and the clean code passes; 1 when
+it is not; 3 when either run is invalid.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
+from guard import format as fmt
 from guard.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
-from guard.canary import expected_index_puts, inject_legacy_mask
-from guard.commands.check import DEFAULT_OUTPUT
+from guard.canary import LEGACY_MASK, expected_index_puts
+from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError
-from guard.evaluate import invalid_reasons, op_checks
+from guard.evaluate import DEFAULT_OUTPUT
+from guard.harness import OPS_ONLY, run_and_judge
 from guard.hardware import detect, select_profile
-from guard.results import RunRecord, ScopeCounts, Status, write_json_atomic
-from guard.runner import GuardRun
+from guard.results import Results, Status, Verdict, results_to_dict, write_json_atomic
+from guard.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"
 GLOBAL_VIEW_S, TILE_S = 512, 288  # encoder sequence lengths: 1024 px global view, 768 px tiles
@@ -28,92 +31,68 @@ GLOBAL_VIEW_S, TILE_S = 512, 288  # encoder sequence lengths: 1024 px global vie
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="auto", help="hardware profile (default: auto)")
     parser.add_argument("--thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
-    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for selftest.json and traces")
-
-
-def tiles_for(size: tuple[int, int]) -> int:
-    """How many 768 px tiles vLLM's DeepSeek-OCR-2 processor cuts this image into (0: global view only)."""
-    from vllm.model_executor.models.deepseek_ocr2 import IMAGE_SIZE
-    from vllm.transformers_utils.processors.deepseek_ocr import count_tiles
-
-    w, h = size
-    if w <= IMAGE_SIZE and h <= IMAGE_SIZE:
-        return 0
-    tw, th = count_tiles(w, h, image_size=IMAGE_SIZE)
-    return tw * th
+    parser.add_argument("--output", default=DEFAULT_OUTPUT,
+                        help="folder for the two runs' results (clean/, canary/) (default: %(default)s)")
 
 
 def expected_legacy(size: tuple[int, int]) -> int:
-    return expected_index_puts(GLOBAL_VIEW_S) + tiles_for(size) * expected_index_puts(TILE_S)
+    return expected_index_puts(GLOBAL_VIEW_S) + deepseek_ocr2_tiles(size) * expected_index_puts(TILE_S)
 
 
 def mask_scopes(profile: Profile) -> list[str]:
     return [sb.name for sb in profile.ops if INDEX_PUT in sb.ops and sb.scope.kind == "function"]
 
 
+@dataclass(frozen=True)
+class Finding:
+    what: str
+    value: str
+    ok: bool
+
+
+def findings(clean: Results, canary: Results, scopes: list[str]) -> list[Finding]:
+    """What the two judged runs must show for the probe to be trusted."""
+    out = [Finding("clean: verdict", f"{clean.verdict} ({sum(c.status == Status.PASS for c in clean.op_checks)}/"
+                   f"{len(clean.op_checks)} op budgets held)", clean.verdict == Verdict.PASS)]
+    out.append(Finding("canary: verdict", str(canary.verdict), canary.verdict == Verdict.REGRESSION))
+    for counts in canary.run.op_counts:
+        if counts.scope not in scopes:
+            continue
+        want = expected_legacy(counts.image_size)
+        got = counts.calls_by_op.get(INDEX_PUT, 0)
+        caught = any(c.status == Status.FAIL and c.scope == counts.scope and c.image_size == counts.image_size
+                     and c.op == INDEX_PUT for c in canary.op_checks)
+        out.append(Finding(f"canary {counts.scope} [{fmt.size(counts.image_size)}] {INDEX_PUT}",
+                           f"{got} (expected {want}){'' if caught else ', budget NOT failed'}", caught and got == want))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     thresholds = load_thresholds(args.thresholds)
-    hw = detect()
-    profile = select_profile(thresholds, args.profile, hw)
+    profile = select_profile(thresholds, args.profile, detect(quick=True))
     scopes = mask_scopes(profile)
     if not scopes:
         raise InvalidRunError(f"profile '{profile.name}' budgets no {INDEX_PUT} in a function scope: nothing to selftest")
     output = Path(args.output).resolve()
-    guard_run = GuardRun(thresholds, profile, hw, output, progress=lambda m: print(f"[guard] {m}", flush=True))
 
-    ops_only = dataclasses.replace(profile, ttft_ms={})  # the selftest measures no TTFT
+    judged = {}
+    for label, inject in (("clean", None), ("canary", LEGACY_MASK)):
+        print(f"guard selftest: {label} run (op counts only){' with the pre-#49531 mask injected' if inject else ''}",
+              flush=True)
+        res = run_and_judge(thresholds, profile, output / label, inject=inject, only=OPS_ONLY)
+        write_json_atomic(output / label / "results.json", results_to_dict(res))
+        if res.verdict == Verdict.INVALID:  # e.g. the mask function was renamed: the selftest proves nothing
+            print(render_terminal(res))
+            raise InvalidRunError(f"the {label} run is invalid: " + "; ".join(res.invalid_reasons))
+        judged[label] = res
 
-    def phase(label: str) -> tuple[list[ScopeCounts], list]:
-        counts = guard_run.profile_ops(label=label)
-        reasons = invalid_reasons(ops_only, RunRecord(profile=profile.name, thresholds_path=str(thresholds.path),
-                                                      model=thresholds.model, environment=guard_run.record.environment,
-                                                      op_counts=counts))
-        if reasons:  # e.g. the mask function was renamed: the selftest proves nothing
-            raise InvalidRunError("; ".join(reasons))
-        return counts, op_checks(profile, counts)
-
-    clean_counts, clean_checks = phase("-clean")
-    with inject_legacy_mask(guard_run.llm):
-        canary_counts, canary_checks = phase("-canary")
-    restored_counts, restored_checks = phase("-restored")
-
-    rows, ok = [], True
-    for c in canary_counts:
-        if c.scope not in scopes:
-            continue
-        want = expected_legacy(c.image_size)
-        got = c.counts.get(INDEX_PUT, 0)
-        caught = any(k.status == Status.FAIL and k.scope == c.scope and k.image_size == c.image_size for k in canary_checks)
-        good = caught and got == want
-        ok &= good
-        rows.append((f"canary {c.scope} [{c.image_size[0]}x{c.image_size[1]}]", f"{got} (expected {want})",
-                     "caught" if good else ("counted wrong" if caught else "NOT CAUGHT")))
-    for label, checks in (("clean", clean_checks), ("restored", restored_checks)):
-        failed = [k.name for k in checks if k.status == Status.FAIL]
-        ok &= not failed
-        rows.append((f"{label}: all op budgets", f"{len(checks) - len(failed)}/{len(checks)} held",
-                     "ok" if not failed else "FAIL: " + ", ".join(failed)))
-    same = [(c.scope, c.image_size, c.counts, c.total) for c in clean_counts] == \
-           [(c.scope, c.image_size, c.counts, c.total) for c in restored_counts]
-    ok &= same
-    rows.append(("clean == restored counts", "identical" if same else "DIFFER", "ok" if same else "FAIL"))
-
-    width = max(len(r[0]) for r in rows)
+    rows = findings(judged["clean"], judged["canary"], scopes)
+    width = max(len(r.what) for r in rows)
     print()
-    for name, value, status in rows:
-        print(f"{name.ljust(width)}  {value:<22}  {status}")
-    for c in canary_counts:
-        if c.scope in scopes and c.sites:
-            print(f"\ncanary calls in {c.scope} [{c.image_size[0]}x{c.image_size[1]}] came from:")
-            for s in c.sites[:4]:
-                print(f"  {s.count:>6}  {s.op:<28} {s.function} ({s.location})")
-    write_json_atomic(output / "selftest.json", {
-        "schema": "guard/selftest", "schema_version": 1, "caught": ok, "profile": profile.name,
-        "rows": [list(r) for r in rows],
-        "counts": {label: [{"scope": c.scope, "image_size": list(c.image_size), "entered": c.entered,
-                            "counts": c.counts, "total": c.total} for c in counts]
-                   for label, counts in (("clean", clean_counts), ("canary", canary_counts), ("restored", restored_counts))},
-    })
+    for r in rows:
+        print(f"{r.what.ljust(width)}  {r.value:<34}  {'ok' if r.ok else 'FAIL'}")
+    print(*sites_lines(judged["canary"]), sep="\n")
+    ok = all(r.ok for r in rows)
     print("\nSELFTEST PASS: the probe catches the pre-#49531 mask and the current code holds its budgets"
           if ok else "\nSELFTEST FAIL: the probe no longer proves what it guards")
     return int(ExitCode.PASS if ok else ExitCode.REGRESSION)

@@ -17,7 +17,6 @@ import datetime as dt
 import difflib
 import math
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -30,12 +29,11 @@ from guard import yamledit
 from guard.budgets import Profile, Thresholds, load_thresholds
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.hardware import git_commit
-from guard.results import Results, Verdict, load_results
+from guard.results import TOTAL_OPS, Results, Verdict, load_results
 
 SIGNIFICANT_FIGURES = 3
 HYSTERESIS_FRACTION = 1 / 3  # of the headroom: smaller moves are noise, not a new baseline
 PROVENANCE_KEY = "provenance"
-_OP_NAME_RE = re.compile(r"^(?P<scope>[^\[\]]+)\[(?P<size>[^\]]*)\]\.(?P<label>.+)$")  # mask_path[640x480].aten::x
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
     if results.run.model and results.run.model != thresholds_model:
         raise UsageError(f"{results_path} measured model '{results.run.model}'; this thresholds file is for "
                          f"'{thresholds_model}'", hint="pass the --thresholds file the run used")
-    reasons = list(results.invalid_reasons) + [r for r in results.run.invalid_reasons if r not in results.invalid_reasons]
+    reasons = results.invalid_reasons
     if results.verdict == Verdict.INVALID or reasons:
         detail = "; ".join(reasons) or f"verdict is '{results.verdict}'"
         raise _refuse(results_path, "verdict", f"the run was invalid ({detail}); an update is never made from a failed run",
@@ -113,20 +111,20 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
         if not results.run.ttft_client_s():
             raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
                           hint="use --only ops to update the op-count budgets alone")
-        ttft = {c.name: c.measured for c in results.checks if c.kind == "ttft"}
+        ttft = {c.percentile: c.measured_ms for c in results.ttft_checks}
         for key in profile.ttft_ms:
-            got = ttft.get(f"ttft_ms.{key}")
+            got = ttft.get(key)
             if got is None:
-                raise _refuse(results_path, f"checks.ttft_ms.{key}", f"no TTFT {key} measurement in this run")
-            if not (isinstance(got, (int, float)) and math.isfinite(got) and got > 0):
-                raise _refuse(results_path, f"checks.ttft_ms.{key}", f"not a usable TTFT measurement: {got!r}")
+                raise _refuse(results_path, f"checks.ttft[{key}]", f"no TTFT {key} measurement in this run")
+            if not (math.isfinite(got) and got > 0):
+                raise _refuse(results_path, f"checks.ttft[{key}].measured_ms", f"not a usable TTFT measurement: {got!r}")
     if only != "ttft":
         measured = _op_measurements(results)
         for sb in profile.ops:
-            labels = [*sb.ops, *(["total_ops"] if sb.total_ops is not None else [])]
+            labels = [*sb.ops, *([TOTAL_OPS] if sb.total_ops is not None else [])]
             for label in labels:
                 if (sb.name, label) not in measured:
-                    raise _refuse(results_path, f"checks.{sb.name}.{label}",
+                    raise _refuse(results_path, f"checks.ops[{sb.name}, {label}]",
                                   f"op-count scope '{sb.name}' has no measurement of {label} in this run",
                                   hint="use --only ttft to update the TTFT budgets alone")
 
@@ -150,16 +148,11 @@ def _check_same_config(results: Results, results_path: Path, profile: Profile) -
 
 
 def _op_measurements(results: Results) -> dict[tuple[str, str], int]:
-    """(scope, op or "total_ops") -> the largest count over the profiled image sizes: budgets are per request."""
+    """(scope, op or total_ops) -> the largest count over the profiled image sizes: budgets are per request."""
     out: dict[tuple[str, str], int] = {}
-    for c in results.checks:
-        if c.kind != "ops":
-            continue
-        m = _OP_NAME_RE.match(c.name)
-        if not m:
-            continue
-        key = (c.scope or m["scope"], m["label"])
-        out[key] = max(out.get(key, 0), int(round(c.measured)))
+    for c in results.op_checks:
+        key = (c.scope, c.op)
+        out[key] = max(out.get(key, 0), c.measured_calls)
     return out
 
 
@@ -169,9 +162,9 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
     base = ("profiles", profile.name, "budgets")
     changes: list[Change] = []
     if only != "ops":
-        measured = {c.name: c.measured for c in results.checks if c.kind == "ttft"}
+        measured = {c.percentile: c.measured_ms for c in results.ttft_checks}
         for key, old in profile.ttft_ms.items():
-            got = measured[f"ttft_ms.{key}"]  # present and positive: check_usable ran first
+            got = measured[key]  # present and positive: check_usable ran first
             new = ttft_budget(got, headroom_pct)
             changes.append(Change(base + ("ttft_ms", key), f"ttft_ms.{key}", old, new, got, "ms",
                                   applied=moves(old, new, headroom_pct)))
@@ -180,7 +173,7 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
         for sb in profile.ops:
             budgets = [(("ops", op), op, b) for op, b in sb.ops.items()]
             if sb.total_ops is not None:
-                budgets.append((("total_ops",), "total_ops", sb.total_ops))
+                budgets.append(((TOTAL_OPS,), TOTAL_OPS, sb.total_ops))
             for sub, label, budget in budgets:
                 got = counts[(sb.name, label)]
                 if got == budget.count:

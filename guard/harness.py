@@ -1,0 +1,140 @@
+"""One harness for every measured run: the perf suite in a child pytest, then evaluation.
+
+``guard check``, ``guard check --inject legacy-mask`` and ``guard selftest`` all run through
+``run_and_judge``: the suite (tests/perf, one vLLM engine) records run.json, and
+``guard.evaluate`` judges it. A child process keeps a crashing engine from taking the verdict
+with it: a suite that dies without run.json is an invalid run, never a pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from guard import __version__
+from guard.budgets import Profile, Thresholds
+from guard.errors import InvalidRunError
+from guard.evaluate import evaluate
+from guard.opnames import vacuous_budgets
+from guard.results import RUN_SCHEMA, Results, RunRecord, load_run
+
+GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
+
+
+class Interrupted(InvalidRunError):
+    """SIGTERM while the suite ran (Ctrl-C arrives as KeyboardInterrupt)."""
+
+OPS_ONLY = "ops"  # run only the op-count pass (the self-test measures no TTFT)
+
+
+def suite_dir() -> Path:
+    """The perf suite: tests/perf in a checkout, guard/_suite in an installed wheel."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "tests" / "perf", here / "_suite"):
+        if (candidate / "pytest.ini").is_file():
+            return candidate
+    raise InvalidRunError("the perf suite (tests/perf) is missing from this guard installation")
+
+
+def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str | None = None,
+              traces: str = "on-failure", only: str | None = None) -> tuple[int, str | None]:
+    """The suite in a child pytest, which writes ``output/run.json`` (checkpoints during the run,
+    the full record at the end). Returns (pytest's exit status, why it was interrupted or None).
+
+    A negative status is the signal that killed the child (``-9``: SIGKILL, e.g. the OOM killer).
+    On Ctrl-C or SIGTERM the child gets the signal too and ``GRACE_S`` to write its run.json; a
+    second Ctrl-C kills it. The engine is never left running behind guard."""
+    suite = suite_dir()
+    cmd = [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
+           "-q", "--guard-record-only", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
+           "--guard-output", str(output), "--guard-traces", traces]
+    if only == OPS_ONLY:
+        cmd += ["-k", "test_op_counts"]
+    else:
+        cmd += ["--benchmark-json", str(output / "benchmark.json")]
+    if inject:
+        cmd += ["--guard-inject", inject]
+
+    def stop(signum, frame):
+        raise Interrupted(f"guard received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    child = subprocess.Popen(cmd)
+    try:
+        try:
+            return child.wait(), None
+        except KeyboardInterrupt:
+            why, sig = "interrupted (Ctrl-C)", signal.SIGINT
+        except Interrupted as exc:
+            why, sig = str(exc), signal.SIGTERM
+        print(f"guard: {why}; stopping the perf suite (up to {GRACE_S:.0f} s) ...", file=sys.stderr, flush=True)
+        return _stop_child(child, sig), why
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def _stop_child(child: subprocess.Popen, sig: int) -> int:
+    """A terminal's Ctrl-C reaches the child by itself; a signal sent to guard alone is passed on."""
+    try:
+        try:
+            return child.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            child.send_signal(sig)
+        return child.wait(timeout=GRACE_S)
+    except (KeyboardInterrupt, Interrupted, subprocess.TimeoutExpired):
+        child.kill()
+        return child.wait()
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def read_record(run_file: Path, code: int, interrupted: str | None, fallback: RunRecord) -> RunRecord:
+    """The child's run.json (final, or its last checkpoint) with why the run cannot be judged added;
+    ``fallback`` (no measurements) when the child wrote none at all."""
+    reasons = []
+    if interrupted:
+        reasons.append(f"{interrupted}: the run was stopped before it finished")
+    if code < 0:
+        reasons.append(f"the perf suite process was killed by {_signal_name(code)} mid-run "
+                       "(the OOM killer, a timeout, or someone killed it)")
+    elif code not in (0, 1, 3) and not interrupted:  # pytest: 2 interrupted, 4 usage error, 5 no tests ran
+        reasons.append(f"the perf suite exited with pytest status {code}; see the output above")
+    if run_file.exists():
+        record = load_run(run_file)
+    else:
+        record = fallback
+        reasons.append(f"the perf suite ended (exit {code}) without writing {run_file.name}: "
+                       "the engine or the suite crashed before its first checkpoint; see the output above")
+    record.invalid_reasons.extend(r for r in reasons if r not in record.invalid_reasons)
+    return record
+
+
+def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
+                  traces: str = "on-failure", only: str | None = None) -> Results:
+    """Run the suite into ``output`` and judge what it recorded."""
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in ("run.json", "results.json", "report.md", "benchmark.json"):
+        (output / stale).unlink(missing_ok=True)
+    code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, traces=traces,
+                                  only=only)
+    fallback = RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
+                         environment={}, injected=inject)
+    record = read_record(output / "run.json", code, interrupted, fallback)
+    record.invalid_reasons.extend(r for r in vacuous_budgets(profile, record.op_counts)
+                                  if r not in record.invalid_reasons)
+    judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
+    return evaluate(judged, record, guard_version=__version__, output=output)
+
+
+__all__ = ["run_and_judge", "run_suite", "read_record", "suite_dir", "OPS_ONLY", "RUN_SCHEMA"]

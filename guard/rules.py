@@ -1,0 +1,124 @@
+"""The decision rules: when a TTFT percentile passes, fails or needs more data, and how much more.
+
+One module for the run stage (``GuardRun`` resamples with ``measure_until_decided``), evaluation
+(``judge_ttft`` makes the final ``TtftCheck``), the self-test and the benchmarks, so what is
+measured for sensitivity is what ships.
+
+- The whole confidence interval above the budget: FAIL; at or below it: PASS.
+- Straddling it: measure another ``statistics.batch`` requests, up to ``statistics.max_requests``.
+- Still straddling at the cap (or with no cap set): judged on the point estimate, with a note
+  saying so. Above the budget: FAIL, a regression like any other. At or below: INCONCLUSIVE, which
+  passes but is shown as such, because the data did not prove the budget held (on the CPU
+  profile that is every passing p90/p99: see guard.stats, no upper bound exists at small n).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from guard import format as fmt
+from guard.budgets import Statistics, percentile_value
+from guard.results import Status, TtftCheck
+from guard.stats import percentile, percentile_interval
+
+
+@dataclass(frozen=True)
+class TtftDecision:
+    """One budgeted percentile judged by its confidence interval alone."""
+
+    key: str  # "p50"
+    budget_ms: float
+    estimate_ms: float  # the point estimate (type 7 percentile)
+    interval_ms: tuple[float, float]  # +-inf where that side does not exist at this n
+    samples: int
+    confidence: float
+    status: Status  # PASS | FAIL | INCONCLUSIVE (the interval straddles the budget)
+
+    def describe(self) -> str:
+        return (f"{self.key}: {fmt.confidence(self.confidence)} interval {fmt.interval(self.interval_ms)} ms "
+                f"vs budget {fmt.ms_unit(self.budget_ms)} (estimate {fmt.ms_unit(self.estimate_ms)}, n={self.samples})")
+
+
+def decide_ttft(key: str, budget_ms: float, samples_s: Sequence[float], confidence: float) -> TtftDecision:
+    """FAIL when the whole interval is above the budget, PASS when it is at or below, else INCONCLUSIVE."""
+    p = percentile_value(key)
+    lo, hi = percentile_interval(samples_s, p, confidence)
+    interval = (lo * 1000.0, hi * 1000.0)
+    if interval[0] > budget_ms:
+        status = Status.FAIL
+    elif interval[1] <= budget_ms:
+        status = Status.PASS
+    else:
+        status = Status.INCONCLUSIVE
+    return TtftDecision(key=key, budget_ms=budget_ms, estimate_ms=percentile(samples_s, p) * 1000.0,
+                        interval_ms=interval, samples=len(samples_s), confidence=confidence, status=status)
+
+
+def undecided(budgets_ms: Mapping[str, float], samples_s: Sequence[float], confidence: float) -> list[TtftDecision]:
+    """The budgeted percentiles whose interval still straddles the budget."""
+    if not samples_s:
+        return []
+    decisions = (decide_ttft(k, b, samples_s, confidence) for k, b in budgets_ms.items())
+    return [d for d in decisions if d.status == Status.INCONCLUSIVE]
+
+
+def next_batch(statistics: Statistics, measured: int, any_undecided: bool) -> int:
+    """Requests the next resampling round measures (a batch, cut at the cap); 0: stop."""
+    if not any_undecided or statistics.max_requests is None:
+        return 0
+    return max(0, min(statistics.batch, statistics.max_requests - measured))
+
+
+def measure_until_decided(budgets_ms: Mapping[str, float], statistics: Statistics, first: int,
+                          measure: Callable[[int], Sequence[float]],
+                          on_undecided: Callable[[list[TtftDecision], int], None] = lambda d, n: None,
+                          keep_going: Callable[[], bool] = lambda: True) -> list[float]:
+    """The sequential rule: ``measure(n)`` returns the next n samples (seconds); measure ``first``,
+    then batches while a budget's interval straddles it, up to the cap. Returns every sample.
+    ``keep_going``: the caller's veto (a failed request makes the run invalid: stop measuring)."""
+    samples = list(measure(first))
+    while keep_going():
+        pending = undecided(budgets_ms, samples, statistics.confidence)
+        extra = next_batch(statistics, len(samples), bool(pending))
+        if not extra:
+            break
+        on_undecided(pending, extra)
+        samples += measure(extra)
+    return samples
+
+
+def min_samples_for_upper_bound(key: str, confidence: float) -> int:
+    """Fewest samples for which the percentile's interval has an upper bound: q ** n <= alpha."""
+    q = percentile_value(key) / 100.0
+    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log(q) - 1e-9)
+
+
+def _point_estimate_note(d: TtftDecision, max_requests: int | None, over: bool) -> str:
+    if max_requests is None:
+        when = f"after {d.samples} requests (no resampling: statistics.max_requests is not set)"
+    elif d.samples >= max_requests:
+        when = f"at the cap of {max_requests} requests"
+    else:
+        when = f"after {d.samples} of up to {max_requests} requests"
+    note = (f"the {fmt.confidence(d.confidence)} interval {fmt.interval(d.interval_ms)} ms still straddles the budget "
+            f"{when}; judged on the point estimate: {fmt.ms_unit(d.estimate_ms)} {'>' if over else '<='} "
+            f"{fmt.ms_unit(d.budget_ms)}")
+    if math.isinf(d.interval_ms[1]) and not over:
+        note += (f" (an upper bound for {d.key} needs >= {min_samples_for_upper_bound(d.key, d.confidence)} samples, "
+                 "so no smaller run can prove it holds)")
+    return note
+
+
+def judge_ttft(key: str, budget_ms: float, samples_s: Sequence[float], rounds: int, *,
+               confidence: float = Statistics.confidence, max_requests: int | None = None) -> TtftCheck:
+    """The final check of one percentile, after the run stage measured up to the cap."""
+    d = decide_ttft(key, budget_ms, samples_s, confidence)
+    status, note = d.status, None
+    if d.status == Status.INCONCLUSIVE:
+        over = d.estimate_ms > budget_ms
+        status = Status.FAIL if over else Status.INCONCLUSIVE
+        note = _point_estimate_note(d, max_requests, over)
+    return TtftCheck(percentile=key, budget_ms=budget_ms, measured_ms=d.estimate_ms, interval_ms=d.interval_ms,
+                     samples=d.samples, rounds=rounds, confidence=confidence, status=status, note=note)

@@ -1,0 +1,139 @@
+"""guard.results: results.json v2 round trip, the shipped JSON Schema, and files guard must refuse."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from guard.errors import ConfigError
+from guard.evaluate import evaluate
+from guard.results import (
+    RESULTS_SCHEMA_VERSION, SCHEMA_FILE, OpCheck, OpSite, RequestOutcome, RunRecord, ScopeCounts, TtftCheck, field_names,
+    load_results, load_run, results_schema, results_to_dict, run_file_dict, write_json_atomic,
+)
+from tests.ttft_scenarios import record, spread
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
+
+
+def test_results_json_round_trip_keeps_interval_samples_rounds(cpu, tmp_path):
+    res = evaluate(cpu, record(spread(7.2, 15), rounds=3), guard_version="test")
+    path = tmp_path / "results.json"
+    write_json_atomic(path, results_to_dict(res))
+    back = load_results(path)
+    assert back == res
+    by_key = {c.percentile: c for c in back.ttft_checks}
+    assert by_key["p99"].interval_ms[1] == math.inf  # the unbounded side survives
+    assert isinstance(by_key["p50"].interval_ms, tuple)
+    assert {(c.samples, c.rounds) for c in back.ttft_checks} == {(15, 3)}
+
+
+def test_fixture_validates_against_the_shipped_schema():
+    data = json.loads(FIXTURE.read_text())
+    jsonschema.Draft202012Validator.check_schema(results_schema())
+    jsonschema.Draft202012Validator(results_schema()).validate(data)
+    assert data["schema_version"] == RESULTS_SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("record_type, schema_def", [
+    (TtftCheck, "ttft_check"), (OpCheck, "op_check"), (RequestOutcome, "request_outcome"), (OpSite, "op_site"),
+    (ScopeCounts, "scope_counts"), (RunRecord, "run"),
+])
+def test_schema_describes_every_field_of_every_record(record_type, schema_def):
+    """The schema and the dataclasses are one description: a field added to one must be added to the other."""
+    props = json.loads(SCHEMA_FILE.read_text())["$defs"][schema_def]["properties"]
+    assert set(props) == set(field_names(record_type))
+
+
+def test_each_fact_is_written_once(cpu):
+    data = results_to_dict(evaluate(cpu, record(spread(7.2, 6))))
+    assert "environment" not in data and "samples" not in data and "exit_code" not in data
+    assert "environment" in data["run"] and len(data["run"]["outcomes"]) == 6
+
+
+def test_every_number_names_its_unit(cpu):
+    data = results_to_dict(evaluate(cpu, record(spread(7.2, 6))))
+    ttft_keys = set(data["checks"]["ttft"][0])
+    assert {"budget_ms", "measured_ms", "interval_ms"} <= ttft_keys and not {"budget", "measured", "interval"} & ttft_keys
+    op = json.loads(FIXTURE.read_text())["checks"]["ops"][0]
+    assert {"budget_calls", "measured_calls"} <= set(op)
+
+
+def test_run_json_round_trip(tmp_path):
+    res = load_results(FIXTURE)
+    path = tmp_path / "run.json"
+    write_json_atomic(path, run_file_dict(res.run))
+    assert load_run(path) == res.run
+
+
+def _mutated(tmp_path: Path, change) -> Path:
+    data = json.loads(FIXTURE.read_text())
+    change(data)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _set(path: list, value):
+    def change(data):
+        target = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+@pytest.mark.parametrize("change, where", [
+    (_set(["verdict"], "banana"), "verdict"),
+    (_set(["checks", "ops", 0, "measured_calls"], -3), "checks.ops[0].measured_calls"),
+    (_set(["checks", "ops", 0, "measured_calls"], 2.5), "checks.ops[0].measured_calls"),
+    (_set(["checks", "ops", 0, "measured_calls"], "12"), "checks.ops[0].measured_calls"),
+    (_set(["checks", "ttft", 0, "budget_ms"], 0), "checks.ttft[0].budget_ms"),
+    (_set(["run", "outcomes", 0, "ttft_client_s"], -1.0), "run.outcomes[0].ttft_client_s"),
+    (_set(["run"], []), "run"),
+    (_set(["run", "op_counts", 0, "calls_by_op", "aten::x"], -1), "run.op_counts[0].calls_by_op.aten::x"),
+    (_set(["checks", "ops", 0, "rule"], "min"), "checks.ops[0].rule"),
+    (_set(["checks", "ops", 0, "surprise"], 1), "checks.ops[0]"),
+])
+def test_invalid_content_is_a_config_error_naming_the_json_path(tmp_path, change, where):
+    with pytest.raises(ConfigError) as exc:
+        load_results(_mutated(tmp_path, change))
+    assert exc.value.key == where
+    assert exc.value.exit_code == 2
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"a": NaN}', "NaN"),
+    ('{"a": Infinity}', "Infinity"),
+    ('{"a": 1e999}', "out of range"),
+    ("[" * 100_000 + "]" * 100_000, "deeply"),
+    ("{not json", "not valid JSON"),
+    ('[1, 2]', "not a guard/results file"),
+])
+def test_unreadable_files_are_config_errors(tmp_path, text, problem):
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=problem):
+        load_results(path)
+
+
+def test_binary_file_and_folder_are_config_errors(tmp_path):
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="UTF-8"):
+        load_results(binary)
+    folder = tmp_path / "d.json"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_results(folder)
+
+
+def test_version_1_is_refused_with_the_fix(tmp_path):
+    path = _mutated(tmp_path, _set(["schema_version"], 1))
+    with pytest.raises(ConfigError, match="schema version 1") as exc:
+        load_results(path)
+    assert "re-run `guard check`" in str(exc.value)

@@ -1,0 +1,80 @@
+"""guard.runner: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from guard.budgets import Statistics
+from guard.evaluate import evaluate
+from guard.hardware import Hardware
+from guard.results import RequestOutcome, Verdict
+from guard.runner import GuardRun
+from tests.ttft_scenarios import CPU_ENV, budgeted
+
+
+class ScriptedDriver:
+    """Stands in for the engine: each job gets the next scripted TTFT (None: the request timed out)."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.counts: list[int] = []
+
+    def __call__(self, jobs, on_outcome):
+        self.counts.append(len(jobs))
+        out = []
+        for job in jobs:
+            t = self.script.pop(0)
+            o = RequestOutcome(index=job.index, image_size=job.image_size, warmup=job.warmup, success=t is not None,
+                               ttft_client_s=t, error=None if t is not None else "timed out after 600 s")
+            on_outcome(o)
+            out.append(o)
+        return out
+
+
+def scripted_run(thresholds, profile, script, tmp_path):
+    """A real GuardRun with the scripted driver injected; returns it, the driver and its progress lines."""
+    driver, lines = ScriptedDriver(script), []
+    run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
+                   progress=lines.append, driver=driver, environment=dict(CPU_ENV))
+    return run, driver, lines
+
+
+def test_run_stage_resamples_to_the_cap_and_the_verdict_agrees(thresholds, cpu, tmp_path):
+    run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5, 5, 5]  # p90/p99 cannot be passed by their interval below n = 36
+    assert run.record.rounds == 3
+    assert any("p99" in line and "inconclusive" in line and "measuring 5 more" in line for line in lines)
+    res = evaluate(cpu, run.finish())
+    assert {(c.samples, c.rounds) for c in res.ttft_checks} == {(15, 3)}
+    assert res.verdict == Verdict.PASS
+
+
+def test_run_stage_stops_as_soon_as_every_percentile_is_decided(thresholds, cpu, tmp_path):
+    profile = budgeted(cpu, p90=7000)  # a clear regression: the lower bound is above at n = 5
+    run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5]
+    assert evaluate(profile, run.finish()).ttft_checks[0].note is None
+
+
+def test_run_stage_cuts_the_last_batch_at_the_cap(thresholds, cpu, tmp_path):
+    profile = dataclasses.replace(cpu, statistics=Statistics(confidence=0.95, max_requests=12, batch=5))
+    run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5, 5, 2]
+
+
+def test_run_stage_does_not_resample_without_a_cap(thresholds, cpu, tmp_path):
+    profile = dataclasses.replace(cpu, statistics=Statistics(confidence=0.95, max_requests=None, batch=5))
+    run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5] and not any("inconclusive" in ln for ln in lines)
+
+
+def test_run_stage_stops_resampling_after_a_failed_request(thresholds, cpu, tmp_path):
+    run, driver, lines = scripted_run(thresholds, cpu, [7.2, None, 7.2, 7.2, 7.2] + [7.2] * 10, tmp_path)
+    run.measure_until_decided()
+    assert driver.counts == [5]  # the run is invalid whatever more samples say
+
+
