@@ -207,3 +207,107 @@ def test_describe_thresholds_change_is_pure_and_complete():
     assert "profile cpu: ttft_ms.p90 budget (none) → 8000 ms" in lines
     assert "profile cpu: headroom_pct 15 → 50" in lines
     assert trust.describe_thresholds_change(old, old) == []
+
+
+# ----------------------------------------------------------------------------- the verdict is re-derived
+import json  # noqa: E402
+
+from tests.test_comment import FIXTURE  # noqa: E402
+
+
+def tampered(tmp_path: Path, edit) -> Path:
+    d = json.loads(FIXTURE.read_text())
+    edit(d)
+    p = tmp_path / "tampered.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def _all_pass(d):
+    d["verdict"] = "pass"
+    for c in d["checks"]["ttft"] + d["checks"]["ops"]:
+        c["status"] = "pass"
+
+
+def _verdict_only(d):
+    d["verdict"] = "pass"
+
+
+def _measured_ttft(d):
+    d["checks"]["ttft"][0]["measured_ms"] = 2400.0
+    d["checks"]["ttft"][0]["status"] = "pass"
+
+
+def _measured_ops(d):
+    for c in d["checks"]["ops"]:
+        if c["op"] == "aten::_index_put_impl_":
+            c["measured_calls"], c["status"] = 0, "pass"
+
+
+def _samples(d):
+    d["checks"]["ttft"][0]["samples"] = 500
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_verdict_only, "its verdict is 'pass' but its own checks and reasons make it 'regression'"),
+    (_all_pass, "ttft_ms.p50 says 'pass' where the same budget and measurement give 'fail'"),
+    (_measured_ttft, "ttft_ms.p50 says 2400 ms over 100 samples; its run record gives 2619"),
+    (_measured_ops, "mask_path[1024x1024].aten::_index_put_impl_ says 0 calls; its run record gives 12"),
+    (_samples, "over 500 samples"),
+])
+def test_an_artifact_that_contradicts_itself_is_refused_and_nothing_posted(gh_env, guard, tmp_path, repo_root,
+                                                                            edit, message):
+    art = tmp_path / "artifact"
+    art.mkdir()
+    code, out, err = guard(*artifact(art, "7\n", HEAD + "\n"), "--sha", HEAD, "--expected-head-repo", FORK,
+                           results=tampered(tmp_path, edit))
+    assert code == 2, err
+    assert message in err and "Refusing to post" in err
+    assert gh_env.writes() == [] and gh_env.log == []  # refused before GitHub was even asked
+
+
+def test_the_status_comes_from_the_default_branchs_budgets(gh_env, guard, tmp_path, repo_root):
+    """The fixture's run judged p99 against a budget of 2721 ms (its own thresholds); the default
+    branch says 2521 ms, and the recorded p99 (2665.6 ms) fails that: two budgets exceeded, not one."""
+    code, _, err = post(guard, tmp_path)
+    assert code == 0, err
+    status = status_of(gh_env)
+    assert status["state"] == "failure"
+    assert "p99" in status["description"], status  # p99 fails on the default branch
+    assert "2521" in gh_env.comments[7][0]["body"]
+
+
+def test_a_pass_claim_under_the_prs_own_budget_is_a_failure_on_the_default_branch(gh_env, guard, tmp_path, repo_root):
+    """A PR that raised the p50 budget to 9000 in its own thresholds file and says pass: consistent with
+    itself, so it is posted, but judged on the default branch's 2511 ms it is a regression."""
+    def raise_budget(d):
+        d["verdict"] = "pass"
+        d["checks"]["ttft"][0].update(budget_ms=9000, status="pass")
+        d["checks"]["ttft"][1].update(budget_ms=9000, status="pass")
+        d["checks"]["ops"] = [c | {"budget_calls": 100, "status": "pass"} for c in d["checks"]["ops"]]
+    art = tmp_path / "artifact"
+    art.mkdir()
+    code, _, err = guard(*artifact(art, "7\n", HEAD + "\n"), "--sha", HEAD, "--expected-head-repo", FORK,
+                         results=tampered(tmp_path, raise_budget))
+    assert code == 0, err
+    assert status_of(gh_env)["state"] == "failure"
+    assert "## ❌ guard: regression" in gh_env.comments[7][0]["body"]
+
+
+def test_a_profile_the_default_branch_lacks_is_refused(gh_env, guard, tmp_path, repo_root):
+    (repo_root / TH).write_text(SHIPPED.replace("\n  a10:\n", "\n  a10-old:\n"), encoding="utf-8")
+    code, _, err = post(guard, tmp_path)
+    assert code == 2 and "does not have: cannot re-judge it" in err
+    assert gh_env.writes() == []
+
+
+def test_no_trusted_thresholds_in_the_checkout_is_refused(gh_env, guard, tmp_path, repo_root):
+    (repo_root / TH).unlink()
+    code, _, err = post(guard, tmp_path)
+    assert code == 2 and "not found in this checkout" in err
+    assert gh_env.writes() == []
+
+
+def test_dry_run_can_rejudge_offline(guard, tmp_path, repo_root):
+    code, out, err = guard("--dry-run", "--check-pr-files", "on", results=tampered(tmp_path, _verdict_only))
+    assert code == 2 and "inconsistent" in err

@@ -14,9 +14,10 @@ import secrets
 from pathlib import Path
 
 from guard import publish
-from guard.budgets import DEFAULT_THRESHOLDS
+from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
 from guard.markdown import render_markdown
+from guard.rejudge import rejudge
 from guard.results import load_results
 from guard.sanitize import no_workflow_commands, one_line
 from guard.trust import TrustPolicy
@@ -48,8 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "changes it (or .github/workflows/, guard/, tests/perf/) needs a maintainer's approval "
                              "(default: %(default)s)")
     parser.add_argument("--check-pr-files", choices=("auto", "on", "off"), default="auto",
-                        help="check the PR's changed files before posting: auto = when the PR comes from an "
-                             "artifact (--pr-file/--sha-file/--expected-head-repo), i.e. in perf-guard-comment")
+                        help="treat results.json as the PR's claim: re-judge its run record against "
+                             "--trusted-thresholds and check the PR's changed files before posting. auto = when "
+                             "the PR comes from an artifact (--pr-file/--sha-file/--expected-head-repo), i.e. in "
+                             "perf-guard-comment")
     parser.add_argument("--max-attempts", type=int, default=publish.RetryPolicy.attempts,
                         help="tries per GitHub request for 5xx/429/rate limits (default: %(default)s)")
     parser.add_argument("--backoff-base", type=float, default=publish.RetryPolicy.base_s,
@@ -137,6 +140,13 @@ def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha:
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     results = load_results(Path(args.results))
+    policy = _trust_policy(args, verify=bool(args.pr_file or args.sha_file or args.expected_head_repo))
+    if policy is not None:  # the artifact's verdict is a claim: guard's own verdict replaces it
+        if policy.thresholds_text is None:
+            raise UsageError(f"--trusted-thresholds {policy.thresholds_path}: not found in this checkout; the "
+                             "results cannot be re-judged against the default branch's budgets, so nothing is posted")
+        trusted = load_thresholds(policy.thresholds_path, text=policy.thresholds_text)
+        results = rejudge(results, trusted, source=args.results)
     report_md = None
     if args.report is not None:
         try:
@@ -177,8 +187,7 @@ def run(args: argparse.Namespace) -> int:
     gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
                                retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
     report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=mark, body=body, status=status, sha=sha,
-                             author=args.author, verify=verify, expected_head_repo=head_repo,
-                             trust=_trust_policy(args, verify))
+                             author=args.author, verify=verify, expected_head_repo=head_repo, trust=policy)
 
     for line in report.retries:
         say(f"guard comment: retried {one_line(line)}")
