@@ -6,6 +6,7 @@ by ``guard selftest``. Progress goes to the ``progress`` callback: runs take min
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable
@@ -128,7 +129,7 @@ class GuardRun:
     def measure_until_decided(self) -> None:
         """The workload's measured requests, then more batches while a budgeted TTFT percentile's
         interval straddles its budget (guard.rules: the verdict's own rule, so the two agree)."""
-        from guard.hardware import read_gpu_state  # this method's concern only
+        from guard.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
 
         stats = self.profile.statistics
 
@@ -137,12 +138,16 @@ class GuardRun:
                           + "; ".join(d.describe() for d in pending)
                           + f"; measuring {extra} more (round {self.record.rounds + 1}, cap {stats.max_requests})")
 
-        measure_until_decided(self.profile.ttft_ms, stats, self.profile.workload.requests, self.measure,
-                              on_undecided=say_undecided,
-                              # a failed request makes the run invalid: stop measuring
-                              keep_going=lambda: all(o.success for o in self.record.measured))
         gpu_state = self.record.environment.get("gpu_state")
+        # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only
+        sampler = GpuStateSampler() if gpu_state is not None else contextlib.nullcontext()
+        with sampler:
+            measure_until_decided(self.profile.ttft_ms, stats, self.profile.workload.requests, self.measure,
+                                  on_undecided=say_undecided,
+                                  # a failed request makes the run invalid: stop measuring
+                                  keep_going=lambda: all(o.success for o in self.record.measured))
         if gpu_state is not None:  # the end of the timing pass, while the engine holds the device
+            gpu_state["during"] = sampler.snapshots
             gpu_state["end"] = read_gpu_state()
 
     # -------------------------------------------------------------- profile pass

