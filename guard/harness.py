@@ -22,6 +22,7 @@ from guard.opnames import vacuous_budgets
 from guard.results import RUN_SCHEMA, Results, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
+FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on
 
 
 class Interrupted(InvalidRunError):
@@ -80,10 +81,11 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str 
 
 
 def _stop_child(child: subprocess.Popen, sig: int) -> int:
-    """A terminal's Ctrl-C reaches the child by itself; a signal sent to guard alone is passed on."""
+    """A terminal's Ctrl-C reaches the child by itself (same process group): give it time to write
+    its run.json undisturbed; a signal sent to guard alone is passed on after ``FORWARD_AFTER_S``."""
     try:
         try:
-            return child.wait(timeout=2)
+            return child.wait(timeout=FORWARD_AFTER_S)
         except subprocess.TimeoutExpired:
             child.send_signal(sig)
         return child.wait(timeout=GRACE_S)
