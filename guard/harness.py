@@ -67,12 +67,12 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str 
     try:
         try:
             return child.wait(), None
-        except KeyboardInterrupt:
-            why, sig = "interrupted (Ctrl-C)", signal.SIGINT
-        except Interrupted as exc:
-            why, sig = str(exc), signal.SIGTERM
+        except KeyboardInterrupt:  # a terminal's Ctrl-C reached the child as well, most likely
+            why, forward_after = "interrupted (Ctrl-C)", FORWARD_AFTER_S
+        except Interrupted as exc:  # SIGTERM was sent to guard alone
+            why, forward_after = str(exc), 0.0
         print(f"guard: {why}; stopping the perf suite (up to {GRACE_S:.0f} s) ...", file=sys.stderr, flush=True)
-        return _stop_child(child, sig), why
+        return _stop_child(child, forward_after), why
     finally:
         signal.signal(signal.SIGTERM, previous)
         if child.poll() is None:
@@ -80,14 +80,15 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str 
             child.wait()
 
 
-def _stop_child(child: subprocess.Popen, sig: int) -> int:
-    """A terminal's Ctrl-C reaches the child by itself (same process group): give it time to write
-    its run.json undisturbed; a signal sent to guard alone is passed on after ``FORWARD_AFTER_S``."""
+def _stop_child(child: subprocess.Popen, forward_after: float) -> int:
+    """Stop the child the way pytest stops cleanly, by SIGINT (it then writes its run.json). A
+    terminal's Ctrl-C reaches the child by itself, so it is first given ``forward_after`` seconds
+    undisturbed; a child still running then did not get it."""
     try:
         try:
-            return child.wait(timeout=FORWARD_AFTER_S)
+            return child.wait(timeout=forward_after) if forward_after else child.wait(timeout=0.01)
         except subprocess.TimeoutExpired:
-            child.send_signal(sig)
+            child.send_signal(signal.SIGINT)
         return child.wait(timeout=GRACE_S)
     except (KeyboardInterrupt, Interrupted, subprocess.TimeoutExpired):
         child.kill()
