@@ -101,3 +101,19 @@ def test_ctrl_c_is_invalid_keeps_the_measured_requests_and_leaves_no_engine(tmp_
     assert any("interrupted (Ctrl-C)" in r for r in reasons), reasons
     assert len(measured_s(res)) == 2
     assert fingerprint(long_profile_pass) == before
+
+
+def test_sigterm_to_guard_alone_stops_the_suite_cleanly(tmp_path, long_profile_pass):
+    """A CI runner cancelling the job signals guard only: guard passes a SIGINT on to its child."""
+    out = tmp_path / "out"
+    proc = start_guard("check", "--thresholds", str(long_profile_pass), "--output", str(out))
+    wait_for_checkpoint(out / "run.json", proc, measured=2)
+    [engine_pid] = children(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, output[-3000:]
+    assert not Path(f"/proc/{engine_pid}").exists()
+    res = results_of(out)
+    reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]
+    assert res["verdict"] == "invalid" and any("guard received SIGTERM" in r for r in reasons), reasons
+    assert len(measured_s(res)) == 2
