@@ -149,7 +149,9 @@ def test_a10_job_downloads_pinned_weights_and_measures_offline():
 
 def test_no_doc_or_workflow_uses_the_removed_huggingface_cli():
     for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *WORKFLOWS.glob("*.yml")]:
-        assert "huggingface-cli" not in path.read_text(encoding="utf-8"), path
+        text = path.read_text(encoding="utf-8")
+        assert "huggingface-cli download" not in text and "run huggingface-cli" not in text, path
+        assert not re.search(r"^\s*(uv run [^\n]*)?huggingface-cli ", text, re.MULTILINE), path
 
 
 def test_comment_workflow_never_runs_the_pull_requests_code():
