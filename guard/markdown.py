@@ -15,6 +15,7 @@ from typing import Any
 
 from guard import format as fmt
 from guard.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict
+from guard.budgets import percentile_value
 from guard.stats import percentile
 
 MAX_SITES = 10  # offending code sites listed per failed op check
@@ -114,42 +115,49 @@ def _ttft_table(ttft: tuple[TtftCheck, ...]) -> list[str]:
     return lines + ([""] + notes if notes else [])
 
 
-CHART_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
-# bars, then each budget line, then the interval's two lines (xychart-beta has no legend of its own)
-_BAR, _BUDGET, _INTERVAL = "#4C78A8", "#D62728", "#FF9F1C"
+CHART_DECILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
+# xychart-beta has no legend of its own: each series gets a colour that the caption names
+_BAR = "#4C78A8"
+_BUDGET_COLOURS = (("red", "#D62728"), ("purple", "#9467BD"), ("brown", "#8C564B"), ("pink", "#E377C2"))
+_INTERVAL = ("orange", "#FF9F1C")
 
 
 def _chart(results: Results, ttft: tuple[TtftCheck, ...]) -> list[str]:
-    """The TTFT distribution (bars: the measured requests' deciles) against each budget (red) and
-    the first budgeted percentile's confidence interval (orange band): how far from the budget, and
-    how sure, at a glance. Mermaid gets numbers and fixed labels only, never run strings."""
+    """The TTFT distribution (bars: the measured requests at each decile and each budgeted
+    percentile) against each budget (a flat line in its own colour) and the first budgeted
+    percentile's confidence interval (two orange lines): how far from the budget, and how sure, at a
+    glance. Mermaid gets numbers and fixed labels only, never run strings."""
     samples = results.run.ttft_client_s()
     if not samples or not ttft:
         return []
-    deciles = [percentile(samples, p) * 1000.0 for p in CHART_PERCENTILES]
+    points = sorted({*CHART_DECILES, *(percentile_value(c.percentile) for c in ttft)})
+    bars = [percentile(samples, p) * 1000.0 for p in points]
     shown = ttft[0]
     band = [x for x in shown.interval_ms if math.isfinite(x)]
-    values = [*deciles, *(c.budget_ms for c in ttft), *band]
+    values = [*bars, *(c.budget_ms for c in ttft), *band]
     lo, hi = min(values), max(values)
     pad = max((hi - lo) * 0.15, hi * 0.01)
     y_lo, y_hi = max(0.0, lo - pad), hi + pad
-    palette = [_BAR] + [_BUDGET] * len(ttft) + [_INTERVAL] * len(band)
+    budget_colours = [_BUDGET_COLOURS[i % len(_BUDGET_COLOURS)] for i in range(len(ttft))]
+    palette = [_BAR, *(hex_ for _, hex_ in budget_colours), *([_INTERVAL[1]] * len(band))]
     init = {"themeVariables": {"xyChart": {"plotColorPalette": ", ".join(palette)}}}
+    flat = lambda v: f"    line [{', '.join(f'{v:.0f}' for _ in points)}]"  # noqa: E731
     lines = [
         "```mermaid",
         f"%%{{init: {json.dumps(init)}}}%%",
         "xychart-beta",
         f'    title "TTFT of {len(samples)} requests by percentile vs the budget (ms)"',
-        f"    x-axis [{', '.join(f'p{p}' for p in CHART_PERCENTILES)}]",
+        f"    x-axis [{', '.join(f'p{p:g}' for p in points)}]",
         f'    y-axis "TTFT (ms)" {y_lo:.0f} --> {y_hi:.0f}',
-        f"    bar [{', '.join(f'{v:.0f}' for v in deciles)}]",
+        f"    bar [{', '.join(f'{v:.0f}' for v in bars)}]",
+        *(flat(c.budget_ms) for c in ttft),
+        *(flat(x) for x in band),
+        "```",
     ]
-    lines += [f"    line [{', '.join(f'{c.budget_ms:.0f}' for _ in CHART_PERCENTILES)}]" for c in ttft]
-    lines += [f"    line [{', '.join(f'{x:.0f}' for _ in CHART_PERCENTILES)}]" for x in band]
-    lines.append("```")
-    budgets = "; ".join(f"{text(c.percentile)} budget {fmt.ms_unit(c.budget_ms)}" for c in ttft)
-    legend = [f"Blue bars: TTFT at each decile of the {len(samples)} measured requests.",
-              f"Red line{'s' if len(ttft) > 1 else ''}: {budgets}."]
+    budgets = ", ".join(f"{text(c.percentile)} budget {fmt.ms_unit(c.budget_ms)} ({name})"
+                        for c, (name, _) in zip(ttft, budget_colours))
+    legend = [f"Blue bars: TTFT of the {len(samples)} measured requests at each percentile.",
+              f"Line{'s' if len(ttft) > 1 else ''}: {budgets}."]
     if band:
         legend.append(f"Orange lines: the {fmt.confidence(shown.confidence)} interval of {text(shown.percentile)} "
                       f"{fmt.interval(shown.interval_ms)} ms" + (" (one side is unbounded at this sample count)"

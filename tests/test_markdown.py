@@ -87,16 +87,16 @@ def test_mermaid_chart_shows_deciles_against_budgets_and_the_interval(regression
     assert chart, md
     body = chart.group(1)
     assert body.startswith("%%{init: ") and "\nxychart-beta\n" in body
-    # categorical x-axis: no fractional ticks, no bars cut at the edges
-    assert "x-axis [p10, p20, p30, p40, p50, p60, p70, p80, p90]" in body
+    # categorical x-axis (deciles and each budgeted percentile): no fractional ticks, no bars cut at the edges
+    assert "x-axis [p10, p20, p30, p40, p50, p60, p70, p80, p90, p99]" in body
     bars = [float(v) for v in re.search(r"bar \[(.*?)\]", body).group(1).split(", ")]
     samples = regression.run.ttft_client_s()
-    assert bars == [round(percentile(samples, p) * 1000) for p in range(10, 100, 10)]  # ms, warm-up excluded
+    assert bars == [round(percentile(samples, p) * 1000) for p in (*range(10, 100, 10), 99)]  # ms, no warm-ups
     lines = [set(ln.split(", ")) for ln in re.findall(r"line \[(.*?)\]", body)]
     assert lines == [{"2511"}, {"2721"}, {"2610"}, {"2628"}]  # budgets, then p50's interval
     palette = re.search(r'"plotColorPalette": "(.*?)"', body).group(1).split(", ")
     assert len(palette) == 1 + len(lines)  # one colour per series, named in the legend
-    assert "Red lines: p50 budget 2511 ms; p99 budget 2721 ms." in md
+    assert "Lines: p50 budget 2511 ms (red), p99 budget 2721 ms (purple)." in md
     assert "Orange lines: the 95 % interval of p50 [2610, 2628] ms." in md
     y_lo, y_hi = map(float, re.search(r'y-axis "TTFT \(ms\)" (\d+) --> (\d+)', body).groups())
     assert y_lo < min(bars) and y_hi > 2721  # every series inside the axis

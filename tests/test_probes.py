@@ -129,3 +129,19 @@ def test_from_profiler_on_a_real_profile() -> None:
     assert c.calls_by_op[INDEX_PUT] == 7
     assert c.sites[0].function == "_mask_loop"
     assert not any(e.is_op for e in ev if e.name.startswith("tests/test_probes.py("))
+
+
+def test_library_drift_is_an_invalid_run_naming_library_version_and_what_moved():
+    from guard.compat import LibraryDrift, engine_core, first_token_latency_s
+    from guard.errors import ExitCode
+
+    with pytest.raises(LibraryDrift) as exc:
+        engine_core(object())  # an LLM without llm_engine
+    assert exc.value.exit_code == ExitCode.INVALID
+    assert str(exc.value).startswith("vllm ") and "moved LLM.llm_engine" in str(exc.value)
+
+    class Output:  # a RequestOutput whose metrics lost first_token_latency
+        metrics = object()
+
+    with pytest.raises(LibraryDrift, match="RequestOutput.metrics.first_token_latency"):
+        first_token_latency_s(Output())

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import load_thresholds
 from guard.errors import ExitCode
 from guard.evaluate import evaluate
 from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
@@ -34,16 +33,6 @@ def snap(reasons=("gpu_idle",), processes=(), own=(OWN_PID,)) -> dict:
             "clocks_mhz": {"sm": 1695, "sm_max": 1695, "mem": 6251, "mem_max": 6251}, "temperature_c": 60,
             "throttle_mask": 1, "throttle_reasons": list(reasons),
             "processes": [{"pid": pid, "used_memory_mib": mib} for pid, mib in processes], "own_pids": list(own)}
-
-
-@pytest.fixture(scope="module")
-def thresholds():
-    return load_thresholds(THRESHOLDS)
-
-
-@pytest.fixture
-def cpu(thresholds):
-    return dataclasses.replace(thresholds.profile("cpu"), ops=())
 
 
 @pytest.fixture
