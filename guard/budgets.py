@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import math
 import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -24,6 +25,12 @@ SCHEMA_VERSION = 1
 DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"  # relative to the working directory
 EMBEDDED_PREFIX = "guard:"  # `model: guard:tiny-deepseek-ocr2` -> the checkpoint shipped in guard/models/
 PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+MAX_DEPTH = 32  # the schema nests 7 levels; anything far deeper is a mistake or an attack
+MAX_INT = 2**63 - 1  # integers go to C code (vLLM, torch): keep them in int64
+# The only tags a thresholds file may carry (explicit or implied): plain YAML data. Anything else
+# (`!!python/name:os.system`, `!env HOME`, `!!binary`, `!!set`, merge keys) is refused by name.
+_Y = "tag:yaml.org,2002:"
+ALLOWED_TAGS = frozenset(_Y + t for t in ("str", "int", "float", "bool", "null", "timestamp", "map", "seq"))
 
 
 # ----------------------------------------------------------------------------- records
@@ -347,12 +354,17 @@ class _Reader:
         if not isinstance(node, yaml.ScalarNode):
             raise self.error(node, key, f"expected a single value, got {_kind(node)}")
         # Construct the node directly: re-serialising an empty value (`revision:`) does not parse.
-        return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+        try:
+            return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:  # e.g. `2025-13-45` read as a date
+            raise self.error(node, key, f"cannot read {node.value!r}: {exc}") from None
 
     def integer(self, node: yaml.Node, key: str, minimum: int | None = None) -> int:
         v = self.scalar(node, key)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.error(node, key, f"expected an integer, got {v!r}")
+        if abs(v) > MAX_INT:
+            raise self.error(node, key, f"out of range: {node.value!r} does not fit in 64 bits")
         if minimum is not None and v < minimum:
             raise self.error(node, key, f"must be >= {minimum}, got {v}")
         return v
@@ -361,6 +373,9 @@ class _Reader:
         v = self.scalar(node, key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.error(node, key, f"expected a number, got {v!r}")
+        if isinstance(v, int) and abs(v) > MAX_INT or not math.isfinite(v):
+            raise self.error(node, key, f"must be a finite number, got {node.value!r}",
+                             "`.inf`, `.nan` and numbers beyond 1e308 can never fail or pass a budget")
         if positive and not v > 0:
             raise self.error(node, key, f"must be greater than 0, got {v}")
         if minimum is not None and v < minimum:
@@ -374,10 +389,42 @@ class _Reader:
         return v
 
     def string(self, node: yaml.Node, key: str) -> str:
-        v = self.scalar(node, key)
-        if not isinstance(v, str) or not v:
+        """The text as written: `revision: 0755` is "0755", not YAML 1.1's octal 493."""
+        v = self.raw(node, key)
+        if v is None or not v:
             raise self.error(node, key, f"expected a non-empty string, got {v!r}")
         return v
+
+    def raw(self, node: yaml.Node, key: str) -> str | None:
+        """A scalar's source text (None for an empty value or `null`/`~`), never re-typed by YAML."""
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.error(node, key, f"expected a single value, got {_kind(node)}")
+        if node.tag == _Y + "null":
+            return None
+        return node.value
+
+
+def _check_tree(r: _Reader, root: yaml.Node) -> None:
+    """Every node plain YAML data, nesting bounded; errors name the key path. Iterative, and each
+    node once (aliases share nodes, so `&a [*a, *a, ...]` bombs cost nothing)."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, int, str]] = [(root, 1, "")]
+    while stack:
+        node, depth, key = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if depth > MAX_DEPTH:
+            raise r.error(node, key or "(structure)", f"nested deeper than {MAX_DEPTH} levels")
+        if node.tag not in ALLOWED_TAGS:
+            raise r.error(node, key or "(document)", f"YAML tag {node.tag!r} is not allowed in a thresholds file",
+                          "only plain strings, numbers, true/false, null, lists and mappings")
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(n, depth + 1, f"{key}[{i}]") for i, n in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                stack += [(k, depth + 1, key or "(key)"), (v, depth + 1, f"{key}.{name}" if key else name)]
 
 
 def _kind(node: yaml.Node) -> str:
@@ -385,11 +432,14 @@ def _kind(node: yaml.Node) -> str:
 
 
 # ----------------------------------------------------------------------------- loader
-def load_thresholds(path: str | Path) -> Thresholds:
+def load_thresholds(path: str | Path, text: str | None = None) -> Thresholds:
+    """Load and validate a thresholds file; ``text``: its content, already read (``path`` then
+    only names it in errors, e.g. the pull request's version of the file read through the API)."""
     path = Path(path)
     r = _Reader(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if text is None:
+            text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such thresholds file",
                           hint=f"pass --thresholds PATH, e.g. {DEFAULT_THRESHOLDS}") from None
@@ -403,8 +453,11 @@ def load_thresholds(path: str | Path) -> Thresholds:
         raise ConfigError(str(path), line, "(syntax)", f"not valid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), None, "(syntax)", f"not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(str(path), None, "(structure)", f"nested far deeper than {MAX_DEPTH} levels") from None
     if root is None:
         raise ConfigError(str(path), None, "(file)", "empty thresholds file")
+    _check_tree(r, root)
 
     top = r.mapping(root, "", TOP_KEYS)
     version = r.integer(top["schema_version"][1], "schema_version")
@@ -551,10 +604,8 @@ def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
     def opt(name, conv, default, **kw):
         return conv(m[name][1], f"{key}.{name}", **kw) if name in m else default
 
-    revision = None
-    if "revision" in m:
-        rv = r.scalar(m["revision"][1], f"{key}.revision")
-        revision = None if rv is None else str(rv)
+    revision = r.raw(m["revision"][1], f"{key}.revision") if "revision" in m else None
+    revision = revision or None
     model = r.string(m["model"][1], f"{key}.model")
     if not model.startswith(EMBEDDED_PREFIX) and (model.startswith((".", "/"))):
         resolved = (r.path.parent / model).resolve() if model.startswith(".") else Path(model)
@@ -638,11 +689,17 @@ def _statistics(r: _Reader, key: str, node: yaml.Node) -> Statistics:
 
 def _ttft(r: _Reader, key: str, node: yaml.Node, allow_zero: bool = False) -> dict[str, float]:
     out = {}
+    seen: dict[float, str] = {}
     for name, (knode, vnode) in r.mapping(node, key, None).items():
         m = PERCENTILE_RE.match(name)
         if not m or not 0 < float(m.group(1)) < 100:
             raise r.error(knode, f"{key}.{name}", "unknown percentile",
                           "use p<N> with 0 < N < 100, e.g. p50, p90, p99, p99.9")
+        q = float(m.group(1))
+        if q in seen:
+            raise r.error(knode, f"{key}.{name}", f"the same percentile as `{seen[q]}`",
+                          "budget each percentile once")
+        seen[q] = name
         out[name] = r.number(vnode, f"{key}.{name}", minimum=0.0) if allow_zero else r.number(vnode, f"{key}.{name}", positive=True)
     if not out:
         raise r.error(node, key, "empty: give at least one percentile, e.g. p50")

@@ -2,16 +2,26 @@
 
 Each command lives in ``guard/commands/<name>.py`` and owns its parser:
 ``add_arguments(parser)`` and ``run(args) -> int``.
+
+Exit codes (``guard.errors.ExitCode``): a ``GuardError`` carries its own (2, 3, 4); Ctrl-C is an
+invalid run (3); *any other* exception is a bug, never a verdict: exit 5 ("internal error") with a
+one-line message, and the traceback written to a log file (and printed with ``--debug``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import importlib
+import os
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 from guard import __version__
 from guard.errors import ExitCode, GuardError
+from guard.sanitize import no_workflow_commands, one_line
 
 # command name -> (module under guard.commands, one-line help)
 COMMANDS = {
@@ -20,11 +30,14 @@ COMMANDS = {
     "update-thresholds": ("update_thresholds", "rewrite a profile's budgets from a results.json, as a minimal diff"),
     "comment": ("comment", "post the verdict on the pull request (sticky comment, status, summary)"),
 }
+CRASH_LOG_ENV = "GUARD_CRASH_LOG"  # where the traceback of an internal error goes (default: a temp file)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="guard", description="Performance regression guard for vLLM models.")
     parser.add_argument("--version", action="version", version=f"guard {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the full traceback of an internal error (exit 5) on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         cmd = importlib.import_module(f"guard.commands.{module}")
@@ -34,20 +47,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def crash_log_path() -> Path:
+    explicit = os.environ.get(CRASH_LOG_ENV)
+    if explicit:
+        return Path(explicit)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path(tempfile.gettempdir()) / f"guard-crash-{stamp}-{os.getpid()}.log"
+
+
+def _write_crash_log(text: str) -> Path | None:
+    """Best effort: the log is for the bug report; failing to write it must not hide the error."""
+    path = crash_log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        return None
+    return path
+
+
+def internal_error(command: str, exc: BaseException, argv: list[str], debug: bool) -> int:
+    tb = "".join(traceback.format_exception(exc))
+    log = _write_crash_log(f"guard {__version__} {command}: argv {argv!r}\n{tb}\n")
+    first = one_line(str(exc), limit=300)
+    print(f"guard {command}: internal error: {type(exc).__name__}: {first}", file=sys.stderr)
+    print("guard: this is a bug in guard (or a library it drives), not a performance verdict; exit 5.",
+          file=sys.stderr)
+    if debug:
+        print(no_workflow_commands(tb), file=sys.stderr, end="")
+    where = f"the traceback is in {log}" if log else "the traceback could not be written to a log file"
+    print(f"hint: {where}{'' if debug else '; re-run with `guard --debug ...` to print it'}", file=sys.stderr)
+    return int(ExitCode.INTERNAL)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: 2 for usage errors, 0 for --help
-        return int(exc.code or 0)
+        return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else int(ExitCode.CONFIG)
     try:
         return int(args._run(args))
     except GuardError as exc:
-        print(f"guard {args.command}: error: {exc}", file=sys.stderr)
+        # messages can quote input files (an artifact from a pull request): never a workflow command
+        print(no_workflow_commands(f"guard {args.command}: error: {exc}"), file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print(f"guard {args.command}: interrupted", file=sys.stderr)
         return int(ExitCode.INVALID)
+    except SystemExit as exc:  # a library calling sys.exit: its code is no verdict of ours, not even 0
+        return internal_error(args.command, exc, argv, args.debug)
+    except Exception as exc:  # noqa: BLE001 - the last-resort handler: a bug is never exit 0 or 1
+        return internal_error(args.command, exc, argv, args.debug)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,10 @@ def profiler_events(prof: Any) -> Iterator[tuple[str, tuple[str, ...], bool, tup
         for e in events:
             device_side = str(getattr(e, "device_type", "")).endswith("CUDA")
             stack, parent = tuple(e.stack or ()), e.cpu_parent
-            while not stack and parent is not None:
+            thread = getattr(e, "thread", None)
+            # only from an enclosing event of the same thread: a CUDA sync on another thread (a
+            # tokenizer, a logging thread) is not attributed to whatever scope was running then
+            while not stack and parent is not None and getattr(parent, "thread", thread) == thread:
                 stack, parent = tuple(parent.stack or ()), parent.cpu_parent
             kernels = tuple(k.name for k in getattr(e, "kernels", ()) or ())
             yield e.name, stack, device_side, kernels
@@ -115,6 +118,52 @@ def deepseek_ocr2_tiles(size: tuple[int, int]) -> int:
         return 0
     tw, th = count_tiles(w, h, image_size=IMAGE_SIZE)
     return tw * th
+
+
+# ----------------------------------------------------------------------------- the operator registry
+def registered_op_names(load_vllm_ops: bool = False) -> frozenset[str]:
+    """Every operator the torch dispatcher knows, named as the profiler names its events:
+    ``ns::name`` without the overload (``aten::index_put.out`` -> ``aten::index_put``).
+
+    ``load_vllm_ops``: first load vLLM's compiled op libraries (``_C::``, ``_moe_C::`` ...), which
+    register their ops only when imported. Private: ``torch._C._dispatch_get_all_op_names``.
+    """
+    import importlib
+
+    if load_vllm_ops:
+        for module in ("vllm._C", "vllm._moe_C"):
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - absent from this build (e.g. no MoE kernels on CPU)
+                pass
+    import torch
+
+    get_all = getattr(torch._C, "_dispatch_get_all_op_names", None)
+    if get_all is None:
+        raise LibraryDrift("torch", "torch._C._dispatch_get_all_op_names (op-budget names cannot be checked)")
+    try:
+        names = list(get_all())
+    except Exception as exc:  # noqa: BLE001
+        raise LibraryDrift("torch", f"torch._C._dispatch_get_all_op_names() ({exc})") from exc
+    if not names or not all(isinstance(n, str) for n in names):
+        raise LibraryDrift("torch", "torch._C._dispatch_get_all_op_names() (unexpected result shape)")
+    return frozenset(n.split(".", 1)[0] for n in names)
+
+
+# ----------------------------------------------------------------------------- CUDA device identity
+def cuda_device_identity(index: int = 0) -> dict[str, str | None]:
+    """torch's CUDA device ``index`` as NVML can find it: its UUID and PCI bus id. The properties
+    ``uuid`` and ``pci_*_id`` are recent additions to torch's device properties; a missing one is None."""
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(index)
+    except Exception:  # noqa: BLE001 - no CUDA: nothing to identify
+        return {"uuid": None, "pci_bus_id": None}
+    uuid = getattr(props, "uuid", None)
+    domain, bus, device = (getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device"))
+    pci = f"{domain:08x}:{bus:02x}:{device:02x}.0" if all(isinstance(v, int) for v in (domain, bus, device)) else None
+    return {"uuid": str(uuid) if uuid else None, "pci_bus_id": pci}
 
 
 # ----------------------------------------------------------------------------- census counter

@@ -14,6 +14,7 @@ class ExitCode(enum.IntEnum):
     CONFIG = 2  # bad usage, bad thresholds YAML, bad results file, GitHub token missing
     INVALID = 3  # the run itself cannot be trusted: engine died, request errored, no samples
     GITHUB = 4  # guard comment: GitHub kept failing after retries; says nothing about performance
+    INTERNAL = 5  # a bug in guard or a library it drives: an unexpected exception, never a verdict
 
 
 class GuardError(Exception):

@@ -30,9 +30,88 @@ class Hardware:
     gpu_name: str | None
     cpu_name: str
     cpu_count: int
+    # An NVIDIA GPU is present but CUDA cannot be used, and why (driver too old for this torch, ...)
+    cuda_problem: str | None = None
 
     def describe(self) -> str:
-        return self.gpu_name if self.cuda else f"{self.cpu_name} ({self.cpu_count} cores, no CUDA device)"
+        if self.cuda:
+            return str(self.gpu_name)
+        if self.cuda_problem:
+            return f"{self.cpu_name} ({self.cpu_count} cores; an NVIDIA GPU that CUDA cannot use: {self.cuda_problem})"
+        return f"{self.cpu_name} ({self.cpu_count} cores, no CUDA device)"
+
+
+# ----------------------------------------------------------------------------- a GPU that CUDA cannot use
+# Oldest Linux driver for each CUDA toolkit (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
+# Driver Versions"): a torch built for CUDA X.Y needs at least this driver, or a forward-compat package.
+MIN_LINUX_DRIVER = {
+    (11, 8): (520, 61), (12, 0): (525, 60), (12, 1): (530, 30), (12, 2): (535, 54), (12, 3): (545, 23),
+    (12, 4): (550, 54), (12, 5): (555, 42), (12, 6): (560, 28), (12, 8): (570, 26), (12, 9): (575, 51),
+    (13, 0): (580, 65),
+}
+_DRIVER_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+
+
+def _ver(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    m = re.match(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?", text.strip())
+    return tuple(int(g) for g in m.groups() if g is not None) if m else None
+
+
+def driver_version_from_proc(text: str) -> str | None:
+    """The kernel driver's version from /proc/driver/nvidia/version (no NVML needed)."""
+    m = _DRIVER_RE.search(text)
+    return m.group(1) if m else None
+
+
+def min_driver_for(cuda_build: str) -> tuple[int, int] | None:
+    v = _ver(cuda_build)
+    if not v or len(v) < 2:
+        return None
+    key = (v[0], v[1])
+    if key in MIN_LINUX_DRIVER:
+        return MIN_LINUX_DRIVER[key]
+    older = [k for k in MIN_LINUX_DRIVER if k <= key]
+    return MIN_LINUX_DRIVER[max(older)] if older else None
+
+
+def cuda_unusable_reason(*, device_nodes: bool, torch_cuda: str | None, driver_version: str | None,
+                         torch_message: str | None = None, torch_version: str | None = None) -> str | None:
+    """Why an NVIDIA GPU that is present cannot be used by this torch, or None when no GPU is there.
+
+    ``torch_cuda`` is the CUDA the torch build targets (``torch.version.cuda``; None: a CPU-only
+    build), ``driver_version`` the kernel driver's, ``torch_message`` what torch said when CUDA
+    failed to initialise. Pure, so it is tested on recorded values."""
+    if not device_nodes:
+        return None
+    build = f"torch {torch_version}" if torch_version else "this torch"
+    if torch_cuda is None:
+        return (f"{build} is a CPU-only build (torch.version.cuda is None); install the CUDA build "
+                "(`uv sync --extra gpu`)")
+    need = min_driver_for(torch_cuda)
+    have = _ver(driver_version)
+    if need and have and have[:2] < need:
+        return (f"the NVIDIA driver is {driver_version}, but {build} is built for CUDA {torch_cuda}, which needs "
+                f"driver {need[0]}.{need[1]} or newer (R{need[0]}+): upgrade the driver, or install a torch "
+                "built for an older CUDA")
+    if driver_version is None:
+        return ("NVIDIA device nodes exist (/dev/nvidia*) but no NVIDIA kernel driver is loaded "
+                "(/proc/driver/nvidia/version is missing)" + (f"; torch says: {torch_message}" if torch_message else ""))
+    detail = f": {torch_message}" if torch_message else ""
+    return (f"CUDA failed to initialise with driver {driver_version} and {build} built for CUDA {torch_cuda}"
+            f"{detail} (is CUDA_VISIBLE_DEVICES empty, or the device owned by another container?)")
+
+
+def _read_driver_version() -> str | None:
+    try:
+        return driver_version_from_proc(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+
+
+def _device_nodes() -> bool:
+    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def cpu_name() -> str:
@@ -48,21 +127,35 @@ def cpu_name() -> str:
 def detect(quick: bool = False) -> Hardware:
     """What this machine is. ``quick``: skip importing torch (seconds) when the machine has no
     NVIDIA device node at all; the run stage detects again with torch and records the truth."""
-    if quick and not any(Path("/dev").glob("nvidia[0-9]*")):
+    nodes = _device_nodes()
+    if quick and not nodes:
         return Hardware(cuda=False, gpu_name=None, cpu_name=cpu_name(), cpu_count=os.cpu_count() or 1)
+    message = torch_cuda = torch_version = None
     try:
+        import warnings
+
         import torch
 
-        cuda = torch.cuda.is_available()
+        torch_cuda, torch_version = torch.version.cuda, torch.__version__
+        with warnings.catch_warnings(record=True) as caught:  # torch says why CUDA failed in a warning
+            warnings.simplefilter("always")
+            cuda = torch.cuda.is_available()
         gpu = torch.cuda.get_device_name(0) if cuda else None
-    except Exception:  # noqa: BLE001 - no usable torch means no CUDA here
-        cuda, gpu = False, None
-    return Hardware(cuda=cuda, gpu_name=gpu, cpu_name=cpu_name(), cpu_count=os.cpu_count() or 1)
+        message = " ".join(str(w.message).split())[:300] if caught and not cuda else None
+    except Exception as exc:  # noqa: BLE001 - no usable torch means no CUDA here
+        cuda, gpu, message = False, None, f"{type(exc).__name__}: {exc}"
+    problem = None if cuda else cuda_unusable_reason(device_nodes=nodes, torch_cuda=torch_cuda,
+                                                      driver_version=_read_driver_version(),
+                                                      torch_message=message, torch_version=torch_version)
+    return Hardware(cuda=cuda, gpu_name=gpu, cpu_name=cpu_name(), cpu_count=os.cpu_count() or 1,
+                    cuda_problem=problem)
 
 
 def mismatch(profile: Profile, hw: Hardware) -> str | None:
     """Why this machine is not the profile's hardware, or None when it fits."""
     if profile.match.cuda and not hw.cuda:
+        if hw.cuda_problem:
+            return f"profile '{profile.name}' needs a CUDA device; this machine has an NVIDIA GPU, but {hw.cuda_problem}"
         return f"profile '{profile.name}' needs a CUDA device; this machine has none"
     if not profile.match.cuda and hw.cuda:
         return f"profile '{profile.name}' is for machines without CUDA; this one has {hw.gpu_name}"
@@ -104,6 +197,9 @@ def select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Prof
         if why:
             raise InvalidRunError(f"hardware does not match: {why}")
         return profile
+    if hw.cuda_problem:  # never measure a GPU machine on a CPU profile without saying so: ask for it by name
+        raise InvalidRunError(f"this machine has an NVIDIA GPU that CUDA cannot use: {hw.cuda_problem}",
+                              hint="fix CUDA, or pass --profile cpu to measure on the CPU on purpose")
     for profile in thresholds.profiles.values():
         if mismatch(profile, hw) is None:
             return profile
@@ -211,68 +307,124 @@ def throttle_reason_names(mask: int) -> list[str]:
     return names + ([f"unknown_0x{unknown:x}"] if unknown else [])
 
 
-def _nvml_handle(nvml: Any) -> Any:
-    """The device torch calls cuda:0: the first entry of CUDA_VISIBLE_DEVICES (an index or a UUID)."""
+def _pci_bus_id(value: str) -> str:
+    """NVML's form of a PCI bus id: 8-hex-digit domain, lower case ("00000000:65:00.0")."""
+    parts = value.strip().lower().split(":")
+    if len(parts) == 3:
+        parts[0] = parts[0].rjust(8, "0")
+    return ":".join(parts)
+
+
+def nvml_handle(nvml: Any, identity: dict[str, str | None]) -> tuple[Any, str] | tuple[None, str]:
+    """The NVML device that *is* torch's cuda:0 — by UUID, else by PCI bus id — and how it was found.
+
+    NVML numbers devices in PCI order and ignores CUDA_VISIBLE_DEVICES; CUDA's own order can
+    differ (CUDA_DEVICE_ORDER=FASTEST_FIRST, the default), so an index is no identity. With
+    neither UUID nor bus id the snapshot is skipped (the report says the GPU state was not checked)."""
+    uuid = identity.get("uuid")
+    if uuid:
+        uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(uuid), f"uuid {uuid}"
+        except Exception:  # noqa: BLE001 - e.g. a MIG instance NVML lists under its parent
+            pass
+    bus = identity.get("pci_bus_id")
+    if bus:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(_pci_bus_id(bus)), f"pci {_pci_bus_id(bus)}"
+        except Exception:  # noqa: BLE001
+            pass
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     if first.startswith(("GPU-", "MIG-")):
-        return nvml.nvmlDeviceGetHandleByUUID(first)
-    return nvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(first), f"uuid {first} (CUDA_VISIBLE_DEVICES)"
+        except Exception:  # noqa: BLE001
+            pass
+    return None, "torch's device could not be matched to an NVML device by UUID or PCI bus id"
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_gpu_state(own_pids: frozenset[int] | None = None) -> dict[str, Any] | None:
-    """One NVML snapshot of the device, or None when NVML is unavailable (no pynvml, no driver).
-    Each field that NVML refuses is None rather than failing the run."""
+def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
+                   identity: dict[str, str | None] | None = None) -> dict[str, Any] | None:
+    """One NVML snapshot of torch's device, or None when NVML is unavailable (no pynvml, no driver)
+    or the device cannot be identified. Each field is read on its own: a function this NVML lacks
+    (renamed, too old) or refuses (no permission, unsupported) makes that field None, never the
+    whole snapshot. ``nvml``/``identity`` are injectable, so recorded replies can be replayed."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            return None
+    init = getattr(nvml, "nvmlInit", None)
     try:
-        import pynvml as nvml
-    except ImportError:
-        return None
-    try:
-        nvml.nvmlInit()
+        if init is None:
+            return None
+        init()
     except Exception:  # noqa: BLE001 - NVMLError, or a broken driver install
         return None
     try:
-        handle = _nvml_handle(nvml)
+        if identity is None:
+            from guard.compat import cuda_device_identity
+            identity = cuda_device_identity(0)
+        handle, matched = nvml_handle(nvml, identity)
+        if handle is None:
+            return None
+        missing: list[str] = []
 
-        def get(fn: Any, *args: Any) -> Any:
-            try:
-                return fn(*args)
-            except Exception:  # noqa: BLE001 - not supported on this device / driver
-                return None
+        def get(names: str | tuple[str, ...], *args: Any) -> Any:
+            """The first of ``names`` this NVML has, called; None if none exists or it refuses."""
+            for name in (names,) if isinstance(names, str) else names:
+                fn = getattr(nvml, name, None)
+                if fn is not None:
+                    try:
+                        return fn(*args)
+                    except Exception:  # noqa: BLE001 - not supported on this device / driver
+                        return None
+            missing.append(names if isinstance(names, str) else names[0])
+            return None
 
-        cuda = get(getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None) or nvml.nvmlSystemGetCudaDriverVersion)
-        # renamed in newer NVML; the old name is kept as an alias for a while
-        reasons_fn = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                      or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
-        mask = get(reasons_fn, handle)
-        procs = get(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
-        mem = [getattr(p, "usedGpuMemory", None) for p in procs]
-        name = get(nvml.nvmlDeviceGetName, handle)
-        driver = get(nvml.nvmlSystemGetDriverVersion)
+        def const(name: str) -> Any:
+            return getattr(nvml, name, None)
+
+        def clock(fn: str, which: str) -> Any:
+            c = const(which)
+            return None if c is None else get(fn, handle, c)
+
+        cuda = get(("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"))
+        # renamed in newer NVML ("clocks event reasons"); the old name is kept as an alias for a while
+        mask = get(("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), handle)
+        procs = get("nvmlDeviceGetComputeRunningProcesses", handle) or []
+        name = get("nvmlDeviceGetName", handle)
+        driver = get("nvmlSystemGetDriverVersion")
+        temp_sensor = const("NVML_TEMPERATURE_GPU")
+        processes = []
+        for p in procs:
+            pid = getattr(p, "pid", None)
+            m = getattr(p, "usedGpuMemory", None)  # None (or NVML's "not available" sentinel) without permission
+            if isinstance(pid, int):
+                processes.append({"pid": pid, "used_memory_mib": m // 2**20 if isinstance(m, int) and m < 2**63 else None})
         return {
             "sampled_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "device": matched,
             "name": None if name is None else _text(name),
             "driver_version": None if driver is None else _text(driver),
-            "cuda_driver_version": None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
             "clocks_mhz": {
-                "sm": get(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
-                "sm_max": get(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM),
-                "mem": get(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
-                "mem_max": get(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_MEM),
+                "sm": clock("nvmlDeviceGetClockInfo", "NVML_CLOCK_SM"),
+                "sm_max": clock("nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_SM"),
+                "mem": clock("nvmlDeviceGetClockInfo", "NVML_CLOCK_MEM"),
+                "mem_max": clock("nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_MEM"),
             },
-            "temperature_c": get(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
-            "throttle_mask": mask,
-            "throttle_reasons": None if mask is None else throttle_reason_names(mask),
-            "processes": [
-                # usedGpuMemory is None (or NVML's "not available" sentinel) without permission
-                {"pid": int(p.pid), "used_memory_mib": m // 2**20 if isinstance(m, int) and m < 2**63 else None}
-                for p, m in zip(procs, mem)
-            ],
+            "temperature_c": None if temp_sensor is None else get("nvmlDeviceGetTemperature", handle, temp_sensor),
+            "throttle_mask": mask if isinstance(mask, int) else None,
+            "throttle_reasons": throttle_reason_names(mask) if isinstance(mask, int) else None,
+            "processes": processes,
             # this process, and `guard check` that started it: neither competes with the timing
             "own_pids": sorted(own_pids if own_pids is not None else {os.getpid(), os.getppid()}),
+            "unavailable": sorted(set(missing)),  # NVML functions this version lacks
         }
     except Exception:  # noqa: BLE001 - a half-readable NVML must not fail the run; the notice says so
         return None
@@ -281,6 +433,34 @@ def read_gpu_state(own_pids: frozenset[int] | None = None) -> dict[str, Any] | N
             nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+class GpuStateSampler:
+    """NVML snapshots every ``interval_s`` while the measured requests run: throttling under load
+    is what matters, and an idle GPU before or after the timing pass never shows it."""
+
+    def __init__(self, interval_s: float = 5.0, read: Any = None, max_snapshots: int = 120) -> None:
+        import threading
+
+        self.interval_s, self.max_snapshots = interval_s, max_snapshots
+        self.read = read or read_gpu_state
+        self.snapshots: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="guard-nvml-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            snap = self.read()
+            if snap is not None and len(self.snapshots) < self.max_snapshots:
+                self.snapshots.append(snap)
+
+    def __enter__(self) -> GpuStateSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
 
 
 def other_gpu_processes(snapshot: dict[str, Any], holding_device: bool) -> list[dict[str, Any]]:
@@ -300,19 +480,28 @@ def gpu_state_problems(gpu_state: dict[str, Any] | None) -> list[str]:
     """Why the recorded GPU state makes the timing untrustworthy; empty: nothing seen (or nothing recorded)."""
     if not gpu_state:
         return []
-    out = []
-    for when, holding in (("start", False), ("end", True)):
-        snap = gpu_state.get(when)
-        if not snap:
+    out: list[str] = []
+    during = gpu_state.get("during") or []
+    seen_during: set[str] = set()  # one line per kind of problem for the samples under load
+    samples = [("at the start of the run", gpu_state.get("start"), False, None)]
+    samples += [(f"during the measured requests (sample {i + 1} of {len(during)})", snap, True, "during")
+                for i, snap in enumerate(during)]
+    samples.append(("at the end of the run", gpu_state.get("end"), True, None))
+    for when, snap, holding, group in samples:
+        if not isinstance(snap, dict):
             continue
         others = other_gpu_processes(snap, holding_device=holding)
-        if others:
+        if others and not (group and "procs" in seen_during):
             who = ", ".join(f"pid {p.get('pid')}" + (f" ({p['used_memory_mib']} MiB)" if p.get("used_memory_mib") else "")
                             for p in others)
-            out.append(f"another process was using the GPU at the {when} of the run: {who}")
+            out.append(f"another process was using the GPU {when}: {who}")
+            if group:
+                seen_during.add("procs")
         slow = [r for r in (snap.get("throttle_reasons") or []) if r not in BENIGN_THROTTLE_REASONS]
-        if slow:
+        if slow and not (group and "slow" in seen_during):
             clocks = snap.get("clocks_mhz") or {}
             at = f" (SM clock {clocks['sm']} of {clocks['sm_max']} MHz)" if clocks.get("sm") and clocks.get("sm_max") else ""
-            out.append(f"GPU clocks were throttled at the {when} of the run: {', '.join(slow)}{at}")
+            out.append(f"GPU clocks were throttled {when}: {', '.join(slow)}{at}")
+            if group:
+                seen_during.add("slow")
     return out

@@ -19,7 +19,15 @@ from guard.budgets import Profile, Thresholds
 from guard.census import read_baseline
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
-from guard.results import Results, load_run
+from guard.opnames import vacuous_budgets
+from guard.results import Results, RunRecord, load_run
+
+GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
+FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on
+
+
+class Interrupted(InvalidRunError):
+    """SIGTERM while the suite ran (Ctrl-C arrives as KeyboardInterrupt)."""
 
 OPS_ONLY = "ops"  # run only the op-count pass (the self-test measures no TTFT)
 
@@ -35,8 +43,13 @@ def suite_dir() -> Path:
 
 def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str | None = None,
               traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
-              server_url: str | None = None) -> int:
-    """The suite in a child pytest; returns pytest's exit status. It writes ``output/run.json``."""
+              server_url: str | None = None) -> tuple[int, str | None]:
+    """The suite in a child pytest, which writes ``output/run.json`` (checkpoints during the run,
+    the full record at the end). Returns (pytest's exit status, why it was interrupted or None).
+
+    A negative status is the signal that killed the child (``-9``: SIGKILL, e.g. the OOM killer).
+    On Ctrl-C or SIGTERM the child gets the signal too and ``GRACE_S`` to write its run.json; a
+    second Ctrl-C kills it. The engine is never left running behind guard."""
     suite = suite_dir()
     cmd = [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
            "-q", "--guard-record-only", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
@@ -52,14 +65,68 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str 
     if server_url:
         cmd += ["--guard-server-url", server_url]
 
-    def stop(signum, frame):  # a terminated guard must not leave the engine running behind it
-        raise SystemExit(128 + signum)
+    def stop(signum, frame):
+        raise Interrupted(f"guard received {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, stop)
+    child = subprocess.Popen(cmd)
     try:
-        return subprocess.run(cmd, check=False).returncode  # kills the child when interrupted
+        try:
+            return child.wait(), None
+        except KeyboardInterrupt:  # a terminal's Ctrl-C reached the child as well, most likely
+            why, forward_after = "interrupted (Ctrl-C)", FORWARD_AFTER_S
+        except Interrupted as exc:  # SIGTERM was sent to guard alone
+            why, forward_after = str(exc), 0.0
+        print(f"guard: {why}; stopping the perf suite (up to {GRACE_S:.0f} s) ...", file=sys.stderr, flush=True)
+        return _stop_child(child, forward_after), why
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def _stop_child(child: subprocess.Popen, forward_after: float) -> int:
+    """Stop the child the way pytest stops cleanly, by SIGINT (it then writes its run.json). A
+    terminal's Ctrl-C reaches the child by itself, so it is first given ``forward_after`` seconds
+    undisturbed; a child still running then did not get it."""
+    try:
+        try:
+            return child.wait(timeout=forward_after) if forward_after else child.wait(timeout=0.01)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGINT)
+        return child.wait(timeout=GRACE_S)
+    except (KeyboardInterrupt, Interrupted, subprocess.TimeoutExpired):
+        child.kill()
+        return child.wait()
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def read_record(run_file: Path, code: int, interrupted: str | None, fallback: RunRecord) -> RunRecord:
+    """The child's run.json (final, or its last checkpoint) with why the run cannot be judged added;
+    ``fallback`` (no measurements) when the child wrote none at all."""
+    reasons = []
+    if interrupted:
+        reasons.append(f"{interrupted}: the run was stopped before it finished")
+    if code < 0:
+        reasons.append(f"the perf suite process was killed by {_signal_name(code)} mid-run "
+                       "(the OOM killer, a timeout, or someone killed it)")
+    elif code not in (0, 1, 3) and not interrupted:  # pytest: 2 interrupted, 4 usage error, 5 no tests ran
+        reasons.append(f"the perf suite exited with pytest status {code}; see the output above")
+    if run_file.exists():
+        record = load_run(run_file)
+    else:
+        record = fallback
+        reasons.append(f"the perf suite ended (exit {code}) without writing {run_file.name}: "
+                       "the engine or the suite crashed before its first checkpoint; see the output above")
+    record.invalid_reasons.extend(r for r in reasons if r not in record.invalid_reasons)
+    return record
 
 
 def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
@@ -70,15 +137,12 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
     output.mkdir(parents=True, exist_ok=True)
     for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
         (output / stale).unlink(missing_ok=True)
-    code = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, traces=traces, only=only,
-                     engine_mode=engine_mode, server_url=server_url)
-    run_file = output / "run.json"
-    if not run_file.exists():
-        raise InvalidRunError(f"the perf suite ended (pytest exit {code}) without writing {run_file}: "
-                              "the engine or the suite crashed; see the output above")
-    record = load_run(run_file)
-    if code not in (0, 1, 3):  # pytest: 2 interrupted, 4 usage error, 5 no tests ran
-        record.invalid_reasons.append(f"the perf suite exited with pytest status {code}; see the output above")
+    code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, traces=traces,
+                                  only=only, engine_mode=engine_mode, server_url=server_url)
+    fallback = RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
+                         environment={}, injected=inject)
+    record = read_record(output / "run.json", code, interrupted, fallback)
+    record.invalid_reasons.extend(r for r in vacuous_budgets(profile, record.op_counts)
+                                  if r not in record.invalid_reasons)
     judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
     return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)
-

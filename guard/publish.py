@@ -29,6 +29,8 @@ from guard import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
 from guard.markdown import render_markdown
 from guard.results import Results, Verdict
+from guard.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
+                         thresholds_change_lines)
 
 MARKER_VERSION = 1  # bump only with a migration: old comments are found by this exact text
 COMMENT_LIMIT = 65536  # GitHub rejects a longer issue-comment body ("body is too long")
@@ -213,18 +215,30 @@ def target_from_event(path: str | Path) -> EventTarget:
         event = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"GITHUB_EVENT_PATH: cannot read the event payload {path}: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"GITHUB_EVENT_PATH: the event payload {path} is nested too deeply") from None
     if not isinstance(event, dict):
-        return EventTarget()
+        raise UsageError(f"GITHUB_EVENT_PATH: the event payload {path} is not a JSON object")
+
+    def obj(d: Any, key: str) -> dict[str, Any]:
+        v = d.get(key) if isinstance(d, dict) else None
+        return v if isinstance(v, dict) else {}
+
+    def typed(v: Any, t: type) -> Any:
+        return v if isinstance(v, t) and not isinstance(v, bool) else None
+
     pr = event.get("pull_request")
     if isinstance(pr, dict):
-        head = pr.get("head") or {}
-        return EventTarget(pr=pr.get("number"), sha=head.get("sha"),
-                           head_repo=(head.get("repo") or {}).get("full_name"))
+        head = obj(pr, "head")
+        return EventTarget(pr=typed(pr.get("number"), int), sha=typed(head.get("sha"), str),
+                           head_repo=typed(obj(head, "repo").get("full_name"), str))
     run = event.get("workflow_run")
     if isinstance(run, dict):
-        prs = [p for p in run.get("pull_requests") or [] if isinstance(p, dict)]
-        return EventTarget(pr=prs[0].get("number") if len(prs) == 1 else None, sha=run.get("head_sha"),
-                           head_repo=(run.get("head_repository") or {}).get("full_name"))
+        prs = [p for p in run.get("pull_requests") or [] if isinstance(p, dict)] \
+            if isinstance(run.get("pull_requests"), list) else []
+        return EventTarget(pr=typed(prs[0].get("number"), int) if len(prs) == 1 else None,
+                           sha=typed(run.get("head_sha"), str),
+                           head_repo=typed(obj(run, "head_repository").get("full_name"), str))
     return EventTarget()
 
 
@@ -373,6 +387,8 @@ class PublishReport:
     forbidden: list[str] = field(default_factory=list)  # 403s: what GitHub refused (read-only token)
     errors: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
+    protected: list[str] = field(default_factory=list)  # changed files in places guard trusts
+    approved: bool = False  # ... and a maintainer approved the head commit in a review
 
 
 def verify_head(pr: Any, sha: str, expected_head_repo: str | None) -> None:
@@ -391,8 +407,12 @@ def verify_head(pr: Any, sha: str, expected_head_repo: str | None) -> None:
 
 
 def _is_ours(comment: Any, mark: str, author: str) -> bool:
+    """Ours: written by the token's identity AND starting with the marker line. Another comment by
+    the same bot that merely quotes the marker further down (an older tool, a reply) is not ours."""
     login = getattr(comment.user, "login", "") or ""
-    return login.lower() == author.lower() and any(ln.strip() == mark for ln in (comment.body or "").splitlines())
+    body = (comment.body or "").lstrip("\ufeff")
+    first = body.split("\n", 1)[0].rstrip("\r")
+    return login.lower() == author.lower() and first == mark
 
 
 def _same(a: str, b: str) -> bool:
@@ -420,9 +440,68 @@ def _upsert_comment(pr: Any, mark: str, body: str, author: str, report: PublishR
         report.deleted.append(c.id)
 
 
+def pr_changed_files(pr: Any) -> list[ChangedFile]:
+    """The pull request's changed files, through the API (all pages)."""
+    def read() -> list[ChangedFile]:
+        out = []
+        for f in pr.files():
+            raw = f.as_dict()
+            prev = raw.get("previous_filename")
+            out.append(ChangedFile(str(f.filename), str(f.status), prev if isinstance(prev, str) else None))
+        return out
+
+    return _call("list the pull request's files", read)
+
+
+def file_at(repo: Any, path: str, ref: str) -> str | None:
+    """A file's text at a commit (None when it does not exist there)."""
+    try:
+        contents = repo.file_contents(path, ref=ref)
+    except gh_exc.NotFoundError:
+        return None
+    except gh_exc.GitHubError as err:
+        raise GitHubSideError(f"read {path} at {ref[:12]}: GitHub answered {err.code} {err.msg}") from None
+    if contents is None or contents.decoded is None:
+        return None
+    data = contents.decoded if isinstance(contents.decoded, bytes) else str(contents.decoded).encode()
+    return data.decode("utf-8", errors="replace")
+
+
+def pr_reviews(pr: Any) -> list[Review]:
+    return _call("list the pull request's reviews", lambda: [
+        Review(login=str(getattr(r.user, "login", "") or ""), state=str(r.state), commit_id=r.commit_id,
+               association=str(r.author_association)) for r in pr.reviews()])
+
+
+def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: TrustPolicy,
+                report: PublishReport) -> tuple[str, CommitStatus]:
+    """When the PR changes what guard trusts, say so in the comment (right under the marker line)
+    and make the status ``error`` unless a maintainer approved the head commit in a review."""
+    changed = protected_changes(pr_changed_files(pr), policy)
+    report.protected = [f.filename for f in changed]
+    if not changed:
+        return body, status
+    lines: list[str] = []
+    if any(policy.thresholds_path in (f.filename, f.previous_filename) for f in changed):
+        new_text = _call("read the pull request's thresholds file",
+                         lambda: file_at(pr.base.repository, policy.thresholds_path, head))
+        lines = thresholds_change_lines(policy, new_text)
+    approved_by = approver(pr_reviews(pr), head, policy)
+    report.approved = approved_by is not None
+    notice = notice_markdown(changed, lines, approved_by, head)
+    first, _, rest = body.partition("\n")
+    new_body = trim_body(f"{first}\n{notice}\n{rest}")
+    if approved_by:
+        return new_body, status
+    names = ", ".join(f.filename for f in changed[:3]) + (" ..." if len(changed) > 3 else "")
+    return new_body, CommitStatus(state="error", context=status.context, target_url=status.target_url,
+                                  description=_clip(f"needs a run approved by a maintainer: this PR changes {names}",
+                                                    STATUS_DESCRIPTION_LIMIT))
+
+
 def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str, body: str,
             status: CommitStatus, sha: str | None = None, author: str = DEFAULT_AUTHOR, verify: bool = False,
-            expected_head_repo: str | None = None) -> PublishReport:
+            expected_head_repo: str | None = None, trust: TrustPolicy | None = None) -> PublishReport:
     """Fetch the PR, (verify its head,) then upsert the comment and set the status on the head SHA.
 
     Raises UsageError (exit 2) for a PR that does not exist or does not match what was measured.
@@ -444,6 +523,8 @@ def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str
             raise UsageError("verifying the PR needs the SHA that was measured (--sha or --sha-file)")
         verify_head(pr, sha, expected_head_repo)
     head = (sha or pr.head.sha).lower()  # the PR's head commit, never the merge commit
+    if trust is not None:  # before anything is posted: a PR that edits guard cannot vouch for itself
+        body, status = apply_trust(pr, head, body, status, trust, report)
 
     def comment() -> None:
         _upsert_comment(pr, mark, body, author, report)

@@ -6,6 +6,7 @@ by ``guard selftest``. Progress goes to the ``progress`` callback: runs take min
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from guard.rules import TtftDecision, measure_until_decided
 
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
+UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
 
 # Runs a list of jobs, calling back per finished request; raises EngineDied when the engine breaks.
 Driver = Callable[[list[Job], Callable[[RequestOutcome], None]], list[RequestOutcome]]
@@ -142,6 +144,8 @@ class GuardRun:
         self.record.outcomes.extend(outcomes)
         for o in outcomes:
             self._warm_sizes.add(o.image_size)
+        if label != "profiled":  # not inside the profiler: the write would be in the profiled request
+            self.checkpoint(label)
         return outcomes
 
     def _run_server(self, jobs: list[Job], label: str, report) -> list[RequestOutcome]:
@@ -160,6 +164,21 @@ class GuardRun:
             self.record.invalid_reasons.append(
                 f"{len(failed)} request(s) failed during {label}; last lines of {server.log_path}:\n{server.tail()}")
         return outcomes
+    def checkpoint(self, after: str, op_counts: list[ScopeCounts] | None = None) -> None:
+        """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
+        `guard check` still reports what was measured, as an invalid run. The session's final
+        run.json replaces it."""
+        from dataclasses import replace
+
+        from guard.results import run_file_dict, write_json_atomic
+
+        snapshot = replace(self.record, op_counts=[*self.record.op_counts, *(op_counts or [])],
+                           invalid_reasons=[*self.record.invalid_reasons, f"{UNFINISHED_PREFIX} {after}"],
+                           duration_s=round(time.perf_counter() - self._t0, 3))
+        try:
+            write_json_atomic(self.output / "run.json", run_file_dict(snapshot))
+        except OSError as exc:  # a full disk must not stop the measurement; the final write will report it
+            self.progress(f"could not write the run.json checkpoint: {exc}")
 
     # -------------------------------------------------------------- timing pass
     def warm_up(self) -> None:
@@ -176,7 +195,7 @@ class GuardRun:
     def measure_until_decided(self) -> None:
         """The workload's measured requests, then more batches while a budgeted TTFT percentile's
         interval straddles its budget (guard.rules: the verdict's own rule, so the two agree)."""
-        from guard.hardware import read_gpu_state  # this method's concern only
+        from guard.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
 
         stats = self.profile.statistics
 
@@ -197,15 +216,19 @@ class GuardRun:
             # over the limit: the run is invalid already, and more requests on a busy machine would not fix it
             return so_far is None or not contention_problems(so_far.as_dict(), limit)
 
+        gpu_state = env.get("gpu_state")
+        # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only
+        sampler = GpuStateSampler() if gpu_state is not None else contextlib.nullcontext()
         self.contention.start()
-        measure_until_decided(budgets, stats, self.profile.workload.requests, self.measure,
-                              on_undecided=say_undecided, keep_going=keep_going)
+        with sampler:
+            measure_until_decided(budgets, stats, self.profile.workload.requests, self.measure,
+                                  on_undecided=say_undecided, keep_going=keep_going)
         reading = self.contention.stop()
         env["cpu_contention"] = reading.as_dict() if reading else None
         if reading:
             self.progress(f"CPU during measurement: {fmt.contention(reading)}")
-        gpu_state = self.record.environment.get("gpu_state")
         if gpu_state is not None:  # the end of the timing pass, while the engine holds the device
+            gpu_state["during"] = sampler.snapshots
             gpu_state["end"] = read_gpu_state()
 
     # -------------------------------------------------------------- profile pass
@@ -242,6 +265,7 @@ class GuardRun:
                 self.progress(f"  scope {c.scope} [{fmt.size(size)}]: entered {c.entries}x, "
                               f"{fmt.calls(c.total_calls)} ({ops})")
             found.extend(counts)
+            self.checkpoint(f"profiling {size[0]}x{size[1]}", found)
         return found
 
     def take_census(self, events, size: tuple[int, int]) -> None:

