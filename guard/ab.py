@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from guard.budgets import percentile_value
 from guard import format as fmt
 from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck
+from guard.rules import interval_status
 from guard.stats import percentile, percentile_interval
 
 CANDIDATE, BASELINE = "candidate", "baseline"
@@ -88,12 +89,7 @@ def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidenc
     p = percentile_value(key)
     lo, hi = percentile_interval(ratios, p, confidence)
     interval = (to_pct(lo) if lo > -math.inf else -math.inf, to_pct(hi))
-    if interval[0] > budget_pct:
-        status = Status.FAIL
-    elif interval[1] <= budget_pct:
-        status = Status.PASS
-    else:
-        status = Status.INCONCLUSIVE
+    status = interval_status(interval, budget_pct)
     return RatioDecision(key=key, budget_pct=budget_pct, estimate_pct=to_pct(percentile(ratios, p)),
                          interval_pct=interval, pairs=len(ratios), confidence=confidence, status=status)
 

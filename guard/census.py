@@ -453,19 +453,7 @@ def plan_census(profile, model: str, run_census: Census, *, provenance: Mapping[
 
 
 def write_census_atomic(path: Path, text: str) -> None:
-    """Temp file beside it, checked by the loader, then os.replace: never half a baseline."""
-    import tempfile
+    """The baseline, atomically (guard.files), never in a form that guard itself would reject."""
+    from guard.files import write_text_atomic
 
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        load_baseline(Path(tmp))  # never put a file in place that guard itself would reject
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text, check=load_baseline)

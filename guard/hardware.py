@@ -141,7 +141,7 @@ def detect(quick: bool = False) -> Hardware:
             warnings.simplefilter("always")
             cuda = torch.cuda.is_available()
         gpu = torch.cuda.get_device_name(0) if cuda else None
-        message = " ".join(str(w.message).split())[:300] if caught and not cuda else None
+        message = " ".join(str(caught[-1].message).split())[:300] if caught and not cuda else None
     except Exception as exc:  # noqa: BLE001 - no usable torch means no CUDA here
         cuda, gpu, message = False, None, f"{type(exc).__name__}: {exc}"
     problem = None if cuda else cuda_unusable_reason(device_nodes=nodes, torch_cuda=torch_cuda,

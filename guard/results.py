@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from functools import lru_cache
@@ -439,24 +437,10 @@ def results_from_dict(d: dict[str, Any]) -> Results:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Temp file in the same folder, then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Strict JSON (no NaN/Infinity), atomically (guard.files): a reader never sees half a file."""
+    from guard.files import write_text_atomic
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def _reject_constant(name: str) -> float:

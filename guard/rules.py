@@ -41,17 +41,22 @@ class TtftDecision:
                 f"vs budget {fmt.ms_unit(self.budget_ms)} (estimate {fmt.ms_unit(self.estimate_ms)}, n={self.samples})")
 
 
+def interval_status(interval: tuple[float, float], budget: float) -> Status:
+    """The rule for any budgeted percentile: FAIL when the whole interval is above the budget, PASS
+    when it is at or below, else INCONCLUSIVE (measure more, or settle on the point estimate)."""
+    if interval[0] > budget:
+        return Status.FAIL
+    if interval[1] <= budget:
+        return Status.PASS
+    return Status.INCONCLUSIVE
+
+
 def decide_ttft(key: str, budget_ms: float, samples_s: Sequence[float], confidence: float) -> TtftDecision:
-    """FAIL when the whole interval is above the budget, PASS when it is at or below, else INCONCLUSIVE."""
+    """A TTFT percentile's interval (ms) against its budget (``interval_status``)."""
     p = percentile_value(key)
     lo, hi = percentile_interval(samples_s, p, confidence)
     interval = (lo * 1000.0, hi * 1000.0)
-    if interval[0] > budget_ms:
-        status = Status.FAIL
-    elif interval[1] <= budget_ms:
-        status = Status.PASS
-    else:
-        status = Status.INCONCLUSIVE
+    status = interval_status(interval, budget_ms)
     return TtftDecision(key=key, budget_ms=budget_ms, estimate_ms=percentile(samples_s, p) * 1000.0,
                         interval_ms=interval, samples=len(samples_s), confidence=confidence, status=status)
 

@@ -17,15 +17,13 @@ import datetime as dt
 import difflib
 import math
 import os
-import stat
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any, TextIO
 
-from guard import yamledit
+from guard import files, yamledit
 from guard.budgets import Profile, Thresholds, load_thresholds
 from guard.census import NO_BASELINE, CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
@@ -276,25 +274,9 @@ def provenance_for(results: Results, headroom_pct: float, cwd: Path) -> dict[str
 
 # ----------------------------------------------------------------------------- file
 def write_text_atomic(path: Path, text: str) -> None:
-    """Temp file in the same folder (same mode), checked by the loader, then os.replace: an
-    interrupted update leaves the old file, never half a new one, and no temp file behind.
-
-    A symlink is written *through*: the temp file goes beside the link's final target and replaces
-    the target, so the link stays a link and the real file gets the new budgets."""
-    path = Path(os.path.realpath(path))
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        load_thresholds(tmp)  # never put a file in place that guard itself would reject
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """The thresholds file, atomically and through a symlink (guard.files), never in a form that
+    guard itself would reject."""
+    files.write_text_atomic(path, text, check=load_thresholds)
 
 
 def unified_diff(old: str, new: str, path: Path) -> str:
