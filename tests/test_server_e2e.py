@@ -8,6 +8,7 @@ measuring. 1 warm-up + 2 requests, no op-count pass, so each stays short.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -71,7 +72,7 @@ def test_server_killed_mid_run_is_invalid_with_its_log(tmp_path):
             break
         assert time.monotonic() < deadline, "".join(lines)
     assert pid is not None, "".join(lines)
-    time.sleep(2)  # the warm-up request is in flight
+    time.sleep(2)  # the warm-up request (or, on a fast machine, the first round) is in flight
     os.killpg(pid, signal.SIGKILL)  # the server and its engine core, as an OOM kill would
     rest, _ = proc.communicate(timeout=600)
     text = "".join(lines) + rest
@@ -79,5 +80,7 @@ def test_server_killed_mid_run_is_invalid_with_its_log(tmp_path):
     res = results_of(out)
     assert res["verdict"] == "invalid"
     reason = next(r for r in res["run"]["invalid_reasons"] if r.startswith("vllm serve died during"))
-    assert "warm-up" in reason and "last lines of" in reason
+    # which request was in flight depends on the machine's speed; that it was mid-run does not
+    assert re.match(r"vllm serve died during (warm-up|round \d+) ", reason), reason
+    assert "last lines of" in reason
     assert "INVALID RUN" in text
