@@ -554,18 +554,23 @@ def _validity(r: _Reader, key: str, node: yaml.Node) -> Validity:
     return Validity(max_other_cpu_pct=pct)
 
 
+def _regex(r: _Reader, node: yaml.Node, key: str) -> str:
+    """A non-empty string that compiles as a regular expression."""
+    regex = r.string(node, key)
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        raise r.error(node, key, f"not a valid regular expression: {exc}") from None
+    return regex
+
+
 def _ttft_hardware(r: _Reader, key: str, node: yaml.Node) -> TtftHardware:
     m = r.mapping(node, key, TTFT_HARDWARE_KEYS)
     if not m:
         raise r.error(node, key, "empty: give cpu_model_regex and/or cpu_count")
     regex = None
     if "cpu_model_regex" in m:
-        regex = r.string(m["cpu_model_regex"][1], f"{key}.cpu_model_regex")
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise r.error(m["cpu_model_regex"][1], f"{key}.cpu_model_regex",
-                          f"not a valid regular expression: {exc}") from None
+        regex = _regex(r, m["cpu_model_regex"][1], f"{key}.cpu_model_regex")
     count = None
     if "cpu_count" in m:
         cnode = m["cpu_count"][1]
@@ -588,11 +593,7 @@ def _match(r: _Reader, key: str, node: yaml.Node) -> Match:
     cuda = r.boolean(m["cuda"][1], f"{key}.cuda")
     regex = None
     if "gpu_name_regex" in m:
-        regex = r.string(m["gpu_name_regex"][1], f"{key}.gpu_name_regex")
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise r.error(m["gpu_name_regex"][1], f"{key}.gpu_name_regex", f"not a valid regular expression: {exc}") from None
+        regex = _regex(r, m["gpu_name_regex"][1], f"{key}.gpu_name_regex")
         if not cuda:
             raise r.error(m["gpu_name_regex"][1], f"{key}.gpu_name_regex", "only meaningful with cuda: true")
     return Match(cuda=cuda, gpu_name_regex=regex)
