@@ -87,7 +87,8 @@ def attribute(events: list[ProfEvent], budgets: tuple[ScopeBudget, ...], image_s
             in_scope = [e for e in events if e.is_op]
             entered = 1 if in_scope else 0
         else:
-            in_scope = [e for e in events if e.is_op and any(frame_matches(f, scope.file, scope.function) for f in e.stack)]
+            inside = _stack_test(scope.file, scope.function)
+            in_scope = [e for e in events if e.is_op and inside(e.stack)]
             # A Python-call event named after the scope's own frame = one entry into the function.
             entered = sum(1 for e in events if not e.is_op and frame_matches(e.name, scope.file, scope.function))
         counts: Counter[str] = Counter()
@@ -117,12 +118,26 @@ def attribute(events: list[ProfEvent], budgets: tuple[ScopeBudget, ...], image_s
 
 def scope_events(events: list[ProfEvent], budgets: tuple[ScopeBudget, ...]) -> list[ProfEvent]:
     """The events that function scopes can see (their entries and the ops under them)."""
-    scopes = [(sb.scope.file, sb.scope.function) for sb in budgets if sb.scope.kind == "function"]
+    tests = [_stack_test(sb.scope.file, sb.scope.function) for sb in budgets if sb.scope.kind == "function"]
 
     def touches(e: ProfEvent) -> bool:
-        return any(frame_matches(f, file, fn) for file, fn in scopes for f in (e.name, *e.stack))
+        return any(inside(e.stack) or inside((e.name,)) for inside in tests)
 
     return [e for e in events if touches(e)]
+
+
+def _stack_test(file: str, function: str):
+    """``any(frame_matches(f, file, function) for f in stack)``, remembered per distinct stack:
+    a request's ~30,000 events share a few thousand stacks of ~30 frames each."""
+    seen: dict[tuple[str, ...], bool] = {}
+
+    def inside(stack: tuple[str, ...]) -> bool:
+        hit = seen.get(stack)
+        if hit is None:
+            hit = seen[stack] = any(frame_matches(f, file, function) for f in stack)
+        return hit
+
+    return inside
 
 
 def save_events(events: list[ProfEvent], path: Path) -> None:
