@@ -4,7 +4,8 @@ In one engine, per profiled image size and repetition, three ways to run the sam
 
   bare      no instrumentation: the request's own wall time;
   profiler  what `guard check`'s profile pass does: torch.profiler with Python stacks, then
-            prof.events() -> ProfEvents (the named scopes need these anyway), then the census
+            the profiler's results -> ProfEvents (guard.compat's lean reader; the named scopes need
+            these anyway), then the census
             (guard.census.count_functions) -- its added cost is the last step alone;
   dispatch  a TorchDispatchMode counter around the request that walks Python frames itself
             (sys._getframe, cached per code object) and charges each op to the innermost
@@ -139,7 +140,7 @@ def main() -> int:
             t4 = time.perf_counter()
             del prof
             add(size, "profiled request (run under the profiler)", t1 - t)
-            add(size, "  prof.events() -> ProfEvents", t2 - t1)
+            add(size, "  profiler results -> ProfEvents", t2 - t1)
             add(size, "  named scopes (attribute)", t3 - t2)
             add(size, "  census (count_functions)", t4 - t3)
             add(size, "profile pass total, with census", t4 - t)
@@ -159,7 +160,7 @@ def main() -> int:
 
     print()
     print(f"census cost: {args.reps} repetition(s) per size, one engine; medians in seconds "
-          "(machine shared with other jobs: noisy)")
+          "(say in your notes whether the machine was otherwise idle)")
     for size in sizes:
         print(f"  {size[0]}x{size[1]}:")
         for (s, what), values in rows.items():
