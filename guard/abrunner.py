@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guard.ab import BASELINE, CANDIDATE, SIDES, block_order, blocks, pairs, undecided_ratios
+from guard.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
 from guard.budgets import Profile, Thresholds
 from guard.engine import Job, plan_jobs
 from guard.errors import InvalidRunError
-from guard.rules import next_batch
+from guard.rules import measure_until_decided
 from guard.hardware import Hardware, fingerprint
 from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
 from guard.worker import WorkerClient, WorkerError
@@ -184,19 +184,23 @@ class ABRun:
         return [p.ratio for p in pairs(self.record.candidate.outcomes, self.record.baseline.outcomes)]
 
     def measure_until_decided(self) -> None:
-        stats = self.profile.statistics
-        self.measure(self.profile.workload.requests)
-        while all(o.success for s in SIDES for o in self.record.side(s).measured):
-            ratios = self.ratios()
-            undecided = undecided_ratios(self.profile.ttft_vs_baseline_pct, ratios, stats.confidence)
-            extra = next_batch(stats, len(ratios), bool(undecided))
-            if not extra:
-                break
-            self.progress(f"inconclusive after {len(ratios)} pairs: "
+        """guard.rules' sequential rule, with the paired ratios as samples and the ratio budgets."""
+        stats, budgets = self.profile.statistics, self.profile.ttft_vs_baseline_pct
+
+        def measure(count: int) -> list[float]:
+            before = len(self.ratios())
+            self.measure(count)
+            return self.ratios()[before:]  # pairs come in job-index order: the new ones are last
+
+        def say(pending: list[RatioDecision], extra: int) -> None:
+            self.progress(f"inconclusive after {len(self.ratios())} pairs: "
                           + "; ".join(f"{d.key} interval [{d.interval_pct[0]:+.1f}, {d.interval_pct[1]:+.1f}] % "
-                                      f"vs budget +{d.budget_pct:g} %" for d in undecided)
+                                      f"vs budget +{d.budget_pct:g} %" for d in pending)
                           + f"; measuring {extra} more pairs (cap {stats.max_requests})")
-            self.measure(extra)
+
+        measure_until_decided(budgets, stats, self.profile.workload.requests, measure, on_undecided=say,
+                              keep_going=lambda: all(o.success for s in SIDES for o in self.record.side(s).measured),
+                              undecided_in=lambda ratios: undecided_ratios(budgets, ratios, stats.confidence))
         gpu_state = self.record.candidate.environment.get("gpu_state")
         if gpu_state is not None:  # the end of the timing pass, while both engines hold the device
             from guard.hardware import read_gpu_state

@@ -78,14 +78,21 @@ def next_batch(statistics: Statistics, measured: int, any_undecided: bool) -> in
 
 def measure_until_decided(budgets_ms: Mapping[str, float], statistics: Statistics, first: int,
                           measure: Callable[[int], Sequence[float]],
-                          on_undecided: Callable[[list[TtftDecision], int], None] = lambda d, n: None,
-                          keep_going: Callable[[], bool] = lambda: True) -> list[float]:
+                          on_undecided: Callable[[list, int], None] = lambda d, n: None,
+                          keep_going: Callable[[], bool] = lambda: True,
+                          undecided_in: Callable[[Sequence[float]], list] | None = None) -> list[float]:
     """The sequential rule: ``measure(n)`` returns the next n samples (seconds); measure ``first``,
     then batches while a budget's interval straddles it, up to the cap. Returns every sample.
-    ``keep_going``: the caller's veto (a failed request makes the run invalid: stop measuring)."""
+    ``keep_going``: the caller's veto (a failed request makes the run invalid: stop measuring).
+    ``undecided_in``: which budgets the samples leave undecided; by default the absolute TTFT
+    budgets ``budgets_ms`` (A/B passes its ratio budgets, with paired ratios as the samples)."""
+    if undecided_in is None:
+        def undecided_in(samples: Sequence[float]) -> list:
+            return undecided(budgets_ms, samples, statistics.confidence)
+
     samples = list(measure(first))
     while keep_going():
-        pending = undecided(budgets_ms, samples, statistics.confidence)
+        pending = undecided_in(samples)
         extra = next_batch(statistics, len(samples), bool(pending))
         if not extra:
             break

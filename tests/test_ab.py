@@ -365,6 +365,21 @@ def test_check_rejects_bad_ab_arguments_before_running(tmp_path):
     assert proc.returncode == 2 and "bad --inject" in proc.stderr
 
 
+def test_a_relative_baseline_python_is_made_absolute_before_the_worker_moves(tmp_path, monkeypatch):
+    import argparse
+    import os
+
+    from guard.commands.check import check_arguments
+
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)  # a venv's python is a symlink: it must stay one
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(inject=None, baseline="venv/bin/python")
+    check_arguments(args)
+    assert args.baseline == str(venv / "python") and os.path.islink(args.baseline)
+
+
 # ----------------------------------------------------------------------------- the sensitivity simulation
 @pytest.fixture(scope="module")
 def ab_sensitivity():
@@ -395,3 +410,60 @@ def test_simulated_ab_rule_separates_identical_from_slowed(ab_sensitivity, ab_pr
     absolute, _ = ab_sensitivity.simulate_absolute([p.candidate_s * 1.08 for p in pool],
                                                    dataclasses.replace(profile, ttft_ms={"p50": 7500.0}), 200, random.Random(0))
     assert absolute["p50"] < 0.05
+
+
+# ----------------------------------------------------------------------------- the A/B run stage's resampling
+class _ScriptedPairs:
+    """Stands in for ``ABRun.measure`` (the two workers): each measured pair gets the next ratio
+    of a script. The loop under test, ``ABRun.measure_until_decided``, is the real one."""
+
+    def __init__(self, run, ratios, fail_at=None):
+        self.run, self.ratios, self.fail_at, self.calls = run, iter(ratios), fail_at, []
+
+    def __call__(self, count):
+        self.calls.append(count)
+        for _ in range(count):
+            i = self.run._next_index
+            self.run._next_index += 1
+            r = next(self.ratios)
+            ok = self.fail_at is None or i < self.fail_at
+            self.run.record.baseline.outcomes.append(_o(i, 6.0))
+            self.run.record.candidate.outcomes.append(_o(i, 6.0 * r, success=ok))
+
+
+def _ab_run(tmp_path, ab_profile):
+    from guard.abrunner import ABRun
+    from guard.hardware import detect
+
+    profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    run = ABRun(load_thresholds(SHIPPED_THRESHOLDS), profile, detect(quick=True), tmp_path, sys.executable,
+                progress=lambda m: None)
+    return run, profile
+
+
+def test_ab_resampling_stops_as_soon_as_the_ratio_is_decided(tmp_path, ab_profile):
+    run, profile = _ab_run(tmp_path, ab_profile)
+    run.measure = _ScriptedPairs(run, [1.0 + 0.001 * (i % 3) for i in range(100)])
+    run.measure_until_decided()
+    assert run.measure.calls == [6] and len(run.ratios()) == 6  # the sign-test interval is already below +3 %
+
+
+def test_ab_resampling_goes_on_in_batches_up_to_the_cap_while_undecided(tmp_path, ab_profile):
+    run, profile = _ab_run(tmp_path, ab_profile)
+    said = []
+    run.progress = said.append
+    run.measure = _ScriptedPairs(run, [0.97, 1.05] * 50)  # straddles +3 % however many pairs
+    run.measure_until_decided()
+    stats = profile.statistics
+    assert sum(run.measure.calls) == stats.max_requests == len(run.ratios())
+    assert run.measure.calls == [6] + [stats.batch] * ((stats.max_requests - 6) // stats.batch)
+    assert any("inconclusive after 6 pairs" in m and "measuring" in m for m in said)
+
+
+def test_ab_resampling_stops_at_a_failed_request(tmp_path, ab_profile):
+    run, profile = _ab_run(tmp_path, ab_profile)
+    run.measure = _ScriptedPairs(run, [0.97, 1.05] * 50, fail_at=3)
+    run.measure_until_decided()
+    assert run.measure.calls == [6]  # a failed request makes the run invalid: no more pairs

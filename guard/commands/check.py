@@ -62,6 +62,9 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UsageError(f"--baseline {args.baseline}: no such executable",
                              hint="give the python of an environment holding the baseline vLLM, "
                                   "e.g. /tmp/baseline-venv/bin/python (docs/ab.md)")
+        # absolute, as found from here (the worker runs in the output folder); not resolved: a
+        # venv's python is a symlink, and following it would leave the venv
+        args.baseline = os.path.abspath(found)
 
 
 def run(args: argparse.Namespace) -> int:
