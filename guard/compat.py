@@ -78,7 +78,7 @@ def profiler_events(prof: Any) -> Iterator[tuple[str, tuple[str, ...], bool, tup
             stack, parent = e.stack, e.parent
             while not stack and parent is not None and parent.thread == e.thread:
                 stack, parent = parent.stack, parent.parent
-            yield e.name, stack, e.device_side, tuple(e.kernels)
+            yield e.name, stack, False, ()
         return
     yield from function_events(prof)
 
@@ -108,31 +108,29 @@ class _NotLean(Exception):
 
 
 class _LeanEvent:
-    __slots__ = ("name", "stack", "thread", "start", "end", "device_side", "is_async", "kernels", "parent",
-                 "children")
+    __slots__ = ("name", "stack", "thread", "start", "end", "is_async", "parent", "children")
 
-    def __init__(self, name, stack, thread, start, end, device_side, is_async):
+    def __init__(self, name, stack, thread, start, end, is_async):
         self.name, self.stack, self.thread, self.start, self.end = name, stack, thread, start, end
-        self.device_side, self.is_async = device_side, is_async
-        self.kernels, self.parent, self.children = [], None, []
+        self.is_async, self.parent, self.children = is_async, None, []
 
 
 def lean_events(results: Any) -> list[_LeanEvent]:
-    """torch's ``_parse_kineto_results`` + ``EventList._build_tree`` (torch 2.13), cut down to the
-    fields guard reads: the same filtering of utility ops and stack entries, the same device
-    kernel linkage, the same parent/child nesting per thread, and the same removal of an event
-    nested alone in a parent of its own name (``aten::div_`` inside ``aten::div_``). What it
-    does not model raises ``_NotLean``. Saves FunctionEvent objects, name demangling per event
-    and stack filtering per event (both cached per distinct value here)."""
+    """torch's ``_parse_kineto_results`` + ``EventList._build_tree`` (torch 2.13) for a CPU
+    profile, cut down to the fields guard reads: the same filtering of utility ops and stack
+    entries, the same parent/child nesting per thread, and the same removal of an event nested
+    alone in a parent of its own name (``aten::div_`` inside ``aten::div_``). Saves FunctionEvent
+    objects, and demangles names and filters stacks once per distinct value, not per event.
+
+    What it does not model raises ``_NotLean``: backward passes, memory records, and device
+    activity. A CUDA profile's kernel and runtime linkage has never been compared with torch's
+    own reader on a GPU here, so such profiles keep ``prof.events()``."""
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import _filter_name, _filter_stack_entry, _rewrite_name
 
     names: dict[str, str | None] = {}
     stacks: dict[tuple[str, ...], tuple[str, ...]] = {}
-    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
     events: list[_LeanEvent] = []
-    frontend: list[tuple[int, _LeanEvent]] = []  # (correlation id, CPU op that may launch device work)
-    linked: dict[int, list[_LeanEvent]] = {}  # correlation id -> device work and runtime calls
     for k in results.events():
         raw = k.name()
         name = names.get(raw, "")
@@ -144,31 +142,18 @@ def lean_events(results: Any) -> list[_LeanEvent]:
             continue
         if k.scope() == 1:
             raise _NotLean("backward events")
-        device = k.device_type()
-        if device not in (cpu, cuda):
-            raise _NotLean(f"events on {device}")
+        if k.device_type() != DeviceType.CPU or k.linked_correlation_id() > 0:
+            raise _NotLean(f"device activity ({k.device_type()})")
         raw_stack = tuple(k.stack())
         stack = stacks.get(raw_stack)
         if stack is None:
             stack = stacks[raw_stack] = tuple(s for s in raw_stack if _filter_stack_entry(s))
-        e = _LeanEvent(name, stack, k.start_thread_id(), k.start_ns(), k.end_ns(), device == cuda,
-                       k.is_async() or k.start_thread_id() != k.end_thread_id())
-        events.append(e)
-        corr = k.linked_correlation_id()
-        if corr > 0:
-            linked.setdefault(corr, []).append(e)
-        elif corr == 0 and not e.device_side and not e.is_async:
-            frontend.append((k.correlation_id(), e))
-    for corr, op in frontend:  # device work and its runtime calls belong to the op that launched them
-        for e in linked.get(corr, ()):
-            if e.device_side:
-                op.kernels.append(e.name)
-            else:
-                e.thread = op.thread
+        events.append(_LeanEvent(name, stack, k.start_thread_id(), k.start_ns(), k.end_ns(),
+                                 k.is_async() or k.start_thread_id() != k.end_thread_id()))
     events.sort(key=lambda e: (e.start, -e.end))
     by_thread: dict[int, list[_LeanEvent]] = {}
     for e in events:
-        if not e.device_side and not e.is_async:
+        if not e.is_async:
             by_thread.setdefault(e.thread, []).append(e)
     for thread_events in by_thread.values():  # already in (start, -end) order
         open_: list[_LeanEvent] = []
@@ -187,7 +172,7 @@ def lean_events(results: Any) -> list[_LeanEvent]:
         for e in events:
             p = e.parent
             if p is not None and p.name == e.name and len(p.children) == 1:
-                p.children, p.kernels = e.children, e.kernels
+                p.children = e.children
                 for c in e.children:
                     c.parent = p
                 gone.add(id(e))

@@ -165,7 +165,7 @@ def test_a_cuda_sync_inherits_a_stack_only_from_its_own_thread():
     same = Ev(name="cudaStreamSynchronize", stack=[], cpu_parent=op, thread=1, device_type="CPU", kernels=[])
     other = Ev(name="cudaDeviceSynchronize", stack=[], cpu_parent=op, thread=7, device_type="CPU", kernels=[])
     prof = types.SimpleNamespace(events=lambda: [op, same, other])
-    got = {name: stack for name, stack, _, _ in compat.profiler_events(prof)}
+    got = {name: stack for name, stack, _, _ in compat.function_events(prof)}
     assert got["cudaStreamSynchronize"] == (scope_frame,)
     assert got["cudaDeviceSynchronize"] == ()  # never attributed to the scope running on thread 1
 
