@@ -5,7 +5,8 @@ warmed up on the same warm-up images, then measured requests run in blocks, each
 sides back to back in ABBA order (guard.ab.block_order), the same images on both sides. While a
 budgeted percentile of the paired ratio is undecided, more pairs are measured by the same rule as
 absolute budgets (``statistics.batch`` more, up to ``statistics.max_requests`` pairs). Then the
-op-count pass profiles one request per ``profile_image_sizes`` on each side.
+op-count pass profiles one request per ``profile_image_sizes`` on each side, which also
+counts each side's operator census (guard.census) when the profile has a census rule.
 
 Everything is recorded in an ``ABRecord``: one ``RunRecord`` per side, plus the order.
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 from guard.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
 from guard.budgets import Profile, Thresholds
+from guard.census import size_key
 from guard.engine import Job, plan_jobs
 from guard.errors import InvalidRunError
 from guard.rules import measure_until_decided
@@ -228,6 +230,8 @@ class ABRun:
                 self._buffer[side] = []
                 counts = [_counts(c) for c in msg["counts"]]
                 rec.op_counts.extend(counts)
+                if msg.get("census") is not None:
+                    rec.census[size_key(size)] = msg["census"]
                 for c in counts:
                     ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
                     self.progress(f"{side:9}   scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entries}x, "

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard import format as fmt
 from guard.budgets import OpBudget, Profile
-from guard.census import Baseline, CensusJudgement, judge
+from guard.census import Baseline, CensusJudgement, judge, size_key
 from guard.contention import contention_problems
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
@@ -231,7 +231,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     statement about a machine, which A/B mode exists to take out of the verdict."""
     from guard.ab import judge_ratio, op_diff, pairs
 
-    # The A/B workers do not count the census yet: its verdict stays with absolute runs (notice below).
+    # The census is judged below against the baseline side, not the committed baseline file.
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)
     cand = evaluate(no_abs, rec.candidate, guard_version=guard_version, output=output)
     reasons = list(cand.judged_invalid_reasons)
@@ -246,10 +246,16 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
+    census = ab_census_judgement(profile, rec)
+    notices = cand.notices
+    if census is not None:
+        reasons += census.invalid
+        notices += tuple(ab_census_notices(census, rec))
+    census_checks = census.checks if census is not None else ()
     valid = not reasons and not rec.candidate.invalid_reasons
     if not valid:
         verdict = Verdict.INVALID
-    elif any(c.status == Status.FAIL for c in (*ratio, *cand.op_checks)):
+    elif any(c.status == Status.FAIL for c in (*ratio, *cand.op_checks, *census_checks)):
         verdict = Verdict.REGRESSION
     else:
         verdict = Verdict.PASS
@@ -258,9 +264,32 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     config = {**cand.profile_config, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization}}}
-    notices = cand.notices
-    if profile.census is not None:
-        notices += ("census: not compared in A/B mode (the workers do not count it); "
-                    "a plain `guard check` judges it against the committed baseline",)
     return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
-                               judged_invalid_reasons=tuple(reasons), profile_config=config, notices=notices)
+                               census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
+                               profile_config=config, notices=notices)
+
+
+def ab_census_judgement(profile: Profile, rec: ABRecord) -> CensusJudgement | None:
+    """The candidate's census against the baseline side's, by the profile's census rule: what the
+    candidate changed in every function under the roots, with no committed baseline involved."""
+    if profile.census is None:
+        return None
+    sizes = profile.workload.profile_image_sizes
+    missing = [f"census: the baseline side measured no census for a {size_key(s)} image" for s in sizes
+               if size_key(s) not in rec.baseline.census]
+    if missing:
+        return CensusJudgement(invalid=tuple(missing))
+    side = Baseline(path=Path(f"the baseline side ({rec.baseline_python})"), model=rec.candidate.model,
+                    profile=profile.name, roots=tuple(profile.census.roots), census=rec.baseline.census)
+    return judge(profile.census, side, rec.candidate.census, sizes, model=rec.candidate.model, profile=profile.name,
+                 update_command="guard check --baseline PYTHON")
+
+
+def ab_census_notices(census: CensusJudgement, rec: ABRecord) -> list[str]:
+    moved = [c for c in census.checks if c.status != Status.FAIL]
+    lines = [f"census: compared with the baseline side ({census.functions} function x image size entries), "
+             "not with the committed baseline file"]
+    lines += [f"census: {fmt.census_change(c)}" for c in moved[:10]]
+    if len(moved) > 10:
+        lines.append(f"census: ... and {len(moved) - 10} more changed function(s) within the rule (results.json)")
+    return lines

@@ -292,7 +292,8 @@ def _census(results: Results) -> list[str]:
     functions = sum(len(fns) for fns in results.run.census.values())
     failed = [c for c in results.census_checks if c.status == Status.FAIL]
     within = [c for c in results.census_checks if c.status != Status.FAIL]
-    lines = [f"{functions} functions × image sizes counted against the committed baseline: "
+    against = "the baseline side (A/B)" if results.ab is not None else "the committed baseline"
+    lines = [f"{functions} functions × image sizes counted against {against}: "
              f"{len(failed)} grew beyond the rule, {len(within)} changed within it."]
 
     def table(checks) -> list[str]:

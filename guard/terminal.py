@@ -86,12 +86,14 @@ def census_lines(results: Results) -> list[str]:
         return []
     functions = sum(len(fns) for fns in results.run.census.values())
     failed = [c for c in results.census_checks if c.status == Status.FAIL]
-    lines = [f"census: {functions} functions x image sizes counted; {len(failed)} grew beyond the rule, "
+    against = " against the baseline side" if results.ab is not None else ""
+    lines = [f"census: {functions} functions x image sizes counted{against}; {len(failed)} grew beyond the rule, "
              f"{len(results.census_checks) - len(failed)} changed within it"]
     if failed:
         rows = [[c.function, fmt.size(c.image_size), fmt.census_calls(c), fmt.census_ops(c), fmt.STATUS_WORD[c.status]]
                 for c in failed]
-        lines += _table(["census (op calls per request)", "image", "baseline → measured", "ops that moved", "status"],
+        columns = "baseline side → candidate" if results.ab is not None else "baseline → measured"
+        lines += _table(["census (op calls per request)", "image", columns, "ops that moved", "status"],
                         rows, left=4)
     lines.append("")
     return lines

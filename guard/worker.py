@@ -296,7 +296,12 @@ class Worker:
             raise _Invalid(f"engine died: {exc}") from exc
         del prof
         counts = attribute(events, self.profile.ops, job.image_size)
-        self.send("counts", counts=[asdict(c) for c in counts])
+        census = None
+        if self.profile.census is not None:  # each side counts its own vLLM's functions
+            from guard.census import QualnameResolver, count_functions
+
+            census = count_functions(events, self.profile.census.roots, QualnameResolver())
+        self.send("counts", counts=[asdict(c) for c in counts], census=census)
 
 
 class _Invalid(Exception):

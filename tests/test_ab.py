@@ -224,9 +224,20 @@ from tests.ttft_scenarios import record  # noqa: E402
 DRIFT = [6.0, 6.1, 6.9, 7.4, 7.0, 6.2, 6.05, 7.3]  # the machine's own drift, shared by both sides of each pair
 
 
-def ab_record(factor: float, *, mask_calls: int = 0) -> ABRecord:
+ENCODER = "vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features"
+PROJECTOR = "vllm/model_executor/models/deepseek_ocr2.py:MlpProjector.forward"
+
+
+def side_census(extra_copies: int = 0) -> dict:
+    """A census as the workers count it, for both profiled image sizes of the cpu profile."""
+    return {size: {ENCODER: {"aten::copy_": 1 + extra_copies, "aten::select": 1 + 2 * extra_copies},
+                   PROJECTOR: {"aten::linear": 2}} for size in ("640x480", "800x400")}
+
+
+def ab_record(factor: float, *, mask_calls: int = 0, extra_copies: int = 0) -> ABRecord:
     cand = record([s * factor * (1.002 if i % 2 else 0.998) for i, s in enumerate(DRIFT)])
     base = record(DRIFT)
+    cand.census, base.census = side_census(extra_copies), side_census()
     cand.op_counts.append(ScopeCounts("mask_path", (640, 480), 1, {"aten::expand": 1, "aten::_index_put_impl_": mask_calls} if mask_calls
                                       else {"aten::expand": 1}, 1 + mask_calls))
     base.op_counts.append(ScopeCounts("mask_path", (640, 480), 1, {"aten::expand": 1}, 1))
@@ -467,3 +478,29 @@ def test_ab_resampling_stops_at_a_failed_request(tmp_path, ab_profile):
     run.measure = _ScriptedPairs(run, [0.97, 1.05] * 50, fail_at=3)
     run.measure_until_decided()
     assert run.measure.calls == [6]  # a failed request makes the run invalid: no more pairs
+
+
+# ----------------------------------------------------------------------------- the census, side against side
+def test_ab_census_of_identical_sides_holds_with_no_committed_baseline(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.0))
+    assert res.verdict == Verdict.PASS and res.census_checks == ()
+    assert any("compared with the baseline side" in n for n in res.notices)
+    assert "against the baseline side" in render_terminal(res)
+
+
+def test_ab_census_names_the_function_and_ops_the_candidate_grew(ab_profile):
+    res = evaluate_ab(ab_profile, ab_record(1.0, extra_copies=256))  # a per-token copy loop, same TTFT
+    assert res.verdict == Verdict.REGRESSION
+    failed = [c for c in res.census_checks if c.status == Status.FAIL]
+    assert {c.function for c in failed} == {ENCODER} and {c.image_size for c in failed} == {(640, 480), (800, 400)}
+    assert "+256 aten::copy_" in render_terminal(res) and "+512 aten::select" in render_terminal(res)
+    assert "baseline side → candidate" in render_terminal(res)
+    assert "against the baseline side (A/B)" in render_markdown(res)
+
+
+def test_ab_census_missing_on_the_baseline_side_is_invalid(ab_profile):
+    rec = ab_record(1.0)
+    rec.baseline.census = {}
+    res = evaluate_ab(ab_profile, rec)
+    assert res.verdict == Verdict.INVALID
+    assert any("baseline side measured no census for a 640x480 image" in r for r in res.invalid_reasons)
