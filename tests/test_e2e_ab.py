@@ -49,6 +49,10 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path) -> None:
     assert ratio["candidate_ms"] > 0 and ratio["baseline_ms"] > 0
     assert ab["op_diff"] == []  # the same vLLM on both sides: not one op count differs
     assert len(ab["baseline"]["op_counts"]) == 1 and len(res["run"]["op_counts"]) == 1
+    # each side counted its own census; the candidate's is judged against the baseline side's
+    assert set(res["run"]["census"]) == set(ab["baseline"]["census"]) == {"640x480"}
+    assert res["run"]["census"]["640x480"] == ab["baseline"]["census"]["640x480"]  # the same vLLM
+    assert res["checks"]["census"] == [] and "census: " in proc.stdout and "against the baseline side" in proc.stdout
     assert [c["status"] for c in res["checks"]["ttft"]] == ["not_judged"]  # absolute: shown, not judged
     assert "baseline" in proc.stdout and "candidate" in proc.stdout and "PASS" in proc.stdout
     report = (out / "report.md").read_text()
