@@ -104,7 +104,7 @@ def function_events(prof: Any) -> Iterator[tuple[str, tuple[str, ...], bool, tup
 
 class _NotLean(Exception):
     """The raw results hold something the lean reader does not model (backward passes, memory
-    records, device events of another kind): use ``prof.events()``."""
+    records, device activity): use ``prof.events()``."""
 
 
 class _LeanEvent:

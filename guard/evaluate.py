@@ -166,9 +166,7 @@ def census_notices(profile: Profile, census: CensusJudgement, output: str | Path
     if not moved:
         return []
     down = sum(1 for c in moved if c.growth_calls < 0 or c.measured_calls is None)
-    lines = [f"census: {fmt.census_change(c)}" for c in moved[:10]]
-    if len(moved) > 10:
-        lines.append(f"census: ... and {len(moved) - 10} more changed function(s) within the rule (results.json)")
+    lines = _changes_within_the_rule(census)
     if down:
         lines.append(f"census: {down} function(s) shrank or vanished; ratchet the baseline down: "
                      f"`{census_update_command(profile, output)}`")
@@ -250,7 +248,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     notices = cand.notices
     if census is not None:
         reasons += census.invalid
-        notices += tuple(ab_census_notices(census, rec))
+        notices += tuple(ab_census_notices(census))
     census_checks = census.checks if census is not None else ()
     valid = not reasons and not rec.candidate.invalid_reasons
     if not valid:
@@ -285,11 +283,15 @@ def ab_census_judgement(profile: Profile, rec: ABRecord) -> CensusJudgement | No
                  update_command="guard check --baseline PYTHON")
 
 
-def ab_census_notices(census: CensusJudgement, rec: ABRecord) -> list[str]:
+def ab_census_notices(census: CensusJudgement) -> list[str]:
+    return [f"census: compared with the baseline side ({census.functions} function x image size entries), "
+            "not with the committed baseline file", *_changes_within_the_rule(census)]
+
+
+def _changes_within_the_rule(census: CensusJudgement) -> list[str]:
+    """One notice per function that moved without failing (the first ten), then how many more."""
     moved = [c for c in census.checks if c.status != Status.FAIL]
-    lines = [f"census: compared with the baseline side ({census.functions} function x image size entries), "
-             "not with the committed baseline file"]
-    lines += [f"census: {fmt.census_change(c)}" for c in moved[:10]]
+    lines = [f"census: {fmt.census_change(c)}" for c in moved[:10]]
     if len(moved) > 10:
         lines.append(f"census: ... and {len(moved) - 10} more changed function(s) within the rule (results.json)")
     return lines

@@ -237,6 +237,7 @@ class Worker:
         self.llm = None
         self.profile = None
         self.slow: SlowEncoder | None = None
+        self.resolver = None  # guard.census.QualnameResolver: one per engine, as in a plain run
 
     def send(self, kind: str, **fields: Any) -> None:
         self.out.write(json.dumps({"type": kind, **fields}, allow_nan=False) + "\n")
@@ -300,7 +301,9 @@ class Worker:
         if self.profile.census is not None:  # each side counts its own vLLM's functions
             from guard.census import QualnameResolver, count_functions
 
-            census = count_functions(events, self.profile.census.roots, QualnameResolver())
+            if self.resolver is None:  # it compiles each vLLM source once: keep it across sizes
+                self.resolver = QualnameResolver()
+            census = count_functions(events, self.profile.census.roots, self.resolver)
         self.send("counts", counts=[asdict(c) for c in counts], census=census)
 
 
