@@ -1,19 +1,28 @@
 """A/B run stage: two engine workers (candidate, baseline) on one machine, measured in alternation.
 
-Both engines start at the same time (each in its own worker process, guard/worker.py), both are
-warmed up on the same warm-up images, then measured requests run in blocks, each block on both
-sides back to back in ABBA order (guard.ab.block_order), the same images on both sides. While a
-budgeted percentile of the paired ratio is undecided, more pairs are measured by the same rule as
-absolute budgets (``statistics.batch`` more, up to ``statistics.max_requests`` pairs). Then the
-op-count pass profiles one request per ``profile_image_sizes`` on each side, which also
-counts each side's operator census (guard.census) when the profile has a census rule.
+Untimed work runs on both sides at once, timed work on one side at a time:
 
-Everything is recorded in an ``ABRecord``: one ``RunRecord`` per side, plus the order.
+1. Both engines start at the same time (each in its own worker process, guard/worker.py).
+2. Both warm up at the same time: the workload's warm-up requests, then one request per
+   ``profile_image_sizes`` size not warmed yet (the first request of a size fills its caches).
+3. Measured requests run in blocks, each block on both sides back to back in ABBA order
+   (guard.ab.block_order), the same images on both sides, the idle side's process stopped
+   (``WorkerClient.paused``). While a budgeted percentile of the paired ratio is undecided, more
+   pairs are measured by the same rule as absolute budgets (``ab.batch`` more, default
+   ``statistics.batch``, up to ``statistics.max_requests`` pairs).
+4. The op-count pass profiles one request per ``profile_image_sizes`` on both sides at once (op
+   counts do not depend on timing), which also counts each side's operator census
+   (guard.census) when the profile has a census rule.
+
+Running 1, 2 and 4 concurrently is what keeps an A/B check near twice a plain check's time
+(docs/ab.md, "Wall time"). Everything is recorded in an ``ABRecord``: one ``RunRecord`` per
+side, plus the order.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import os
 import sys
@@ -142,10 +151,16 @@ class ABRun:
         self._next_index += count
         return jobs
 
-    def _run_side(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
+    def _send_run(self, side: str, jobs: list[Job]) -> None:
         self._buffer[side] = []
         try:
-            done = self.workers[side].call("run", "done", jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs])
+            self.workers[side].send("run", jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs])
+        except WorkerError as exc:
+            raise self._fail(exc) from exc
+
+    def _collect_run(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
+        try:
+            done = self.workers[side].wait("done")
         except WorkerError as exc:
             raise self._fail(exc) from exc
         if side == CANDIDATE and self.inject and not all(j.warmup for j in jobs):
@@ -154,33 +169,52 @@ class ABRun:
             env["injected_sleep_s"] = round(float(done.get("slept_s", 0.0)), 4)
         outcomes, self._buffer[side] = self._buffer[side], []
         self.record.side(side).outcomes.extend(outcomes)
+        for j in jobs:
+            self._warm_sizes.add(j.image_size)
         return outcomes
 
-    def _run_pairwise(self, jobs: list[Job], label: str, alternate: bool) -> None:
-        """Each block of jobs on both sides, back to back; ``alternate``: ABBA order (measured
-        blocks), else candidate first (warm-ups)."""
+    def _run_side(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
+        """Timed: the other side's process is stopped while these requests run."""
+        other = self.workers[BASELINE if side == CANDIDATE else CANDIDATE]
+        with other.paused():
+            self._send_run(side, jobs)
+            return self._collect_run(side, jobs)
+
+    def _run_both_at_once(self, jobs: list[Job], label: str) -> None:
+        """Untimed (warm-ups): the same jobs on both sides concurrently."""
+        self._label, self._total = label, len(jobs)
+        self._done = {s: 0 for s in SIDES}
+        for side in SIDES:
+            self._send_run(side, jobs)
+        for side in SIDES:
+            self._collect_run(side, jobs)
+
+    def _run_pairwise(self, jobs: list[Job], label: str) -> None:
+        """Each block of jobs on both sides, back to back, in ABBA order (measured blocks)."""
         self._label, self._total = label, len(jobs)
         self._done = {s: 0 for s in SIDES}
         for block in blocks([j.index for j in jobs], self.profile.workload.concurrency):
             block_jobs = [j for j in jobs if j.index in set(block)]
-            order = block_order(self._blocks) if alternate else (CANDIDATE, BASELINE)
-            if alternate:
-                self.record.order.append(order[0])
-                self._blocks += 1
+            order = block_order(self._blocks)
+            self.record.order.append(order[0])
+            self._blocks += 1
             for side in order:
                 self._run_side(side, block_jobs)
-        for j in jobs:
-            self._warm_sizes.add(j.image_size)
 
     def warm_up(self) -> None:
+        """Both sides at once: the workload's warm-up requests (the slow-encoder hook calibrates
+        on these), then one request per profiled image size that is not warm yet."""
         n = self.profile.workload.warmup_requests
         if n:
-            self._run_pairwise(self._jobs(n, warmup=True), "warm-up", alternate=False)
+            self._run_both_at_once(self._jobs(n, warmup=True), "warm-up")
+        cold = [size for size in self.profile.workload.profile_image_sizes if size not in self._warm_sizes]
+        if cold and _profiles(self.profile):
+            self._run_both_at_once(self._jobs(len(cold), warmup=True, sizes=cold), "warm-up (profiled sizes)")
 
     def measure(self, count: int) -> None:
         for side in SIDES:
             self.record.side(side).rounds += 1
-        self._run_pairwise(self._jobs(count, warmup=False), f"round {self.record.candidate.rounds}", alternate=True)
+        self._run_pairwise(self._jobs(count, warmup=False), f"round {self.record.candidate.rounds}")
 
     def ratios(self) -> list[float]:
         return [p.ratio for p in pairs(self.record.candidate.outcomes, self.record.baseline.outcomes)]
@@ -188,6 +222,8 @@ class ABRun:
     def measure_until_decided(self) -> None:
         """guard.rules' sequential rule, with the paired ratios as samples and the ratio budgets."""
         stats, budgets = self.profile.statistics, self.profile.ttft_vs_baseline_pct
+        if self.profile.ab.batch is not None:
+            stats = dataclasses.replace(stats, batch=self.profile.ab.batch)
 
         def measure(count: int) -> list[float]:
             before = len(self.ratios())
@@ -211,18 +247,24 @@ class ABRun:
             gpu_state["end"] = read_gpu_state(own_pids=own)
 
     def profile_ops(self) -> None:
-        """One profiled request per profile image size on each side: the same image for both."""
+        """One profiled request per profile image size on both sides at once: the same image for
+        both. Op counts do not depend on timing, so the two sides need not take turns."""
         for size in self.profile.workload.profile_image_sizes:
             if size not in self._warm_sizes:
-                self._run_pairwise(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}",
-                                   alternate=False)
+                self._run_both_at_once(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}")
             (job,) = self._jobs(1, warmup=True, sizes=[size])
+            self.progress(f"both sides: profiling one {size[0]}x{size[1]} request ...")
+            self._label, self._total = "profiled", 1
             for side in SIDES:
-                self.progress(f"{side:9} profiling one {size[0]}x{size[1]} request ...")
-                self._label, self._total, self._done[side] = "profiled", 1, 0
+                self._done[side] = 0
                 self._buffer[side] = []
                 try:
-                    msg = self.workers[side].call("profile", "counts", size=list(size), index=job.index)
+                    self.workers[side].send("profile", size=list(size), index=job.index)
+                except WorkerError as exc:
+                    raise self._fail(exc) from exc
+            for side in SIDES:
+                try:
+                    msg = self.workers[side].wait("counts")
                 except WorkerError as exc:
                     raise self._fail(exc) from exc
                 rec = self.record.side(side)
@@ -245,6 +287,11 @@ class ABRun:
         return self.record
 
 
+def _profiles(profile: Profile) -> bool:
+    """Whether the run has an op-count pass: op budgets or a census (as in the plain suite)."""
+    return bool(profile.ops) or profile.census is not None
+
+
 def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
            progress: Callable[[str], None] = print, inject: str | None = None) -> ABRecord:
     """The whole A/B run stage. A worker that fails makes the record invalid (its reason is kept),
@@ -255,7 +302,7 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
             run.warm_up()
             if profile.ttft_vs_baseline_pct or profile.ttft_ms:
                 run.measure_until_decided()
-            if profile.ops:
+            if _profiles(profile):
                 run.profile_ops()
         except InvalidRunError:
             pass  # recorded in run.record.candidate.invalid_reasons

@@ -208,6 +208,9 @@ class ABSettings:
     # shares must add up to less than 1 (None: the profile's engine setting / vLLM's default)
     candidate_gpu_memory_utilization: float | None = None
     baseline_gpu_memory_utilization: float | None = None
+    # pairs per resampling round while a ratio budget is undecided (None: statistics.batch). Each
+    # pair costs two requests, so smaller rounds stop closer to the first decisive pair.
+    batch: int | None = None
 
     def gpu_memory_utilization(self, side: str) -> float | None:
         return getattr(self, f"{side}_gpu_memory_utilization")
@@ -309,7 +312,7 @@ STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
 BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False,
                 "census": False}
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
-AB_KEYS = {"gpu_memory_utilization": False}
+AB_KEYS = {"gpu_memory_utilization": False, "batch": False}
 AB_SIDES_KEYS = {"candidate": False, "baseline": False}
 CENSUS_KEYS = {"baseline": True, "max_growth_pct": False, "min_growth_calls": False,
                "new_function_max_calls": False, "watch": False, "roots": False, "exclude": False}
@@ -531,8 +534,9 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
 
 def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
     m = r.mapping(node, key, AB_KEYS)
+    batch = r.integer(m["batch"][1], f"{key}.batch", minimum=1) if "batch" in m else None
     if "gpu_memory_utilization" not in m:
-        return ABSettings()
+        return ABSettings(batch=batch)
     k = f"{key}.gpu_memory_utilization"
     sides = r.mapping(m["gpu_memory_utilization"][1], k, AB_SIDES_KEYS)
     shares = {side: _fraction(r, f"{k}.{side}", vnode) for side, (_, vnode) in sides.items()}
@@ -540,7 +544,7 @@ def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
         raise r.error(m["gpu_memory_utilization"][1], k,
                       f"the two engines share one GPU: candidate + baseline = {sum(shares.values()):g} > 1")
     return ABSettings(candidate_gpu_memory_utilization=shares.get("candidate"),
-                      baseline_gpu_memory_utilization=shares.get("baseline"))
+                      baseline_gpu_memory_utilization=shares.get("baseline"), batch=batch)
 
 
 def _validity(r: _Reader, key: str, node: yaml.Node) -> Validity:

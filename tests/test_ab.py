@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,15 @@ def test_ab_budget_and_memory_split_load(tmp_path: Path):
     p = load_thresholds(write(tmp_path, text)).profile("cpu")
     assert p.ttft_vs_baseline_pct == {"p50": 2.5}
     assert p.ab.gpu_memory_utilization(CANDIDATE) == 0.45 and p.ab.gpu_memory_utilization(BASELINE) == 0.4
+    assert p.ab.batch is None  # resample by statistics.batch
+
+
+def test_ab_batch_loads_alone_or_with_the_memory_split(tmp_path: Path):
+    alone = load_thresholds(write(tmp_path, AB_GOOD.replace("    budgets:", "    ab:\n      batch: 2\n    budgets:")))
+    assert alone.profile("cpu").ab.batch == 2
+    both = AB_GOOD.replace("    budgets:", "    ab:\n      batch: 3\n      gpu_memory_utilization: {candidate: 0.4}\n    budgets:")
+    p = load_thresholds(write(tmp_path, both)).profile("cpu")
+    assert (p.ab.batch, p.ab.gpu_memory_utilization(CANDIDATE)) == (3, 0.4)
 
 
 def test_shipped_cpu_profile_has_an_ab_budget():
@@ -137,6 +147,8 @@ def test_shipped_cpu_profile_has_an_ab_budget():
      "profiles.cpu.ab.gpu_memory_utilization.candidate", "fraction"),
     ("    budgets:", "    ab:\n      gpu_memory_utilisation: {candidate: 0.5}\n    budgets:", 14,
      "profiles.cpu.ab.gpu_memory_utilisation", "unknown key"),
+    ("    budgets:", "    ab:\n      batch: 0\n    budgets:", 14, "profiles.cpu.ab.batch", ">= 1"),
+    ("    budgets:", "    ab:\n      batch: two\n    budgets:", 14, "profiles.cpu.ab.batch", "integer"),
 ])
 def test_bad_ab_config_names_file_line_and_key(tmp_path: Path, old, new, line, key, problem):
     assert old in AB_GOOD
@@ -192,6 +204,47 @@ def test_worker_that_dies_mid_command_is_reported_with_its_log(bare_python, tmp_
             w.call("run", "done", jobs=[])
     finally:
         w.close()
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc: T = stopped, S/R = running or waiting."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_paused_worker_is_stopped_then_answers_again(bare_python, tmp_path):
+    w = WorkerClient("baseline", bare_python, tmp_path / "w.log", cwd=tmp_path)
+    try:
+        with w.paused():
+            assert _state(w.proc.pid) == "T"
+            w.pause()  # idempotent: one SIGSTOP, one SIGCONT
+        assert _state(w.proc.pid) != "T"
+        with pytest.raises(WorkerError, match="unknown command"):  # it reads and answers again
+            w.call("dance", "done")
+        w.pause()
+    finally:
+        w.close()  # resumes first: a stopped worker could not answer "shutdown"
+    assert w.proc.returncode == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_paused_worker_dies_with_a_killed_guard(bare_python, tmp_path):
+    """guard killed (SIGKILL: no finally, no close) while the idle side is stopped: the stopped
+    worker must not stay behind, frozen, holding its engine's memory."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from guard.worker import WorkerClient\n"
+        f"w = WorkerClient('baseline', {bare_python!r}, Path({str(tmp_path / 'w.log')!r}), cwd=Path({str(tmp_path)!r}))\n"
+        "w.pause(); print(w.proc.pid, flush=True); time.sleep(600)\n")],
+        stdout=subprocess.PIPE, text=True, cwd=GUARD_ROOT, env=worker_env())
+    pid = int(parent.stdout.readline())
+    assert _state(pid) == "T"
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists() or _state(pid) == "Z":
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or _state(pid) == "Z", "the stopped worker outlived guard"
 
 
 def test_worker_that_cannot_start(tmp_path):
@@ -469,8 +522,17 @@ def test_ab_resampling_goes_on_in_batches_up_to_the_cap_while_undecided(tmp_path
     run.measure_until_decided()
     stats = profile.statistics
     assert sum(run.measure.calls) == stats.max_requests == len(run.ratios())
-    assert run.measure.calls == [6] + [stats.batch] * ((stats.max_requests - 6) // stats.batch)
-    assert any("inconclusive after 6 pairs" in m and "measuring" in m for m in said)
+    # rounds of ab.batch pairs (the shipped cpu profile: 2), not statistics.batch (6)
+    assert profile.ab.batch == 2 != stats.batch
+    assert run.measure.calls == [6] + [2] * ((stats.max_requests - 6) // 2)
+    assert any("inconclusive after 6 pairs" in m and "measuring 2 more pairs" in m for m in said)
+
+
+def test_ab_resampling_falls_back_to_statistics_batch(tmp_path, ab_profile):
+    run, profile = _ab_run(tmp_path, dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, batch=None)))
+    run.measure = _ScriptedPairs(run, [0.97, 1.05] * 50)
+    run.measure_until_decided()
+    assert run.measure.calls == [6, 6, 6, 6]
 
 
 def test_ab_resampling_stops_at_a_failed_request(tmp_path, ab_profile):
