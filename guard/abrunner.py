@@ -1,22 +1,20 @@
 """A/B run stage: two engine workers (candidate, baseline) on one machine, measured in alternation.
 
-Untimed work runs on both sides at once, timed work on one side at a time:
+Both engines start at the same time (each in its own worker process, guard/worker.py), both are
+warmed up on the same warm-up images, then measured requests run in blocks, each block on both
+sides back to back in ABBA order (guard.ab.block_order), the same images on both sides, with the
+idle side's process stopped (``WorkerClient.paused``). While a budgeted percentile of the paired
+ratio is undecided, more pairs are measured by the same rule as absolute budgets (``ab.batch``
+more, default ``statistics.batch``, up to ``statistics.max_requests`` pairs). Then the op-count
+pass profiles one request per ``profile_image_sizes`` on each side, which also counts each
+side's operator census (guard.census) when the profile has a census rule.
 
-1. Both engines start at the same time (each in its own worker process, guard/worker.py).
-2. Both warm up at the same time: the workload's warm-up requests, then one request per
-   ``profile_image_sizes`` size not warmed yet (the first request of a size fills its caches).
-3. Measured requests run in blocks, each block on both sides back to back in ABBA order
-   (guard.ab.block_order), the same images on both sides, the idle side's process stopped
-   (``WorkerClient.paused``). While a budgeted percentile of the paired ratio is undecided, more
-   pairs are measured by the same rule as absolute budgets (``ab.batch`` more, default
-   ``statistics.batch``, up to ``statistics.max_requests`` pairs).
-4. The op-count pass profiles one request per ``profile_image_sizes`` on both sides at once (op
-   counts do not depend on timing), which also counts each side's operator census
-   (guard.census) when the profile has a census rule.
+Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
+run on both sides at once they took longer than one after the other (two OpenMP teams on two
+cores: a 640x480 warm-up pair 15.2 s instead of ~13 s, an 800x400 pair 32.6 s instead of ~24 s,
+measured here; docs/ab.md, "Wall time").
 
-Running 1, 2 and 4 concurrently is what keeps an A/B check near twice a plain check's time
-(docs/ab.md, "Wall time"). Everything is recorded in an ``ABRecord``: one ``RunRecord`` per
-side, plus the order.
+Everything is recorded in an ``ABRecord``: one ``RunRecord`` per side, plus the order.
 """
 
 from __future__ import annotations
@@ -173,48 +171,40 @@ class ABRun:
             self._warm_sizes.add(j.image_size)
         return outcomes
 
-    def _run_side(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
-        """Timed: the other side's process is stopped while these requests run."""
+    def _run_timed(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
+        """The other side's process is stopped while these requests run."""
         other = self.workers[BASELINE if side == CANDIDATE else CANDIDATE]
         with other.paused():
             self._send_run(side, jobs)
             return self._collect_run(side, jobs)
 
-    def _run_both_at_once(self, jobs: list[Job], label: str) -> None:
-        """Untimed (warm-ups): the same jobs on both sides concurrently."""
-        self._label, self._total = label, len(jobs)
-        self._done = {s: 0 for s in SIDES}
-        for side in SIDES:
-            self._send_run(side, jobs)
-        for side in SIDES:
-            self._collect_run(side, jobs)
-
-    def _run_pairwise(self, jobs: list[Job], label: str) -> None:
-        """Each block of jobs on both sides, back to back, in ABBA order (measured blocks)."""
+    def _run_pairwise(self, jobs: list[Job], label: str, alternate: bool) -> None:
+        """Each block of jobs on both sides, back to back; ``alternate``: ABBA order, timed, the
+        idle side stopped (measured blocks), else candidate first (warm-ups)."""
         self._label, self._total = label, len(jobs)
         self._done = {s: 0 for s in SIDES}
         for block in blocks([j.index for j in jobs], self.profile.workload.concurrency):
             block_jobs = [j for j in jobs if j.index in set(block)]
-            order = block_order(self._blocks)
-            self.record.order.append(order[0])
-            self._blocks += 1
+            order = block_order(self._blocks) if alternate else (CANDIDATE, BASELINE)
+            if alternate:
+                self.record.order.append(order[0])
+                self._blocks += 1
             for side in order:
-                self._run_side(side, block_jobs)
+                if alternate:
+                    self._run_timed(side, block_jobs)
+                else:
+                    self._send_run(side, block_jobs)
+                    self._collect_run(side, block_jobs)
 
     def warm_up(self) -> None:
-        """Both sides at once: the workload's warm-up requests (the slow-encoder hook calibrates
-        on these), then one request per profiled image size that is not warm yet."""
         n = self.profile.workload.warmup_requests
         if n:
-            self._run_both_at_once(self._jobs(n, warmup=True), "warm-up")
-        cold = [size for size in self.profile.workload.profile_image_sizes if size not in self._warm_sizes]
-        if cold and _profiles(self.profile):
-            self._run_both_at_once(self._jobs(len(cold), warmup=True, sizes=cold), "warm-up (profiled sizes)")
+            self._run_pairwise(self._jobs(n, warmup=True), "warm-up", alternate=False)
 
     def measure(self, count: int) -> None:
         for side in SIDES:
             self.record.side(side).rounds += 1
-        self._run_pairwise(self._jobs(count, warmup=False), f"round {self.record.candidate.rounds}")
+        self._run_pairwise(self._jobs(count, warmup=False), f"round {self.record.candidate.rounds}", alternate=True)
 
     def ratios(self) -> list[float]:
         return [p.ratio for p in pairs(self.record.candidate.outcomes, self.record.baseline.outcomes)]
@@ -247,24 +237,18 @@ class ABRun:
             gpu_state["end"] = read_gpu_state(own_pids=own)
 
     def profile_ops(self) -> None:
-        """One profiled request per profile image size on both sides at once: the same image for
-        both. Op counts do not depend on timing, so the two sides need not take turns."""
+        """One profiled request per profile image size on each side: the same image for both."""
         for size in self.profile.workload.profile_image_sizes:
             if size not in self._warm_sizes:
-                self._run_both_at_once(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}")
+                self._run_pairwise(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}",
+                                   alternate=False)
             (job,) = self._jobs(1, warmup=True, sizes=[size])
-            self.progress(f"both sides: profiling one {size[0]}x{size[1]} request ...")
-            self._label, self._total = "profiled", 1
             for side in SIDES:
-                self._done[side] = 0
+                self.progress(f"{side:9} profiling one {size[0]}x{size[1]} request ...")
+                self._label, self._total, self._done[side] = "profiled", 1, 0
                 self._buffer[side] = []
                 try:
-                    self.workers[side].send("profile", size=list(size), index=job.index)
-                except WorkerError as exc:
-                    raise self._fail(exc) from exc
-            for side in SIDES:
-                try:
-                    msg = self.workers[side].wait("counts")
+                    msg = self.workers[side].call("profile", "counts", size=list(size), index=job.index)
                 except WorkerError as exc:
                     raise self._fail(exc) from exc
                 rec = self.record.side(side)
