@@ -6,7 +6,7 @@
    default this interpreter), ``--slow-pool`` with the candidate slowed by
    ``--inject slow-encoder:5%``. An existing pool file is reused; no engine is started.
 2. Simulation. Each trial bootstraps a run from a pool: ``workload.requests`` pairs drawn with
-   replacement, then ``statistics.batch`` more while any ratio budget is undecided, up to
+   replacement, then ``ab.batch`` (default ``statistics.batch``) more while any ratio budget is undecided, up to
    ``statistics.max_requests`` pairs, exactly the run stage's rule (guard.ab.undecided_ratios,
    guard.evaluate.more_requests), judged by guard.ab.judge_ratio. Rows:
    - the identical pool as recorded (false alarms), and with every ratio multiplied by 1 + s
@@ -31,9 +31,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guard.ab import decide_ratio, judge_ratio, pairs, undecided_ratios
+from guard.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
 from guard.results import Pair, Status
-from guard.budgets import Profile, load_thresholds, percentile_value
+from guard.budgets import Profile, load_thresholds
 from guard.rules import judge_ttft, next_batch, undecided
 from guard.stats import percentile
 
@@ -102,7 +102,7 @@ def slowed(pool: Sequence[Pair], shift_pct: float) -> list[Pair]:
 def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float], trials: int,
                 rng: random.Random) -> tuple[dict[str, float], float]:
     """Fail rate per budgeted percentile and mean pairs per run."""
-    stats = profile.statistics
+    stats = profile.ab_statistics
     fails = dict.fromkeys(budgets, 0)
     total = 0
     for _ in range(trials):
@@ -137,7 +137,7 @@ def simulate_absolute(samples: Sequence[float], profile: Profile, trials: int, r
 
 
 def coverage(ratios: Sequence[float], key: str, n: int, confidence: float, trials: int, rng: random.Random) -> float:
-    truth = percentile(ratios, percentile_value(key))
+    truth, _ = ratio_estimate(key, ratios, confidence)  # the pool's own value of the rule's statistic
     hit = 0
     for _ in range(trials):
         d = decide_ratio(key, 0.0, rng.choices(ratios, k=n), confidence)
@@ -212,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"Profile `{profile.name}`: A/B budget {', '.join(f'{k} +{b:g} %' for k, b in budgets.items())}, "
           f"absolute budget {', '.join(f'{k} {b:.0f} ms' for k, b in profile.ttft_ms.items()) or 'none'}; "
-          f"{profile.workload.requests} pairs/requests, batches of {st.batch} up to {st.max_requests}, "
+          f"{profile.workload.requests} pairs/requests, then batches of {profile.ab_statistics.batch} pairs / "
+          f"{st.batch} requests up to {st.max_requests}, "
           f"{st.confidence * 100:g} % intervals; {args.trials} simulated runs per row.\n")
     print("| candidate | pool's median ratio − 1 | A/B fails: " + " | ".join(keys)
           + " | A/B mean pairs | absolute fails: " + " | ".join(profile.ttft_ms or ["—"]) + " | absolute mean requests |")

@@ -20,7 +20,6 @@ Everything is recorded in an ``ABRecord``: one ``RunRecord`` per side, plus the 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime as dt
 import os
 import sys
@@ -211,9 +210,7 @@ class ABRun:
 
     def measure_until_decided(self) -> None:
         """guard.rules' sequential rule, with the paired ratios as samples and the ratio budgets."""
-        stats, budgets = self.profile.statistics, self.profile.ttft_vs_baseline_pct
-        if self.profile.ab.batch is not None:
-            stats = dataclasses.replace(stats, batch=self.profile.ab.batch)
+        stats, budgets = self.profile.ab_statistics, self.profile.ttft_vs_baseline_pct
 
         def measure(count: int) -> list[float]:
             before = len(self.ratios())

@@ -269,6 +269,13 @@ class Profile:
     ttft_hardware: TtftHardware | None = None  # None: TTFT budgets apply wherever `match` fits
     validity: Validity = field(default_factory=Validity)
 
+    @property
+    def ab_statistics(self) -> Statistics:
+        """The statistics A/B mode resamples pairs by: ``statistics`` with ``ab.batch`` if set."""
+        if self.ab.batch is None:
+            return self.statistics
+        return replace(self.statistics, batch=self.ab.batch)
+
 
 @dataclass(frozen=True)
 class Thresholds:

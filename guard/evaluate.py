@@ -262,7 +262,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     config = {**cand.profile_config, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization},
-                                            "batch": profile.ab.batch or profile.statistics.batch, "idle_side": "paused"}}
+                                            "batch": profile.ab_statistics.batch, "idle_side": "paused"}}
     return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
                                census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
                                profile_config=config, notices=notices)

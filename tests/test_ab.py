@@ -511,7 +511,7 @@ def test_ab_resampling_stops_as_soon_as_the_ratio_is_decided(tmp_path, ab_profil
     run, profile = _ab_run(tmp_path, ab_profile)
     run.measure = _ScriptedPairs(run, [1.0 + 0.001 * (i % 3) for i in range(100)])
     run.measure_until_decided()
-    assert run.measure.calls == [6] and len(run.ratios()) == 6  # the sign-test interval is already below +3 %
+    assert run.measure.calls == [6] and len(run.ratios()) == 6  # the signed-rank interval is already below +3 %
 
 
 def test_ab_resampling_goes_on_in_batches_up_to_the_cap_while_undecided(tmp_path, ab_profile):

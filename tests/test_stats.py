@@ -1,4 +1,4 @@
-"""guard.stats: percentiles, order-statistic intervals and their coverage; the sensitivity
+"""guard.stats: percentiles, order-statistic and signed-rank intervals and their coverage; the sensitivity
 simulation (benchmarks/sensitivity.py) on synthetic pools. No engine."""
 
 from __future__ import annotations
@@ -7,13 +7,15 @@ import importlib.util
 import json
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
 from guard.budgets import load_thresholds
-from guard.stats import binomial_cdf, order_statistic_ranks, percentile, percentile_interval
+from guard.stats import (binomial_cdf, centre_interval, hodges_lehmann, order_statistic_ranks, percentile,
+                         percentile_interval, signed_rank_cdf, walsh_cut)
 
 ROOT = Path(__file__).parent.parent
 THRESHOLDS = ROOT / "tests" / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
@@ -168,3 +170,55 @@ def test_script_rejects_a_file_that_is_not_a_pool(tmp_path, sensitivity):
     bad.write_text(json.dumps({"schema": "guard/results", "samples_s": [1.0, 2.0]}))
     with pytest.raises(SystemExit, match="not a guard/ttft-pool"):
         sensitivity.load_pool(bad)
+
+
+# ----------------------------------------------------------------------------- the signed-rank interval (A/B's p50)
+def _brute_signed_rank_cdf(n: int) -> list[float]:
+    """W+ over every one of the 2**n sign patterns of ranks 1..n: the definition, counted."""
+    sums = sorted(sum(rank for rank, bit in zip(range(1, n + 1), f"{mask:0{n}b}") if bit == "1") for mask in range(2 ** n))
+    return [sum(1 for w in sums if w <= k) / 2 ** n for k in range(n * (n + 1) // 2 + 1)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 9, 12])
+def test_signed_rank_cdf_is_the_enumerated_distribution(n):
+    assert signed_rank_cdf(n) == pytest.approx(_brute_signed_rank_cdf(n), abs=1e-12)
+
+
+def test_walsh_cut_matches_the_tables():
+    # n = 5: the most extreme pattern has P = 1/32 > 0.025, so no 95 % interval exists (as for the sign test)
+    assert walsh_cut(5, 0.95) == 0
+    assert walsh_cut(6, 0.95) == 1  # P(W+ <= 0) = 1/64
+    assert walsh_cut(8, 0.95) == 4  # P(W+ <= 3) = 5/256 <= 0.025 < P(W+ <= 4) = 7/256
+    assert walsh_cut(12, 0.95) == 14  # the textbook critical value 13 for n = 12, two-sided 0.05
+
+
+def test_hodges_lehmann_and_the_interval_on_small_samples():
+    assert hodges_lehmann([1.0, 2.0, 3.0]) == 2.0  # Walsh averages 1, 1.5, 2, 2, 2.5, 3
+    assert centre_interval([1.0, 2.0, 3.0, 4.0, 5.0], 0.95) == (-math.inf, math.inf)
+    xs = [0.3, -0.1, 0.2, 0.05, -0.2, 0.1]
+    assert centre_interval(xs, 0.95) == (min(xs), max(xs))  # n = 6: the extreme Walsh averages
+
+
+@pytest.mark.parametrize("noise", ["laplace", "student3"])
+def test_centre_interval_covers_at_its_exact_level_on_symmetric_heavy_tailed_noise(noise):
+    rng = random.Random(7)
+    n, conf, trials = 10, 0.95, 3000
+    exact = 1 - 2 * signed_rank_cdf(n)[walsh_cut(n, conf) - 1]
+    draw = {"laplace": lambda: rng.expovariate(1.0) * rng.choice((-1, 1)),
+            "student3": lambda: rng.gauss(0, 1) / math.sqrt(sum(rng.gauss(0, 1) ** 2 for _ in range(3)) / 3)}[noise]
+    hits = 0
+    for _ in range(trials):
+        lo, hi = centre_interval([0.4 + draw() for _ in range(n)], conf)
+        hits += lo <= 0.4 <= hi
+    sd = math.sqrt(exact * (1 - exact) / trials)
+    assert abs(hits / trials - exact) < 4 * sd and exact >= conf
+
+
+def test_centre_interval_is_narrower_than_the_sign_test_interval():
+    rng = random.Random(3)
+    widths = []
+    for _ in range(300):
+        xs = [rng.gauss(0, 0.04) for _ in range(12)]
+        c, s = centre_interval(xs, 0.95), percentile_interval(xs, 50, 0.95)
+        widths.append((c[1] - c[0]) / (s[1] - s[0]))
+    assert statistics.median(widths) < 0.85
