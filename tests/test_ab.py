@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -53,11 +54,13 @@ def test_pairs_match_measured_requests_by_index():
 
 # ----------------------------------------------------------------------------- verdict
 def test_ratio_interval_decides_like_the_absolute_rule():
-    ratios = [1.00, 1.01, 0.99, 1.02, 0.98, 1.005]  # n = 6: the median's interval is [min, max]
+    ratios = [1.00, 1.01, 0.99, 1.02, 0.98, 1.005]  # n = 6: the signed-rank interval is [min, max]
     d = decide_ratio("p50", 5.0, ratios, 0.95)
     assert d.status == "pass" and d.pairs == 6
     assert d.interval_pct == pytest.approx((-2.0, 2.0))
-    assert d.estimate_pct == pytest.approx(0.25)
+    logs = [math.log(r) for r in ratios]  # Hodges-Lehmann: the median of the 21 Walsh averages of log r
+    walsh = [(logs[i] + logs[j]) / 2 for i in range(6) for j in range(i, 6)]
+    assert d.estimate_pct == pytest.approx((math.exp(statistics.median(walsh)) - 1) * 100)
     assert decide_ratio("p50", 1.0, ratios, 0.95).status == "inconclusive"
     slow = [r * 1.10 for r in ratios]
     assert decide_ratio("p50", 5.0, slow, 0.95).status == "fail"
