@@ -265,6 +265,8 @@ class ABRun:
         self.record.duration_s = duration
         for side in SIDES:
             self.record.side(side).duration_s = duration
+            if side in self.workers:  # evidence that the idle side was stopped while the other was timed
+                self.record.side(side).environment.setdefault("worker", {})["stopped_s"] = round(self.workers[side].stopped_s, 3)
         return self.record
 
 

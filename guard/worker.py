@@ -118,7 +118,8 @@ class WorkerClient:
         except OSError as exc:
             self._log.close()
             raise WorkerDied(side, f"cannot start {python}: {exc}") from exc
-        self._paused = False
+        self._paused, self._paused_at = False, 0.0
+        self.stopped_s = 0.0  # total time this worker was stopped while the other side was timed
         msg = self._expect({"hello"})
         self.hello = Hello(guard_file=msg["guard_file"], python=msg["python"], pid=msg["pid"])
 
@@ -171,10 +172,12 @@ class WorkerClient:
         if self.proc.poll() is None and not self._paused:
             os.kill(self.proc.pid, signal.SIGSTOP)
             self._paused = True
+            self._paused_at = time.perf_counter()
 
     def resume(self) -> None:
         if self._paused:
             self._paused = False
+            self.stopped_s += time.perf_counter() - self._paused_at
             if self.proc.poll() is None:
                 os.kill(self.proc.pid, signal.SIGCONT)
 

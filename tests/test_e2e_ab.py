@@ -44,6 +44,10 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path) -> None:
     assert ab["baseline"]["environment"]["worker"]["executable"] == sys.executable
     assert len(ab["pairs"]) == 2 and all(p["candidate_s"] > 0 and p["baseline_s"] > 0 for p in ab["pairs"])
     assert ab["order"] == ["candidate", "baseline"]  # ABBA: the second block starts with the baseline
+    # each side was stopped while the other side's requests were timed, at least that long
+    for side, other in ((res["run"], ab["baseline"]), (ab["baseline"], res["run"])):
+        timed = sum(o["ttft_client_s"] for o in other["outcomes"] if not o["warmup"])
+        assert side["environment"]["worker"]["stopped_s"] >= timed > 0
     (ratio,) = res["checks"]["ttft_vs_baseline"]
     assert ratio["percentile"] == "p50" and ratio["budget_pct"] == 50 and ratio["pairs"] == 2
     assert ratio["candidate_ms"] > 0 and ratio["baseline_ms"] > 0
