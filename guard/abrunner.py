@@ -11,8 +11,8 @@ side's operator census (guard.census) when the profile has a census rule.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
 run on both sides at once they took longer than one after the other (two OpenMP teams on two
-cores: a 640x480 warm-up pair 15.2 s instead of ~13 s, an 800x400 pair 32.6 s instead of ~24 s,
-measured here; docs/ab.md, "Wall time").
+cores: a 640x480 warm-up pair 15.2 s instead of 13.4 s, an 800x400 pair 32.6 s instead of
+25.4-29.0 s, measured here; docs/ab.md, "Wall time").
 
 Everything is recorded in an ``ABRecord``: one ``RunRecord`` per side, plus the order.
 """
