@@ -2,9 +2,9 @@
 
 A live run stops where its own rule decided; a changed rule (another interval, another batch)
 would have stopped elsewhere on the same pairs. This replays each run's recorded pairs through
-the profile's A/B rule as the run stage applies it (guard.rules.measure_until_decided's steps:
+the profile's A/B rule through the run stage's own loop (guard.rules.measure_until_decided:
 ``workload.requests`` pairs, then ``ab.batch`` more while a ratio budget is undecided, up to
-``statistics.max_requests``, then guard.ab.judge_ratio) and prints, per run, the verdict and the
+``statistics.max_requests``; then guard.ab.judge_ratio) and prints, per run, the verdict and the
 pairs the rule needed, or "needs more" when the recorded run stopped before the rule would have.
 The wall time a run would have taken is its recorded wall time minus the requests it would not
 have measured (their TTFTs, both sides).
@@ -24,27 +24,37 @@ from pathlib import Path
 from guard.ab import judge_ratio, undecided_ratios
 from guard.budgets import load_thresholds
 from guard.results import Pair, Status
-from guard.rules import next_batch
+from guard.rules import measure_until_decided
+
+
+class _RecordingEnds(Exception):
+    """The rule asked for more pairs than the run recorded."""
 
 
 def replay(pairs: Sequence[Pair], profile) -> tuple[str, int, bool]:
     """(status, pairs used, complete): complete is False when the recording ran out first."""
     stats, budgets = profile.ab_statistics, profile.ttft_vs_baseline_pct
-    n = profile.workload.requests
-    rounds = 1
-    while True:
-        if n > len(pairs):
-            return "needs more", len(pairs), False
-        ratios = [p.ratio for p in pairs[:n]]
-        extra = next_batch(stats, n, bool(undecided_ratios(budgets, ratios, stats.confidence)))
-        if not extra:
-            break
-        n += extra
+    taken: list[Pair] = []
+    rounds = 0
+
+    def measure(count: int) -> list[float]:  # the next pairs as the run stage would have measured them
+        nonlocal rounds
+        if len(taken) + count > len(pairs):
+            raise _RecordingEnds
+        new = list(pairs[len(taken):len(taken) + count])
+        taken.extend(new)
         rounds += 1
-    checks = [judge_ratio(k, b, pairs[:n], rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+        return [p.ratio for p in new]
+
+    try:
+        measure_until_decided(budgets, stats, profile.workload.requests, measure,
+                              undecided_in=lambda ratios: undecided_ratios(budgets, ratios, stats.confidence))
+    except _RecordingEnds:
+        return "needs more", len(pairs), False
+    checks = [judge_ratio(k, b, taken, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
               for k, b in budgets.items()]
     status = "fail" if any(c.status == Status.FAIL for c in checks) else "pass"
-    return status, n, True
+    return status, len(taken), True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

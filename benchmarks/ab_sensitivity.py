@@ -7,8 +7,8 @@
    ``--inject slow-encoder:5%``. An existing pool file is reused; no engine is started.
 2. Simulation. Each trial bootstraps a run from a pool: ``workload.requests`` pairs drawn with
    replacement, then ``ab.batch`` (default ``statistics.batch``) more while any ratio budget is undecided, up to
-   ``statistics.max_requests`` pairs, exactly the run stage's rule (guard.ab.undecided_ratios,
-   guard.evaluate.more_requests), judged by guard.ab.judge_ratio. Rows:
+   ``statistics.max_requests`` pairs, through the run stage's own loop (guard.rules.measure_until_decided
+   with guard.ab.undecided_ratios), judged by guard.ab.judge_ratio. Rows:
    - the identical pool as recorded (false alarms), and with every ratio multiplied by 1 + s
      (a synthetic slowdown s: detection);
    - the slowed pool as recorded (detection of the real injected slowdown);
@@ -34,7 +34,7 @@ from pathlib import Path
 from guard.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
 from guard.results import Pair, Status
 from guard.budgets import Profile, load_thresholds
-from guard.rules import judge_ttft, next_batch, undecided
+from guard.rules import judge_ttft, measure_until_decided, undecided
 from guard.stats import percentile
 
 POOL_SCHEMA = "guard/ab-pool"
@@ -99,6 +99,20 @@ def slowed(pool: Sequence[Pair], shift_pct: float) -> list[Pair]:
 
 
 # ----------------------------------------------------------------------------- simulation
+def _draw_until_decided(draw, first: int, stats, undecided_in) -> tuple[list, int]:
+    """One simulated run through the run stage's own loop (guard.rules.measure_until_decided),
+    ``draw(k)`` standing in for measuring k samples: (every sample, rounds)."""
+    drawn: list = []
+
+    def measure(count: int) -> list:
+        new = draw(count)
+        drawn.append(new)
+        return new
+
+    samples = measure_until_decided({}, stats, first, measure, undecided_in=undecided_in)
+    return samples, len(drawn)
+
+
 def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float], trials: int,
                 rng: random.Random) -> tuple[dict[str, float], float]:
     """Fail rate per budgeted percentile and mean pairs per run."""
@@ -106,12 +120,9 @@ def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float
     fails = dict.fromkeys(budgets, 0)
     total = 0
     for _ in range(trials):
-        sample = rng.choices(pool, k=profile.workload.requests)
-        rounds = 1
-        while extra := next_batch(stats, len(sample),
-                                  bool(undecided_ratios(budgets, [p.ratio for p in sample], stats.confidence))):
-            sample += rng.choices(pool, k=extra)
-            rounds += 1
+        sample, rounds = _draw_until_decided(
+            lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
+            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats.confidence))
         total += len(sample)
         for k, b in budgets.items():
             c = judge_ratio(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
@@ -124,11 +135,9 @@ def simulate_absolute(samples: Sequence[float], profile: Profile, trials: int, r
     fails = dict.fromkeys(profile.ttft_ms, 0)
     total = 0
     for _ in range(trials):
-        sample = rng.choices(samples, k=profile.workload.requests)
-        rounds = 1
-        while extra := next_batch(stats, len(sample), bool(undecided(profile.ttft_ms, sample, stats.confidence))):
-            sample += rng.choices(samples, k=extra)
-            rounds += 1
+        sample, rounds = _draw_until_decided(
+            lambda k: rng.choices(samples, k=k), profile.workload.requests, stats,
+            lambda drawn: undecided(profile.ttft_ms, drawn, stats.confidence))
         total += len(sample)
         for k, b in profile.ttft_ms.items():
             c = judge_ttft(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)

@@ -148,16 +148,10 @@ class ABRun:
         self._next_index += count
         return jobs
 
-    def _send_run(self, side: str, jobs: list[Job]) -> None:
+    def _run_side(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
         self._buffer[side] = []
         try:
-            self.workers[side].send("run", jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs])
-        except WorkerError as exc:
-            raise self._fail(exc) from exc
-
-    def _collect_run(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
-        try:
-            done = self.workers[side].wait("done")
+            done = self.workers[side].call("run", "done", jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs])
         except WorkerError as exc:
             raise self._fail(exc) from exc
         if side == CANDIDATE and self.inject and not all(j.warmup for j in jobs):
@@ -166,16 +160,13 @@ class ABRun:
             env["injected_sleep_s"] = round(float(done.get("slept_s", 0.0)), 4)
         outcomes, self._buffer[side] = self._buffer[side], []
         self.record.side(side).outcomes.extend(outcomes)
-        for j in jobs:
-            self._warm_sizes.add(j.image_size)
         return outcomes
 
     def _run_timed(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
         """The other side's process is stopped while these requests run."""
         other = self.workers[BASELINE if side == CANDIDATE else CANDIDATE]
         with other.paused():
-            self._send_run(side, jobs)
-            return self._collect_run(side, jobs)
+            return self._run_side(side, jobs)
 
     def _run_pairwise(self, jobs: list[Job], label: str, alternate: bool) -> None:
         """Each block of jobs on both sides, back to back; ``alternate``: ABBA order, timed, the
@@ -188,12 +179,11 @@ class ABRun:
             if alternate:
                 self.record.order.append(order[0])
                 self._blocks += 1
+            run = self._run_timed if alternate else self._run_side  # timed blocks stop the idle side
             for side in order:
-                if alternate:
-                    self._run_timed(side, block_jobs)
-                else:
-                    self._send_run(side, block_jobs)
-                    self._collect_run(side, block_jobs)
+                run(side, block_jobs)
+        for j in jobs:
+            self._warm_sizes.add(j.image_size)
 
     def warm_up(self) -> None:
         n = self.profile.workload.warmup_requests
@@ -270,11 +260,6 @@ class ABRun:
         return self.record
 
 
-def _profiles(profile: Profile) -> bool:
-    """Whether the run has an op-count pass: op budgets or a census (as in the plain suite)."""
-    return bool(profile.ops) or profile.census is not None
-
-
 def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
            progress: Callable[[str], None] = print, inject: str | None = None) -> ABRecord:
     """The whole A/B run stage. A worker that fails makes the record invalid (its reason is kept),
@@ -285,7 +270,7 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
             run.warm_up()
             if profile.ttft_vs_baseline_pct or profile.ttft_ms:
                 run.measure_until_decided()
-            if _profiles(profile):
+            if profile.has_op_count_pass:
                 run.profile_ops()
         except InvalidRunError:
             pass  # recorded in run.record.candidate.invalid_reasons

@@ -270,6 +270,11 @@ class Profile:
     validity: Validity = field(default_factory=Validity)
 
     @property
+    def has_op_count_pass(self) -> bool:
+        """Whether a run profiles requests at all: op budgets or a census to count."""
+        return bool(self.ops) or self.census is not None
+
+    @property
     def ab_statistics(self) -> Statistics:
         """The statistics A/B mode resamples pairs by: ``statistics`` with ``ab.batch`` if set."""
         if self.ab.batch is None:
