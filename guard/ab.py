@@ -14,7 +14,7 @@ Statistic: the percentile of the paired ratio
     on the same image. ``ttft_vs_baseline_pct: {p50: 5}`` budgets the p50 of r, minus 1, in
     percent: "the typical request is at most 5 % slower than its baseline twin".
 
-    p50: the centre of log r_i, with Wilcoxon's signed-rank interval (guard.stats.centre_interval;
+    p50: the centre of log r_i, with Wilcoxon's signed-rank interval (guard.stats.centre_estimate;
     estimate: Hodges-Lehmann). That interval is exact when the log r_i are symmetric about their
     centre, and here symmetry is not an assumption about TTFT but a consequence of the design:
     with identical sides the two members of a pair are exchangeable (same code, same image, each
@@ -51,7 +51,7 @@ from guard.budgets import percentile_value
 from guard import format as fmt
 from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck
 from guard.rules import interval_status
-from guard.stats import centre_interval, hodges_lehmann, percentile, percentile_interval
+from guard.stats import centre_estimate, percentile, percentile_interval
 
 CANDIDATE, BASELINE = "candidate", "baseline"
 SIDES = (CANDIDATE, BASELINE)
@@ -100,9 +100,8 @@ def ratio_estimate(key: str, ratios: Sequence[float], confidence: float) -> tupl
     docstring: p50 by the signed-rank interval on log r, other percentiles by order statistics)."""
     p = percentile_value(key)
     if p == 50:
-        logs = [math.log(r) for r in ratios]
-        lo, hi = centre_interval(logs, confidence)
-        return math.exp(hodges_lehmann(logs)), (math.exp(lo) if lo > -math.inf else -math.inf, math.exp(hi))
+        centre, (lo, hi) = centre_estimate([math.log(r) for r in ratios], confidence)
+        return math.exp(centre), (math.exp(lo) if lo > -math.inf else -math.inf, math.exp(hi))
     return percentile(ratios, p), percentile_interval(ratios, p, confidence)
 
 

@@ -139,20 +139,13 @@ def walsh_averages(samples: Sequence[float]) -> list[float]:
     return sorted((xs[i] + xs[j]) / 2.0 for i in range(len(xs)) for j in range(i, len(xs)))
 
 
-def hodges_lehmann(samples: Sequence[float]) -> float:
-    """The centre of symmetry estimated as the median of the Walsh averages (x_i + x_j) / 2, i <= j."""
+def centre_estimate(samples: Sequence[float], confidence: float) -> tuple[float, tuple[float, float]]:
+    """The Hodges-Lehmann centre (the median of the Walsh averages (x_i + x_j) / 2, i <= j) and
+    the exact confidence interval of the centre of a symmetric distribution (the Wilcoxon
+    signed-rank interval; ``(-inf, inf)`` where none exists), from one sort of the averages."""
     if not samples:
         raise ValueError("estimate of an empty sample")
-    return percentile(walsh_averages(samples), 50)
-
-
-def centre_interval(samples: Sequence[float], confidence: float) -> tuple[float, float]:
-    """Exact confidence interval of the centre of a symmetric distribution (the Wilcoxon
-    signed-rank interval, from the Walsh averages); ``(-inf, inf)`` where none exists."""
-    if not samples:
-        raise ValueError("interval of an empty sample")
-    k = walsh_cut(len(samples), float(confidence))
-    if k == 0:
-        return (-math.inf, math.inf)
     w = walsh_averages(samples)
-    return (w[k - 1], w[len(w) - k])
+    k = walsh_cut(len(samples), float(confidence))
+    return percentile(w, 50), ((w[k - 1], w[len(w) - k]) if k else (-math.inf, math.inf))
+
