@@ -72,6 +72,8 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict:
     ttft = res["checks"].get("ttft") or []
     if ttft and kind == PLAIN:
         row.update(p50_ms=round(ttft[0]["measured_ms"]), status=ttft[0]["status"], samples=ttft[0]["samples"])
+    if kind != PLAIN:  # whether the baseline side's op-count pass was profiled or read from guard's cache
+        row["baseline_ops"] = res["ab"]["baseline"]["environment"].get("worker", {}).get("op_counts_cache", {}).get("status")
     row["invalid_reasons"] = [*res["run"]["invalid_reasons"], *res["judged_invalid_reasons"]][:3]
     return row
 
@@ -105,13 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
         summary.write_text(json.dumps({"baseline": args.baseline, "inject": args.inject, "runs": rows}, indent=2) + "\n")
-    print("\n| run | exit | verdict | ratio p50 | interval | pairs | wall |\n|---|---:|---|---:|---|---:|---:|")
+    print("\n| run | exit | verdict | ratio p50 | interval | pairs | baseline op counts | wall |\n"
+          "|---|---:|---|---:|---|---:|---|---:|")
     for r in rows:
         iv = r.get("interval_pct")
         ivs = f"[{iv[0]:+.1f}, {iv[1]:+.1f}] %" if iv and None not in iv else ("open" if iv else "—")
         ratio = f"{r['ratio_pct']:+.1f} %" if "ratio_pct" in r else (f"p50 {r['p50_ms']} ms" if "p50_ms" in r else "—")
         print(f"| {r['kind']} | {r['exit_code']} | {r.get('verdict', '—')} | {ratio} | {ivs} | {r.get('pairs', '—')} "
-              f"| {r['wall_s']:.0f} s |")
+              f"| {r.get('baseline_ops') or '—'} | {r['wall_s']:.0f} s |")
     print(f"\nsummary: {summary}")
     return 0
 

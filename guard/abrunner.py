@@ -20,6 +20,7 @@ Everything is recorded in an ``ABRecord``: one ``RunRecord`` per side, plus the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import os
 import sys
@@ -29,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from guard import abcache
 from guard.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
 from guard.budgets import Profile, Thresholds
 from guard.census import size_key
 from guard.engine import Job, plan_jobs
 from guard.errors import InvalidRunError
+from guard.files import cache_root
 from guard.rules import measure_until_decided
 from guard.hardware import Hardware, fingerprint
 from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
@@ -66,10 +69,13 @@ def _counts(d: dict[str, Any]) -> ScopeCounts:
 
 class ABRun:
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
-                 progress: Callable[[str], None] = print, inject: str | None = None) -> None:
+                 progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
         self.progress = progress
         self.inject = inject
+        self.fresh_baseline = fresh_baseline  # profile the baseline side even when its pass is cached
+        self._cache_key: str | None = None
+        self._cache_covers = ""
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         env = fingerprint(hw, profile)
         records = {side: RunRecord(profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
@@ -118,7 +124,8 @@ class ABRun:
                 self.workers[side].send("start", thresholds=str(self.thresholds.path.resolve()), profile=self.profile.name,
                                         seed=self.profile.workload.seed,
                                         gpu_memory_utilization=self.profile.ab.gpu_memory_utilization(side),
-                                        inject=self.inject if side == CANDIDATE else None)
+                                        inject=self.inject if side == CANDIDATE else None,
+                                        cache_key=side == BASELINE and self.profile.has_op_count_pass)
             for side in SIDES:
                 ready = self.workers[side].wait("ready")
                 env = self.record.side(side).environment
@@ -127,6 +134,8 @@ class ABRun:
                 for key in ("vllm", "torch", "transformers"):
                     env[key] = ready["versions"].get(key)
                 env["python"] = ready["versions"].get("python")
+                if side == BASELINE:
+                    self._cache_key, self._cache_covers = ready.get("cache_key"), ready.get("cache_key_covers") or ""
                 self.progress(f"{side:9} engine ready in {ready['init_s']:.1f} s: vllm {ready['versions'].get('vllm')} "
                               f"({ready['versions'].get('vllm_file')})")
         except WorkerError as exc:
@@ -168,14 +177,14 @@ class ABRun:
         with other.paused():
             return self._run_side(side, jobs)
 
-    def _run_pairwise(self, jobs: list[Job], label: str, alternate: bool) -> None:
+    def _run_pairwise(self, jobs: list[Job], label: str, alternate: bool, sides: tuple[str, ...] = SIDES) -> None:
         """Each block of jobs on both sides, back to back; ``alternate``: ABBA order, timed, the
-        idle side stopped (measured blocks), else candidate first (warm-ups)."""
+        idle side stopped (measured blocks), else ``sides`` in that order (warm-ups)."""
         self._label, self._total = label, len(jobs)
         self._done = {s: 0 for s in SIDES}
         for block in blocks([j.index for j in jobs], self.profile.workload.concurrency):
             block_jobs = [j for j in jobs if j.index in set(block)]
-            order = block_order(self._blocks) if alternate else (CANDIDATE, BASELINE)
+            order = block_order(self._blocks) if alternate else sides
             if alternate:
                 self.record.order.append(order[0])
                 self._blocks += 1
@@ -224,13 +233,17 @@ class ABRun:
             gpu_state["end"] = read_gpu_state(own_pids=own)
 
     def profile_ops(self) -> None:
-        """One profiled request per profile image size on each side: the same image for both."""
+        """One profiled request per profile image size on each side: the same image for both. The
+        baseline side's counts come from guard.abcache when this baseline environment was profiled
+        before (and are remembered when it was not)."""
+        cached = self._cached_baseline_pass()
+        sides = (CANDIDATE,) if cached is not None else SIDES
         for size in self.profile.workload.profile_image_sizes:
             if size not in self._warm_sizes:
                 self._run_pairwise(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {size[0]}x{size[1]}",
-                                   alternate=False)
+                                   alternate=False, sides=sides)
             (job,) = self._jobs(1, warmup=True, sizes=[size])
-            for side in SIDES:
+            for side in sides:
                 self.progress(f"{side:9} profiling one {size[0]}x{size[1]} request ...")
                 self._label, self._total, self._done[side] = "profiled", 1, 0
                 self._buffer[side] = []
@@ -241,14 +254,58 @@ class ABRun:
                 rec = self.record.side(side)
                 rec.outcomes.extend(self._buffer[side])
                 self._buffer[side] = []
-                counts = [_counts(c) for c in msg["counts"]]
-                rec.op_counts.extend(counts)
-                if msg.get("census") is not None:
-                    rec.census[size_key(size)] = msg["census"]
-                for c in counts:
-                    ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
-                    self.progress(f"{side:9}   scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entries}x, "
-                                  f"{c.total_calls} op calls ({ops})")
+                self._take_counts(side, size, msg["counts"], msg.get("census"))
+        if cached is None:
+            self._remember_baseline_pass()
+
+    def _take_counts(self, side: str, size: tuple[int, int], counts_msg: list[dict[str, Any]], census: Any) -> None:
+        rec = self.record.side(side)
+        counts = [_counts(c) for c in counts_msg]
+        rec.op_counts.extend(counts)
+        if census is not None:
+            rec.census[size_key(size)] = census
+        for c in counts:
+            ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
+            self.progress(f"{side:9}   scope {c.scope} [{size[0]}x{size[1]}]: entered {c.entries}x, "
+                          f"{c.total_calls} op calls ({ops})")
+
+    def _cache_note(self, **fields: Any) -> None:
+        self.record.baseline.environment.setdefault("worker", {})["op_counts_cache"] = {"key": self._cache_key, **fields}
+
+    def _cached_baseline_pass(self) -> abcache.CachedPass | None:
+        """The baseline side's remembered pass, taken into its record; None: profile it now."""
+        root = cache_root()
+        if root is None or self._cache_key is None or self.fresh_baseline:
+            why = ("GUARD_CACHE_DIR is empty" if root is None else "--fresh-baseline" if self.fresh_baseline
+                   else "the baseline environment has no key: " + (self._cache_covers or "unknown"))
+            self._cache_note(status="not used", reason=why)
+            return None
+        cached = abcache.load(root, self._cache_key)
+        sizes = [size_key(s) for s in self.profile.workload.profile_image_sizes]
+        if cached is None or not all(k in cached.sizes for k in sizes):
+            self._cache_note(status="miss")
+            return None
+        self._cache_note(status="hit", recorded_at=cached.recorded_at, path=str(cached.path), covers=self._cache_covers)
+        self.progress(f"{BASELINE:9} op counts{' and census' if self.profile.census else ''} from guard's cache: this "
+                      f"baseline environment was profiled {cached.recorded_at} (key {self._cache_key}); "
+                      "`--fresh-baseline` profiles it again")
+        for size, key in zip(self.profile.workload.profile_image_sizes, sizes):
+            self._take_counts(BASELINE, size, cached.sizes[key]["counts"], cached.sizes[key]["census"])
+        return cached
+
+    def _remember_baseline_pass(self) -> None:
+        """Remember the baseline side's pass when it was measured in full and every scope was entered."""
+        rec = self.record.baseline
+        sizes = {}
+        for size in self.profile.workload.profile_image_sizes:
+            key = size_key(size)
+            counts = [c for c in rec.op_counts if tuple(c.image_size) == tuple(size)]
+            if any(c.entries == 0 for c in counts) or (self.profile.census is not None and key not in rec.census):
+                return  # an invalid pass is reported, never remembered
+            sizes[key] = {"counts": [dataclasses.asdict(c) for c in counts], "census": rec.census.get(key)}
+        path = abcache.store(cache_root(), self._cache_key, sizes, covers=self._cache_covers)
+        if path is not None:
+            self._cache_note(status="stored", path=str(path))
 
     def finish(self) -> ABRecord:
         duration = round(time.perf_counter() - self._t0, 3)
@@ -261,10 +318,10 @@ class ABRun:
 
 
 def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
-           progress: Callable[[str], None] = print, inject: str | None = None) -> ABRecord:
+           progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False) -> ABRecord:
     """The whole A/B run stage. A worker that fails makes the record invalid (its reason is kept),
     never raises past here: evaluation turns the record into the verdict."""
-    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject) as run:
+    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline) as run:
         try:
             run.start()
             run.warm_up()

@@ -287,11 +287,11 @@ def op_registry_cache(load_vllm_ops: bool) -> Path | None:
     import importlib.util
     import os
 
-    root = os.environ.get("GUARD_CACHE_DIR")
-    if root == "":
-        return None
+    from guard.files import cache_root
+
+    root = cache_root()
     if root is None:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "guard")
+        return None
     key = []
     for package in ("torch", "vllm") if load_vllm_ops else ("torch",):
         try:
@@ -310,7 +310,7 @@ def op_registry_cache(load_vllm_ops: bool) -> Path | None:
             st = os.stat(lib)
             key.append(f"{os.path.basename(lib)}:{st.st_size}:{st.st_mtime_ns}")
     digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:20]
-    return Path(root) / f"op-registry-{digest}.json"
+    return root / f"op-registry-{digest}.json"
 
 
 # ----------------------------------------------------------------------------- CUDA device identity

@@ -246,6 +246,10 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
     census = ab_census_judgement(profile, rec)
     notices = cand.notices
+    cache = rec.baseline.environment.get("worker", {}).get("op_counts_cache", {})
+    if cache.get("status") == "hit":
+        notices += (f"op counts: the baseline side's come from guard's cache, profiled {cache.get('recorded_at')} in this "
+                    f"same baseline environment (key {cache.get('key')}); `--fresh-baseline` profiles them again",)
     if census is not None:
         reasons += census.invalid
         notices += tuple(ab_census_notices(census))

@@ -42,3 +42,15 @@ def write_text_atomic(path: Path | str, text: str, *, check: Callable[[Path], An
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def cache_root() -> Path | None:
+    """Where guard remembers what is costly to measure and cannot change unseen (the op registry of
+    a torch build, a baseline environment's op counts): ``$GUARD_CACHE_DIR`` (empty: remember
+    nothing), else ``$XDG_CACHE_HOME/guard`` or ``~/.cache/guard``."""
+    root = os.environ.get("GUARD_CACHE_DIR")
+    if root == "":
+        return None
+    if root is None:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "guard")
+    return Path(os.path.abspath(root))  # the same folder from an A/B worker, which runs in the output folder

@@ -13,7 +13,8 @@ file (``worker-<side>.log``) whose tail explains a worker that died.
 
     parent -> worker                                   worker -> parent (last one ends the command)
     {"cmd": "start", "thresholds", "profile",          {"type": "hello", ...} once, unasked
-     "seed", "gpu_memory_utilization", "inject"}       {"type": "ready", "init_s", "versions"}
+     "seed", "gpu_memory_utilization", "inject",       {"type": "ready", "init_s", "versions",
+     "cache_key"}                                        "cache_key", "cache_key_covers"}
     {"cmd": "run", "jobs": [[index, [w, h], warmup]]}  {"type": "outcome", ...}* {"type": "done"}
     {"cmd": "profile", "size": [w, h], "index"}        {"type": "outcome"}* {"type": "counts", "counts"}
     {"cmd": "shutdown"}                                {"type": "bye"}
@@ -281,13 +282,15 @@ class Worker:
 
     # ---------------------------------------------------------------- commands
     def start(self, thresholds: str, profile: str, seed: int, gpu_memory_utilization: float | None = None,
-              inject: str | None = None) -> None:
-        """``inject``: ``legacy-mask`` (the canary, guard/canary.py) or ``slow-encoder:P%``."""
+              inject: str | None = None, cache_key: bool = False) -> None:
+        """``inject``: ``legacy-mask`` (the canary, guard/canary.py) or ``slow-encoder:P%``;
+        ``cache_key``: also say which environment this is (guard.abcache), for the baseline side."""
         import dataclasses
 
         from guard.budgets import load_thresholds
         from guard.engine import start_engine
 
+        environ = dict(os.environ)  # as given: vLLM sets per-run variables (VLLM_DIST_IDENT) when it starts
         prof = load_thresholds(thresholds).profile(profile)
         if gpu_memory_utilization is not None:
             prof = dataclasses.replace(prof, engine=dataclasses.replace(prof.engine, gpu_memory_utilization=gpu_memory_utilization))
@@ -302,7 +305,12 @@ class Worker:
             self._canary.__enter__()  # held for the worker's life; the process ends with it
         elif inject is not None:
             self.slow = SlowEncoder(self.llm, parse_inject(inject))
-        self.send("ready", init_s=init_s, versions=versions())
+        key, covers = (None, "")
+        if cache_key:
+            from guard.abcache import environment_key
+
+            key, covers = environment_key(prof, gpu_memory_utilization, environ)
+        self.send("ready", init_s=init_s, versions=versions(), cache_key=key, cache_key_covers=covers)
 
     def run(self, jobs: list[list[Any]]) -> None:
         from guard.engine import EngineDied, Job, run_jobs

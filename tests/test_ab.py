@@ -442,7 +442,7 @@ def test_a_relative_baseline_python_is_made_absolute_before_the_worker_moves(tmp
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)  # a venv's python is a symlink: it must stay one
     monkeypatch.chdir(tmp_path)
-    args = argparse.Namespace(inject=None, baseline="venv/bin/python")
+    args = argparse.Namespace(inject=None, baseline="venv/bin/python", fresh_baseline=False)
     check_arguments(args)
     assert args.baseline == str(venv / "python") and os.path.islink(args.baseline)
 

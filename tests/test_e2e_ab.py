@@ -2,7 +2,8 @@
 
 Identical sides (the baseline is this environment's own interpreter, so the same vLLM): the check
 passes, and results.json, the terminal and the report show both sides. Kept small: 1 warm-up and
-2 measured pairs, one profiled 640x480 request per side (about 3 minutes on 2 cores).
+2 measured pairs, one profiled 640x480 request per side (about 2 minutes on 2 cores); then a second
+check against the same baseline reads that side's op counts from guard's cache (about 1 minute).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def small_ab_yaml(tmp_path: Path) -> Path:
     return path
 
 
-def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path) -> None:
+def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GUARD_CACHE_DIR", str(tmp_path / "cache"))  # the workers inherit it
     out = tmp_path / "out"
     proc = run_guard("check", "--thresholds", str(small_ab_yaml(tmp_path)), "--output", str(out),
                      "--baseline", sys.executable, timeout=1500)
@@ -62,3 +64,29 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert "baseline" in report and "candidate" in report and "xychart-beta" in report
     assert (out / "worker-baseline.log").stat().st_size > 0
+
+    # the baseline side's op-count pass was remembered for this baseline environment ...
+    note = ab["baseline"]["environment"]["worker"]["op_counts_cache"]
+    assert note["status"] == "stored", note
+    entry = json.loads(Path(note["path"]).read_text())
+    assert Path(note["path"]).parent == tmp_path / "cache" and entry["key"] == note["key"]
+    assert entry["sizes"]["640x480"]["counts"] == ab["baseline"]["op_counts"]
+    assert entry["sizes"]["640x480"]["census"] == ab["baseline"]["census"]["640x480"]
+
+    # ... so a second check against it profiles the candidate only and reads the baseline's back
+    data = yaml.safe_load(small_ab_yaml(tmp_path).read_text())
+    for timing in ("ttft_vs_baseline_pct", "ttft_ms", "modes", "ttft_hardware"):  # no pairs: the op-count pass is what is tested
+        data["profiles"]["cpu"]["budgets"].pop(timing, None)
+    second_yaml = tmp_path / "second.yaml"
+    second_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+    again = tmp_path / "again"
+    proc = run_guard("check", "--thresholds", str(second_yaml), "--output", str(again), "--baseline", sys.executable,
+                     timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    res2 = json.loads((again / "results.json").read_text())
+    base2 = res2["ab"]["baseline"]
+    assert base2["environment"]["worker"]["op_counts_cache"]["status"] == "hit"
+    assert base2["op_counts"] == ab["baseline"]["op_counts"] and base2["census"] == ab["baseline"]["census"]
+    assert [o["warmup"] for o in base2["outcomes"]] == [True]  # the warm-up only: nothing profiled on that side
+    assert len(res2["run"]["op_counts"]) == 1 and res2["ab"]["op_diff"] == []  # the candidate was profiled
+    assert "from guard's cache" in proc.stdout and res2["checks"]["census"] == []

@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="A/B mode: the python of an environment holding the baseline vLLM (guard need not be "
                              "installed there). Both engines run here in alternation and TTFT is judged as the "
                              "candidate/baseline ratio (budgets.ttft_vs_baseline_pct); see docs/ab.md")
+    parser.add_argument("--fresh-baseline", action="store_true",
+                        help="A/B mode: profile the baseline side's op counts again even when guard's cache holds "
+                             "them for this baseline environment (docs/ab.md, \"The baseline's op counts\")")
     parser.add_argument("--engine-mode", choices=list(ENGINE_MODES), default=None,
                         help="measure TTFT through a `vllm serve` that guard starts (server) or the in-process "
                              "engine; default: the profile's engine.mode (docs/server-mode.md)")
@@ -56,6 +59,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         if args.baseline is None:
             raise UsageError(f"--inject {args.inject} slows the candidate against a baseline: it needs --baseline PYTHON",
                              hint=f"guard check --baseline /path/to/baseline-venv/bin/python --inject {args.inject}")
+    if args.fresh_baseline and args.baseline is None:
+        raise UsageError("--fresh-baseline re-profiles the baseline side of an A/B check: it needs --baseline PYTHON")
     if args.baseline is not None:
         found = shutil.which(args.baseline)
         if found is None or not os.access(found, os.X_OK):
@@ -155,7 +160,7 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
           f"requests per side in alternating blocks of {w.concurrency} (ABBA), then the op-count pass on both", flush=True)
     t0 = time.perf_counter()
     record = run_ab(thresholds, profile, detect(), output, args.baseline, inject=args.inject,
-                    progress=lambda m: print(f"[guard] {m}", flush=True))
+                    progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh_baseline)
     results = evaluate_ab(profile, record, guard_version=__version__, output=output)
     write_report(results, output)
     print()
