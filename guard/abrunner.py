@@ -7,7 +7,8 @@ idle side's process stopped (``WorkerClient.paused``). While a budgeted percenti
 ratio is undecided, more pairs are measured by the same rule as absolute budgets (``ab.batch``
 more, default ``statistics.batch``, up to ``statistics.max_requests`` pairs). Then the op-count
 pass profiles one request per ``profile_image_sizes`` on each side, which also counts each
-side's operator census (guard.census) when the profile has a census rule.
+side's operator census (guard.census) when the profile has a census rule; the baseline side's
+pass is read from guard.abcache instead when this baseline environment was profiled before.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
 run on both sides at once they took longer than one after the other (two OpenMP teams on two

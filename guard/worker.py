@@ -169,11 +169,14 @@ class WorkerClient:
 
     # ---------------------------------------------------------------- pausing
     def pause(self) -> None:
-        """Stop every thread of the worker (SIGSTOP) so that it cannot disturb the other side."""
+        """Stop every thread of the worker (SIGSTOP) so that it cannot disturb the other side, and
+        return once it is stopped: the signal is asynchronous, and on a loaded machine the worker
+        could otherwise still run into the other side's first timed request."""
         if self.proc.poll() is None and not self._paused:
             os.kill(self.proc.pid, signal.SIGSTOP)
             self._paused = True
             self._paused_at = time.perf_counter()
+            _wait_until_stopped(self.proc.pid)
 
     def resume(self) -> None:
         if self._paused:
@@ -209,6 +212,23 @@ class WorkerClient:
             except OSError:
                 pass
         self._log.close()
+
+
+def _wait_until_stopped(pid: int, timeout_s: float = 2.0) -> bool:
+    """Linux: poll /proc until ``pid`` is in the stopped state (T), at most ``timeout_s``; elsewhere
+    (no /proc) return at once. False: not seen stopped (gone, or still stopping at the deadline)."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in ("T", "t"):
+            return True
+        if time.perf_counter() >= deadline:
+            return False
+        time.sleep(0.001)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -309,7 +329,10 @@ class Worker:
         if cache_key:
             from guard.abcache import environment_key
 
-            key, covers = environment_key(prof, gpu_memory_utilization, environ)
+            try:
+                key, covers = environment_key(prof, gpu_memory_utilization, environ)
+            except Exception as exc:  # noqa: BLE001 - no key means no cache, never a failed start
+                key, covers = None, f"the environment could not be keyed ({type(exc).__name__}: {exc})"
         self.send("ready", init_s=init_s, versions=versions(), cache_key=key, cache_key_covers=covers)
 
     def run(self, jobs: list[list[Any]]) -> None:

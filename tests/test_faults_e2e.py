@@ -26,10 +26,17 @@ from tests.test_e2e import measured_s, results_of, small_cpu_yaml
 pytestmark = pytest.mark.engine
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C's default action, as in a shell at a terminal: a test run started in the background
+    (``nohup``, ``cmd &`` in a script) inherits SIGINT ignored, and so would guard."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_guard(*args: str) -> subprocess.Popen:
     exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"
     return subprocess.Popen([exe, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own process group: Ctrl-C goes to guard and its child
+                            start_new_session=True,  # its own process group: Ctrl-C goes to guard and its child
+                            preexec_fn=_as_from_a_terminal)
 
 
 def children(pid: int) -> list[int]:
