@@ -67,23 +67,9 @@ def _tree(path: Path, suffixes: tuple[str, ...] | None) -> list[str]:
     return out
 
 
-def _guard_source() -> str:
-    """guard's own code (it attributes and counts the ops): a content hash, as the worker sees it."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def _hardware() -> dict[str, Any]:
-    cpu = None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        pass
+    from guard.hardware import cpu_name
+
     gpu = None
     torch = sys.modules.get("torch")  # the worker's engine has imported it; never imported for this
     try:
@@ -91,7 +77,7 @@ def _hardware() -> dict[str, Any]:
             gpu = torch.cuda.get_device_name(0)
     except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
         pass
-    return {"machine": platform.machine(), "cpu": cpu or platform.processor(), "cpu_count": os.cpu_count(), "gpu": gpu}
+    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(), "gpu": gpu}
 
 
 def environment_key(profile, gpu_memory_utilization: float | None,
@@ -135,7 +121,9 @@ def environment_key(profile, gpu_memory_utilization: float | None,
     env = {k: v for k, v in sorted((os.environ if environ is None else environ).items()) if k.startswith(ENV_PREFIXES)}
     material = {"python": sys.version, "prefix": os.path.realpath(sys.prefix), "distributions": dists,
                 "packages": packages, "model": model_files, "config": config, "env": env,
-                "hardware": _hardware(), "guard": _guard_source()}
+                "hardware": _hardware(),
+                # guard's own code, as the worker imports it: it attributes and counts the ops
+                "guard": _tree(Path(__file__).resolve().parent, None)}
     text = json.dumps(material, sort_keys=True, default=str)
     n_files = sum(len(p["files"]) for p in packages.values() if p)
     return (hashlib.sha256(text.encode()).hexdigest()[:24],
