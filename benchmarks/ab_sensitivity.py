@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import math
 import random
 import sys
 from collections.abc import Sequence
@@ -180,7 +181,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-results", type=Path, nargs="*", default=None,
                    help="build --slow-pool from these A/B results.json files (candidate slowed by --inject)")
     p.add_argument("--output", type=Path, default=Path("guard-results/ab-sensitivity"))
+    p.add_argument("--grid", default=None, metavar="CONFIDENCES",
+                   help="instead of the pools: the A/B rule at these per-look confidences (e.g. 0.95,0.9,0.8) on "
+                        "synthetic normal log-ratio noise of each --spreads, identical and +--grid-shift %%")
+    p.add_argument("--spreads", default="3,4,5,6,7", help="per-pair spreads in %% (SD of log ratio) for --grid")
+    p.add_argument("--grid-shift", type=float, default=5.0, help="the slowdown in %% --grid must catch")
     return p.parse_args(argv)
+
+
+def normal_pool(spread_pct: float, shift_pct: float, rng: random.Random, size: int = 4000) -> list[Pair]:
+    """Pairs whose log ratio is normal with SD ``spread_pct`` %, centred on log(1 + shift)."""
+    return [Pair(i, 6.0 * (1 + shift_pct / 100) * math.exp(rng.gauss(0, spread_pct / 100)), 6.0) for i in range(size)]
+
+
+def grid(profile: Profile, args: argparse.Namespace) -> None:
+    """Operating characteristics of the whole sequential rule (looks, batches, cap, point estimate
+    at the cap) against the per-look confidence: what `ab.confidence` trades."""
+    budgets = profile.ttft_vs_baseline_pct
+    st = profile.ab_statistics
+    print(f"Profile `{profile.name}`: A/B budget {', '.join(f'{k} +{b:g} %' for k, b in budgets.items())}; "
+          f"{profile.workload.requests} pairs, then {st.batch} at a time up to {st.max_requests}; normal log-ratio "
+          f"noise; {args.trials} simulated runs per cell.\n")
+    print(f"| confidence per look | per-pair spread | false alarms (identical) | +{args.grid_shift:g} % caught "
+          "| mean pairs, identical | mean pairs, slowed |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for conf in [float(x) for x in args.grid.split(",")]:
+        p = dataclasses.replace(profile, ab=dataclasses.replace(profile.ab, confidence=conf))
+        for spread in [float(x) for x in args.spreads.split(",")]:
+            rng = random.Random(f"{args.seed}:grid:{conf}:{spread}")
+            fa, n_same = simulate_ab(normal_pool(spread, 0, rng), p, budgets, args.trials, rng)
+            caught, n_slow = simulate_ab(normal_pool(spread, args.grid_shift, rng), p, budgets, args.trials, rng)
+            print(f"| {conf:g} | {spread:g} % | {max(fa.values()) * 100:.1f} % | {min(caught.values()) * 100:.1f} % "
+                  f"| {n_same:.1f} | {n_slow:.1f} |", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = profile.ttft_vs_baseline_pct
     if not budgets:
         raise SystemExit(f"profile '{profile.name}' has no ttft_vs_baseline_pct budget")
+    if args.grid:
+        grid(profile, args)
+        return 0
     if args.proxy_from_absolute_pool:
         seq = [float(x) for x in json.loads(args.proxy_from_absolute_pool.read_text())["samples_s"]]
         proxy = [Pair(i, seq[2 * i + 1], seq[2 * i]) for i in range(len(seq) // 2)]
@@ -223,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"absolute budget {', '.join(f'{k} {b:.0f} ms' for k, b in profile.ttft_ms.items()) or 'none'}; "
           f"{profile.workload.requests} pairs/requests, then batches of {profile.ab_statistics.batch} pairs / "
           f"{st.batch} requests up to {st.max_requests}, "
-          f"{st.confidence * 100:g} % intervals; {args.trials} simulated runs per row.\n")
+          f"{profile.ab_statistics.confidence * 100:g} % ratio intervals, {st.confidence * 100:g} % absolute "
+          f"intervals; {args.trials} simulated runs per row.\n")
     print("| candidate | pool's median ratio − 1 | A/B fails: " + " | ".join(keys)
           + " | A/B mean pairs | absolute fails: " + " | ".join(profile.ttft_ms or ["—"]) + " | absolute mean requests |")
     print("|---|---:|" + "---:|" * len(keys) + "---:|" + "---:|" * max(1, len(profile.ttft_ms)) + "---:|")
@@ -251,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nCoverage of the ratio interval on the identical pool (share of intervals that contain the pool's own value):\n")
         print("| percentile | n = 6 | n = 12 | n = 24 |\n|---|---:|---:|---:|")
         for k in keys:
-            cells = [coverage(ratios, k, n, st.confidence, args.trials, random.Random(f"{args.seed}:cov:{k}:{n}"))
+            cells = [coverage(ratios, k, n, profile.ab_statistics.confidence, args.trials, random.Random(f"{args.seed}:cov:{k}:{n}"))
                      for n in (6, 12, 24)]
             print(f"| {k} | " + " | ".join(f"{c * 100:.1f} %" for c in cells) + " |")
     return 0

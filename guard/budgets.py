@@ -211,6 +211,10 @@ class ABSettings:
     # pairs per resampling round while a ratio budget is undecided (None: statistics.batch). Each
     # pair costs two requests, so smaller rounds stop closer to the first decisive pair.
     batch: int | None = None
+    # the confidence of the ratio interval at each look (None: statistics.confidence). A/B's error
+    # rates come from the whole sequential rule, cap included, not from one look's level: lower
+    # levels decide sooner at nearly the same error rates (docs/ab.md, "Confidence per look").
+    confidence: float | None = None
 
     def gpu_memory_utilization(self, side: str) -> float | None:
         return getattr(self, f"{side}_gpu_memory_utilization")
@@ -276,10 +280,11 @@ class Profile:
 
     @property
     def ab_statistics(self) -> Statistics:
-        """The statistics A/B mode resamples pairs by: ``statistics`` with ``ab.batch`` if set."""
-        if self.ab.batch is None:
-            return self.statistics
-        return replace(self.statistics, batch=self.ab.batch)
+        """The statistics A/B mode decides and resamples pairs by: ``statistics`` with ``ab.batch``
+        and ``ab.confidence`` where they are set."""
+        return replace(self.statistics,
+                       batch=self.statistics.batch if self.ab.batch is None else self.ab.batch,
+                       confidence=self.statistics.confidence if self.ab.confidence is None else self.ab.confidence)
 
 
 @dataclass(frozen=True)
@@ -324,7 +329,7 @@ STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
 BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False,
                 "census": False}
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
-AB_KEYS = {"gpu_memory_utilization": False, "batch": False}
+AB_KEYS = {"gpu_memory_utilization": False, "batch": False, "confidence": False}
 AB_SIDES_KEYS = {"candidate": False, "baseline": False}
 CENSUS_KEYS = {"baseline": True, "max_growth_pct": False, "min_growth_calls": False,
                "new_function_max_calls": False, "watch": False, "roots": False, "exclude": False}
@@ -547,8 +552,9 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
 def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
     m = r.mapping(node, key, AB_KEYS)
     batch = r.integer(m["batch"][1], f"{key}.batch", minimum=1) if "batch" in m else None
+    conf = _confidence(r, m["confidence"][1], f"{key}.confidence") if "confidence" in m else None
     if "gpu_memory_utilization" not in m:
-        return ABSettings(batch=batch)
+        return ABSettings(batch=batch, confidence=conf)
     k = f"{key}.gpu_memory_utilization"
     sides = r.mapping(m["gpu_memory_utilization"][1], k, AB_SIDES_KEYS)
     shares = {side: _fraction(r, f"{k}.{side}", vnode) for side, (_, vnode) in sides.items()}
@@ -556,7 +562,7 @@ def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
         raise r.error(m["gpu_memory_utilization"][1], k,
                       f"the two engines share one GPU: candidate + baseline = {sum(shares.values()):g} > 1")
     return ABSettings(candidate_gpu_memory_utilization=shares.get("candidate"),
-                      baseline_gpu_memory_utilization=shares.get("baseline"), batch=batch)
+                      baseline_gpu_memory_utilization=shares.get("baseline"), batch=batch, confidence=conf)
 
 
 def _validity(r: _Reader, key: str, node: yaml.Node) -> Validity:
@@ -692,13 +698,16 @@ def _sizes(r: _Reader, key: str, node: yaml.Node) -> tuple[tuple[int, int], ...]
     return tuple(sizes)
 
 
+def _confidence(r: _Reader, node: yaml.Node, key: str) -> float:
+    conf = r.number(node, key)
+    if not 0.5 <= conf < 1.0:
+        raise r.error(node, key, f"must be in [0.5, 1), got {conf}")
+    return conf
+
+
 def _statistics(r: _Reader, key: str, node: yaml.Node) -> Statistics:
     m = r.mapping(node, key, STATISTICS_KEYS)
-    conf = Statistics.confidence
-    if "confidence" in m:
-        conf = r.number(m["confidence"][1], f"{key}.confidence")
-        if not 0.5 <= conf < 1.0:
-            raise r.error(m["confidence"][1], f"{key}.confidence", f"must be in [0.5, 1), got {conf}")
+    conf = _confidence(r, m["confidence"][1], f"{key}.confidence") if "confidence" in m else Statistics.confidence
     cap = r.integer(m["max_requests"][1], f"{key}.max_requests", minimum=1) if "max_requests" in m else None
     batch = r.integer(m["batch"][1], f"{key}.batch", minimum=1) if "batch" in m else Statistics.batch
     return Statistics(confidence=conf, max_requests=cap, batch=batch)

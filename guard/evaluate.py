@@ -240,7 +240,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     if profile.ttft_vs_baseline_pct and len(paired) < want:
         reasons.append(f"too few A/B pairs: {len(paired)} of {want} requested" if paired
                        else "no A/B pairs were measured (a request succeeded on both sides for none of the images)")
-    stats = profile.statistics
+    stats = profile.ab_statistics
     ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
@@ -266,7 +266,8 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     config = {**cand.profile_config, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization},
-                                            "batch": profile.ab_statistics.batch, "idle_side": "paused"}}
+                                            "batch": stats.batch, "confidence": stats.confidence,
+                                            "idle_side": "paused"}}
     return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
                                census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
                                profile_config=config, notices=notices)

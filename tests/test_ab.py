@@ -123,6 +123,7 @@ def test_ab_budget_and_memory_split_load(tmp_path: Path):
     assert p.ttft_vs_baseline_pct == {"p50": 2.5}
     assert p.ab.gpu_memory_utilization(CANDIDATE) == 0.45 and p.ab.gpu_memory_utilization(BASELINE) == 0.4
     assert p.ab.batch is None  # resample by statistics.batch
+    assert p.ab.confidence is None and p.ab_statistics.confidence == p.statistics.confidence
 
 
 def test_ab_batch_loads_alone_or_with_the_memory_split(tmp_path: Path):
@@ -131,6 +132,13 @@ def test_ab_batch_loads_alone_or_with_the_memory_split(tmp_path: Path):
     both = AB_GOOD.replace("    budgets:", "    ab:\n      batch: 3\n      gpu_memory_utilization: {candidate: 0.4}\n    budgets:")
     p = load_thresholds(write(tmp_path, both)).profile("cpu")
     assert (p.ab.batch, p.ab.gpu_memory_utilization(CANDIDATE)) == (3, 0.4)
+
+
+def test_ab_confidence_sets_the_ratio_interval_level_and_nothing_else(tmp_path: Path):
+    p = load_thresholds(write(tmp_path, AB_GOOD.replace("    budgets:", "    ab:\n      confidence: 0.8\n    budgets:"))).profile("cpu")
+    assert p.ab.confidence == 0.8 and p.ab_statistics.confidence == 0.8
+    assert p.statistics.confidence == 0.95  # absolute budgets keep theirs
+    assert p.ab_statistics.max_requests == p.statistics.max_requests and p.ab_statistics.batch == p.statistics.batch
 
 
 def test_shipped_cpu_profile_has_an_ab_budget():
@@ -152,6 +160,8 @@ def test_shipped_cpu_profile_has_an_ab_budget():
      "profiles.cpu.ab.gpu_memory_utilisation", "unknown key"),
     ("    budgets:", "    ab:\n      batch: 0\n    budgets:", 14, "profiles.cpu.ab.batch", ">= 1"),
     ("    budgets:", "    ab:\n      batch: two\n    budgets:", 14, "profiles.cpu.ab.batch", "integer"),
+    ("    budgets:", "    ab:\n      confidence: 1\n    budgets:", 14, "profiles.cpu.ab.confidence", "[0.5, 1)"),
+    ("    budgets:", "    ab:\n      confidence: high\n    budgets:", 14, "profiles.cpu.ab.confidence", "number"),
 ])
 def test_bad_ab_config_names_file_line_and_key(tmp_path: Path, old, new, line, key, problem):
     assert old in AB_GOOD
@@ -498,6 +508,12 @@ class _ScriptedPairs:
             self.run.record.candidate.outcomes.append(_o(i, 6.0 * r, success=ok))
 
 
+def _straddling(n=100):
+    """Ratios centred on +3 % with a 30 % spread: every interval up to the cap straddles a +3 % budget."""
+    rng = random.Random(1)
+    return [1.03 * math.exp(rng.gauss(0, 0.3)) for _ in range(n)]
+
+
 def _ab_run(tmp_path, ab_profile):
     from guard.abrunner import ABRun
     from guard.hardware import detect
@@ -521,7 +537,7 @@ def test_ab_resampling_goes_on_in_batches_up_to_the_cap_while_undecided(tmp_path
     run, profile = _ab_run(tmp_path, ab_profile)
     said = []
     run.progress = said.append
-    run.measure = _ScriptedPairs(run, [0.97, 1.05] * 50)  # straddles +3 % however many pairs
+    run.measure = _ScriptedPairs(run, _straddling())  # straddles +3 % however many pairs
     run.measure_until_decided()
     stats = profile.statistics
     assert sum(run.measure.calls) == stats.max_requests == len(run.ratios())
@@ -531,16 +547,32 @@ def test_ab_resampling_goes_on_in_batches_up_to_the_cap_while_undecided(tmp_path
     assert any("inconclusive after 6 pairs" in m and "measuring 2 more pairs" in m for m in said)
 
 
+def test_ab_resampling_decides_at_ab_confidence(tmp_path, ab_profile):
+    from guard.ab import decide_ratio
+
+    first = [1.00, 1.01, 0.99, 1.005, 0.995, 1.045]  # one outlier: the 95 % interval reaches +4.5 %
+    assert decide_ratio("p50", 3.0, first, 0.95).status == Status.INCONCLUSIVE
+    assert decide_ratio("p50", 3.0, first, 0.8).status == Status.PASS
+    calls = {}
+    for conf in (0.95, 0.8):
+        profile = dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, confidence=conf))
+        run, _ = _ab_run(tmp_path / str(conf), profile)
+        run.measure = _ScriptedPairs(run, first + [1.0] * 40)
+        run.measure_until_decided()
+        calls[conf] = run.measure.calls
+    assert calls[0.8] == [6] and calls[0.95][0] == 6 and len(calls[0.95]) > 1
+
+
 def test_ab_resampling_falls_back_to_statistics_batch(tmp_path, ab_profile):
     run, profile = _ab_run(tmp_path, dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, batch=None)))
-    run.measure = _ScriptedPairs(run, [0.97, 1.05] * 50)
+    run.measure = _ScriptedPairs(run, _straddling())
     run.measure_until_decided()
     assert run.measure.calls == [6, 6, 6, 6]
 
 
 def test_ab_resampling_stops_at_a_failed_request(tmp_path, ab_profile):
     run, profile = _ab_run(tmp_path, ab_profile)
-    run.measure = _ScriptedPairs(run, [0.97, 1.05] * 50, fail_at=3)
+    run.measure = _ScriptedPairs(run, _straddling(), fail_at=3)
     run.measure_until_decided()
     assert run.measure.calls == [6]  # a failed request makes the run invalid: no more pairs
 
