@@ -489,6 +489,23 @@ def test_simulated_ab_rule_separates_identical_from_slowed(ab_sensitivity, ab_pr
     assert absolute["p50"] < 0.05
 
 
+def test_grid_pools_have_the_spread_and_shift_they_claim(ab_sensitivity):
+    same = ab_sensitivity.normal_pool(5.0, 0.0, random.Random(0))
+    slow = ab_sensitivity.normal_pool(5.0, 5.0, random.Random(0))
+    logs = [math.log(p.ratio) for p in same]
+    assert abs(statistics.stdev(logs) - 0.05) < 0.003 and abs(statistics.median(logs)) < 0.004
+    assert abs(statistics.median(p.ratio for p in slow) - 1.05) < 0.005
+
+
+def test_grid_prints_one_row_per_confidence_and_spread(ab_sensitivity, capsys):
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    argv = ["--thresholds", str(SHIPPED_THRESHOLDS), "--grid", "0.95,0.8", "--spreads", "3,6", "--trials", "40"]
+    assert ab_sensitivity.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.")]
+    assert [r.split("|")[1:3] for r in rows] == [[" 0.95 ", " 3 % "], [" 0.95 ", " 6 % "], [" 0.8 ", " 3 % "], [" 0.8 ", " 6 % "]]
+
+
 # ----------------------------------------------------------------------------- the A/B run stage's resampling
 class _ScriptedPairs:
     """Stands in for ``ABRun.measure`` (the two workers): each measured pair gets the next ratio
