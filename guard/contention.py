@@ -64,6 +64,7 @@ class ProcTimes:
     ppid: int
     own: int  # utime + stime: all its threads
     reaped_children: int  # cutime + cstime: children it has waited for
+    state: str = ""  # field 3: R running, S sleeping, T stopped, ...
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def parse_pid_stat(text: str) -> ProcTimes:
     pid = int(head.split("(", 1)[0])
     f = tail.split()  # f[0] is field 3 (state)
     utime, stime, cutime, cstime = (int(x) for x in f[11:15])  # fields 14-17
-    return ProcTimes(pid=pid, ppid=int(f[1]), own=utime + stime, reaped_children=cutime + cstime)
+    return ProcTimes(pid=pid, ppid=int(f[1]), own=utime + stime, reaped_children=cutime + cstime, state=f[0])
 
 
 def tree_of(root: int, procs: Iterable[ProcTimes]) -> list[ProcTimes]:

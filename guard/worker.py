@@ -217,12 +217,14 @@ class WorkerClient:
 def _wait_until_stopped(pid: int, timeout_s: float = 2.0) -> bool:
     """Linux: poll /proc until ``pid`` is in the stopped state (T), at most ``timeout_s``; elsewhere
     (no /proc) return at once. False: not seen stopped (gone, or still stopping at the deadline)."""
+    from guard.contention import parse_pid_stat
+
     stat = Path(f"/proc/{pid}/stat")
     deadline = time.perf_counter() + timeout_s
     while True:
         try:
-            state = stat.read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            state = parse_pid_stat(stat.read_text()).state
+        except (OSError, ValueError):
             return False
         if state in ("T", "t"):
             return True

@@ -52,7 +52,7 @@ def test_proc_stat_without_aggregate_line_is_an_error():
 def test_pid_stat_with_spaces_and_parentheses_in_the_name():
     fields = ["S", "77"] + ["0"] * 9 + ["120", "30", "400", "50"] + ["0"] * 30
     p = parse_pid_stat(f"4242 (vllm (worker) 1) {' '.join(fields)}")
-    assert (p.pid, p.ppid, p.own, p.reaped_children) == (4242, 77, 150, 450)
+    assert (p.pid, p.ppid, p.own, p.reaped_children, p.state) == (4242, 77, 150, 450, "S")
 
 
 def test_tree_walk_follows_grandchildren_and_skips_strangers():
