@@ -50,6 +50,9 @@ class TtftHardware:
 
     cpu_model_regex: str | None = None  # searched in /proc/cpuinfo's "model name"
     cpu_count: tuple[int, int] | None = None  # inclusive range; `cpu_count: 2` is (2, 2)
+    # guard.speedref's reference workload on that machine when the budget was measured, ms: a
+    # run on a matching CPU that runs it much slower measured a slow machine (validity.max_slowdown_pct)
+    speed_reference_ms: float | None = None
     line: int | None = None
 
     def fits(self, cpu_name: str, cpu_count: int) -> bool:
@@ -74,6 +77,10 @@ class Validity:
     # Other processes plus hypervisor steal may use at most this share of the machine's CPU time
     # during the measured requests (guard.contention). See docs/reliability.md for the measurement.
     max_other_cpu_pct: float = 5.0
+    # Beyond this much slower than the machine the TTFT budget was measured on (guard.speedref's
+    # reference, budgets.ttft_hardware.speed_reference_ms), a TTFT failure the slowdown explains
+    # is the machine's: invalid, not a regression. Within it: the machine's own drift.
+    max_slowdown_pct: float = 5.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -315,8 +322,8 @@ def percentile_value(key: str) -> float:
 TOP_KEYS = {"schema_version": True, "model": True, "profiles": True}
 PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": False, "validity": False,
                 "headroom_pct": False, "budgets": True, "provenance": False, "ab": False}
-VALIDITY_KEYS = {"max_other_cpu_pct": False}
-TTFT_HARDWARE_KEYS = {"cpu_model_regex": False, "cpu_count": False}
+VALIDITY_KEYS = {"max_other_cpu_pct": False, "max_slowdown_pct": False}
+TTFT_HARDWARE_KEYS = {"cpu_model_regex": False, "cpu_count": False, "speed_reference_ms": False}
 MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
 ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
@@ -573,7 +580,10 @@ def _validity(r: _Reader, key: str, node: yaml.Node) -> Validity:
         if pct > 100:
             raise r.error(m["max_other_cpu_pct"][1], f"{key}.max_other_cpu_pct",
                           f"a share of the machine's CPU time, 0-100, got {pct:g}", hint="100 turns the gate off")
-    return Validity(max_other_cpu_pct=pct)
+    slow = Validity.max_slowdown_pct
+    if "max_slowdown_pct" in m:
+        slow = r.number(m["max_slowdown_pct"][1], f"{key}.max_slowdown_pct", minimum=0.0)
+    return Validity(max_other_cpu_pct=pct, max_slowdown_pct=slow)
 
 
 def _regex(r: _Reader, node: yaml.Node, key: str) -> str:
@@ -589,7 +599,7 @@ def _regex(r: _Reader, node: yaml.Node, key: str) -> str:
 def _ttft_hardware(r: _Reader, key: str, node: yaml.Node) -> TtftHardware:
     m = r.mapping(node, key, TTFT_HARDWARE_KEYS)
     if not m:
-        raise r.error(node, key, "empty: give cpu_model_regex and/or cpu_count")
+        raise r.error(node, key, "empty: give cpu_model_regex, cpu_count and/or speed_reference_ms")
     regex = None
     if "cpu_model_regex" in m:
         regex = _regex(r, m["cpu_model_regex"][1], f"{key}.cpu_model_regex")
@@ -607,7 +617,11 @@ def _ttft_hardware(r: _Reader, key: str, node: yaml.Node) -> TtftHardware:
         else:
             n = r.integer(cnode, ck, minimum=1)
             count = (n, n)
-    return TtftHardware(cpu_model_regex=regex, cpu_count=count, line=node.start_mark.line + 1)
+    speed = None
+    if "speed_reference_ms" in m:
+        speed = r.number(m["speed_reference_ms"][1], f"{key}.speed_reference_ms", positive=True)
+    return TtftHardware(cpu_model_regex=regex, cpu_count=count, speed_reference_ms=speed,
+                        line=node.start_mark.line + 1)
 
 
 def _match(r: _Reader, key: str, node: yaml.Node) -> Match:

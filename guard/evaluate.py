@@ -16,6 +16,7 @@ from guard import format as fmt
 from guard.budgets import OpBudget, Profile
 from guard.census import Baseline, CensusJudgement, judge, size_key
 from guard.contention import contention_problems
+from guard.speedref import speed_notice, speed_problems
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
                            UnmeasuredOpCheck, Verdict, ttft_definition)
@@ -33,6 +34,10 @@ def ttft_not_judged(profile: Profile, env: dict[str, Any]) -> str | None:
     if not profile.ttft_ms or not env or "cpu" not in env:
         return None
     return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0))
+
+
+def _speed_reference_ms(profile: Profile) -> float | None:
+    return profile.ttft_hardware.speed_reference_ms if profile.ttft_hardware else None
 
 
 def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
@@ -180,6 +185,9 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     the file does not exist yet, which makes a profile with a census rule an invalid run."""
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
+    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.speedref).
+    reasons += speed_problems(run.environment.get("speed_reference"), _speed_reference_ms(profile),
+                              profile.validity.max_slowdown_pct, ttft)
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
     census = None
@@ -197,6 +205,10 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         notices.append(not_judged_notice(not_judged, run.thresholds_path, output))
     elif valid:  # an invalid run (or another CPU's budget) is no basis for new budgets
         notices += stale_budget_notices(profile, ttft, output)
+    if ttft and not not_judged:
+        fast = speed_notice(run.environment.get("speed_reference"), _speed_reference_ms(profile),
+                            profile.validity.max_slowdown_pct)
+        notices += [fast] if fast else []
     if profile.match.cuda and not run.environment.get("gpu_state"):
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
@@ -214,6 +226,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         judged_invalid_reasons=tuple(reasons), notices=tuple(notices),
         profile_config={"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict(),
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
+                        "validity": profile.validity.as_dict(), "speed_reference_ms": _speed_reference_ms(profile),
                         **({"census": profile.census.as_dict()} if profile.census is not None else {})},
     )
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.contention import ContentionReading
+from guard.speedref import WORKLOAD as SPEED_WORKLOAD
 from guard.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
                            TtftRatioCheck)
 
@@ -107,6 +108,18 @@ def contention(reading: ContentionReading | Mapping[str, Any]) -> str:
     if r.steal_cores >= 0.005:
         text += f" and the hypervisor took {r.steal_cores:.2f} (steal)"
     return text + f" during measurement ({r.window_s:.0f} s; guard's engine used {r.own_cores:.2f})"
+
+
+def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> str:
+    """A run's speed reference (``environment.speed_reference``, guard.speedref): "79 ms (before 78,
+    after 80); the budget's machine: 76 ms, this one +3.9 %"."""
+    parts = [f"{(recorded.get(side) or {}).get('ms'):.0f}" for side in ("before", "after") if recorded.get(side)]
+    text = f"{recorded['ms']:.0f} ms" + (f" (before and after the measured requests: {', '.join(parts)})" if len(parts) == 2 else "")
+    if reference_ms and recorded.get("workload") == SPEED_WORKLOAD:
+        text += f"; the budget's machine: {reference_ms:.0f} ms, this one {(recorded['ms'] / reference_ms - 1) * 100:+.1f} %"
+    elif not reference_ms:
+        text += "; the budget records none to compare with"
+    return text
 
 
 def op_name(c: OpCheck) -> str:

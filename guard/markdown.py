@@ -344,6 +344,10 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
         reading = run.environment.get("cpu_contention")
         if reading:
             lines += ["", f"Machine during measurement: {text(fmt.contention(reading))}."]
+        speed = run.environment.get("speed_reference")
+        if speed:
+            reference = results.profile_config.get("speed_reference_ms")
+            lines += ["", f"Machine speed: guard's speed reference {text(fmt.speed_reference(speed, reference))}."]
 
     ops = results.op_checks
     if ops:

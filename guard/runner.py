@@ -14,6 +14,7 @@ from pathlib import Path
 
 from guard import format as fmt
 from guard.budgets import Profile, Thresholds
+from guard import speedref
 from guard.contention import ContentionSampler, contention_problems
 from guard.census import QualnameResolver, count_functions, size_key
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
@@ -23,6 +24,7 @@ from guard.hardware import Hardware, fingerprint
 from guard.probes import attribute, profile_request, save_events, save_trace, scope_events
 from guard.results import RequestOutcome, RunRecord, ScopeCounts, Status
 from guard.rules import TtftDecision, measure_until_decided
+from guard.speedref import SpeedReading
 
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
@@ -40,11 +42,14 @@ class GuardRun:
                  progress: Callable[[str], None] = print, injected: str | None = None,
                  traces: str = TRACES_ON_FAILURE, driver: Driver | None = None,
                  environment: dict | None = None, server_url: str | None = None,
-                 contention: ContentionSampler | None = None) -> None:
+                 contention: ContentionSampler | None = None,
+                 speed_reader: Callable[[], SpeedReading | None] | None = None) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
         self.server_url = server_url.rstrip("/") if server_url else None
         # what the rest of the machine does during the timing pass (guard.contention)
         self.contention = contention if contention is not None else ContentionSampler()
+        # how fast the machine runs a fixed workload around the timing pass (guard.speedref)
+        self.speed_reader = speed_reader or speedref.measure
         self.traces = traces
         self.progress = progress
         self.driver: Driver = driver or (lambda jobs, on_outcome: run_jobs(self.llm, profile.workload, jobs, on_outcome))
@@ -219,6 +224,7 @@ class GuardRun:
         gpu_state = env.get("gpu_state")
         # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only
         sampler = GpuStateSampler() if gpu_state is not None else contextlib.nullcontext()
+        before = self._speed_reading()
         self.contention.start()
         with sampler:
             measure_until_decided(budgets, stats, self.profile.workload.requests, self.measure,
@@ -230,6 +236,24 @@ class GuardRun:
         if gpu_state is not None:  # the end of the timing pass, while the engine holds the device
             gpu_state["during"] = sampler.snapshots
             gpu_state["end"] = read_gpu_state()
+        speed = speedref.combined(before, self._speed_reading())
+        if speed is not None:
+            env["speed_reference"] = speed
+            bound = self.profile.ttft_hardware
+            self.progress(f"speed reference: {fmt.speed_reference(speed, bound.speed_reference_ms if bound else None)}")
+
+    def _speed_reading(self) -> SpeedReading | None:
+        """A reading of guard's speed reference in the engine's own process (its threads, bound to
+        cores by vLLM), between requests. In-process mode on a CPU profile only: on a GPU TTFT is
+        the device's, and in server mode the engine is another process, whose threads guard's
+        reading would not run on (unbound, it reads ~12 % slower here)."""
+        if self.profile.match.cuda or self.mode != "in-process":
+            return None
+        try:
+            return self.speed_reader()
+        except Exception as exc:  # noqa: BLE001 - a reading is evidence, not a requirement
+            self.progress(f"speed reference not measured: {exc}")
+            return None
 
     # -------------------------------------------------------------- profile pass
     def profile_ops(self, label: str = "") -> list[ScopeCounts]:

@@ -126,6 +126,9 @@ def render_terminal(results: Results) -> str:
     reading = results.run.environment.get("cpu_contention")
     if reading:
         lines.append(f"machine: {fmt.contention(reading)}")
+    speed = results.run.environment.get("speed_reference")
+    if speed:
+        lines.append(f"machine speed: guard's speed reference {fmt.speed_reference(speed, results.profile_config.get('speed_reference_ms'))}")
     lines += census_lines(results)
     lines += [f"invalid: {reason}" for reason in results.invalid_reasons]
     lines += [f"notice: {notice}" for notice in results.notices]

@@ -68,13 +68,17 @@ def test_good_file_gives_typed_records(tmp_path: Path) -> None:
 def test_ttft_hardware_and_validity_records(tmp_path: Path) -> None:
     p = load_thresholds(write(tmp_path, GOOD)).profile("cpu")
     assert p.ttft_hardware is None and p.validity.max_other_cpu_pct == 5.0  # defaults: unbound, 5 %
-    text = GOOD.replace("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: 25}").replace(
+    assert p.validity.max_slowdown_pct == 5.0
+    text = GOOD.replace("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: 25, max_slowdown_pct: 12.5}").replace(
         "      ttft_ms: {p50: 9000, p99: 10000}",
         "      ttft_ms: {p50: 9000, p99: 10000}\n      ttft_hardware: {cpu_model_regex: '^AMD EPYC', cpu_count: [2, 4]}")
     p = load_thresholds(write(tmp_path, text)).profile("cpu")
-    assert p.validity.max_other_cpu_pct == 25.0
+    assert p.validity.max_other_cpu_pct == 25.0 and p.validity.max_slowdown_pct == 12.5
     hw = p.ttft_hardware
     assert hw.cpu_model_regex == "^AMD EPYC" and hw.cpu_count == (2, 4) and hw.line == 16
+    assert hw.speed_reference_ms is None  # not measured: the speed gate has nothing to compare with
+    sped = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]}", "cpu_count: [2, 4], speed_reference_ms: 79.5}")))
+    assert sped.profile("cpu").ttft_hardware.speed_reference_ms == 79.5
     assert hw.fits("AMD EPYC 7B13", 2) and hw.fits("AMD EPYC", 4)
     assert not hw.fits("AMD EPYC", 8) and not hw.fits("Intel(R) Xeon(R) Platinum 8375C", 2)
     assert hw.describe() == "a CPU matching /^AMD EPYC/ with 2-4 cores"
@@ -119,10 +123,15 @@ BAD = [
     (T, T + "\n      ttft_hardware: {cpu_count: [2, 4, 8]}", 15, "budgets.ttft_hardware.cpu_count", "range [min, max]"),
     (T, T + "\n      ttft_hardware: {cpu_modle_regex: EPYC}", 15, "budgets.ttft_hardware.cpu_modle_regex", "unknown key"),
     (T, T + "\n      ttft_hardware: {}", 15, "budgets.ttft_hardware", "empty"),
+    (T, T + "\n      ttft_hardware: {speed_reference_ms: 0}", 15, "budgets.ttft_hardware.speed_reference_ms",
+     "greater than 0"),
+    (T, T + "\n      ttft_hardware: {speed_reference_ms: fast}", 15, "budgets.ttft_hardware.speed_reference_ms",
+     "expected a number"),
     (T + "\n", "      ttft_hardware: {cpu_count: 2}\n", 14, "budgets.ttft_hardware", "there are none"),
     ("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: 150}", 5, "profiles.cpu.validity.max_other_cpu_pct", "0-100"),
     ("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: -1}", 5, "profiles.cpu.validity.max_other_cpu_pct", "must be >= 0"),
     ("  cpu:", "  cpu:\n    validity: {max_other_cores: 1}", 5, "profiles.cpu.validity.max_other_cores", "unknown key"),
+    ("  cpu:", "  cpu:\n    validity: {max_slowdown_pct: -5}", 5, "profiles.cpu.validity.max_slowdown_pct", "must be >= 0"),
 ]
 
 

@@ -13,6 +13,7 @@ from guard.evaluate import evaluate
 from guard.hardware import Hardware
 from guard.results import RequestOutcome, Verdict
 from guard.runner import GuardRun
+from guard.speedref import WORKLOAD, SpeedReading
 from tests.ttft_scenarios import CPU_ENV, budgeted
 
 
@@ -35,13 +36,19 @@ class ScriptedDriver:
         return out
 
 
-def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None):
+QUIET_READING = SpeedReading(WORKLOAD, 80.0, 4.0, 7, 2)  # a recorded reading of this machine
+
+
+def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None, speed=(QUIET_READING,)):
     """A real GuardRun with the scripted driver injected; returns it, the driver and its progress lines.
-    The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject)."""
+    The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject),
+    and the speed readings are ``speed``'s, in turn (guard.speedref is tested on its own)."""
     driver, lines = ScriptedDriver(script), []
+    readings = iter(speed * 2 if len(speed) == 1 else speed)
     run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
                    progress=lines.append, driver=driver, environment=dict(environment or CPU_ENV),
-                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"))
+                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"),
+                   speed_reader=lambda: next(readings))
     return run, driver, lines
 
 
@@ -125,6 +132,41 @@ def test_ttft_bound_to_another_cpu_measures_no_extra_rounds(thresholds, cpu, tmp
     assert driver.counts == [5]  # nothing to decide here: the workload's requests, shown, not judged
     res = evaluate(profile, run.finish())
     assert res.verdict == Verdict.PASS and {c.status for c in res.ttft_checks} == {"not_judged"}
+def test_the_speed_reference_is_read_around_the_timing_pass_and_judged(thresholds, cpu, tmp_path):
+    """7.2 s against a 6.5 s p50 budget fails; on a machine 25 % slower than the budget's that is
+    explained (7.2 / 1.25 = 5.8 s): invalid. At the budget's speed it is a regression, and so is a
+    failure far beyond what the slowdown explains."""
+    bound = dataclasses.replace(budgeted(cpu, p50=6500), ttft_hardware=TtftHardware(cpu_count=(2, 2), speed_reference_ms=80.0))
+    slow = (SpeedReading(WORKLOAD, 96.0, 3.0, 7, 2), SpeedReading(WORKLOAD, 104.0, 3.0, 7, 2))
+    run, _, lines = scripted_run(thresholds, bound, [7.2] * 20, tmp_path, speed=slow)
+    run.measure_until_decided()
+    recorded = run.record.environment["speed_reference"]
+    assert (recorded["before"]["ms"], recorded["after"]["ms"], recorded["ms"]) == (96.0, 104.0, 100.0)
+    assert "speed reference: 100 ms (before and after the measured requests: 96, 104); the budget's machine: 80 ms, " \
+           "this one +25.0 %" in lines
+    record = run.finish()
+    res = evaluate(bound, record)
+    assert res.verdict == Verdict.INVALID  # never a regression: the machine, not the code, was slow
+    (why,) = [r for r in res.invalid_reasons if r.startswith("slow machine: guard's speed reference took 100 ms, +25.0 %")]
+    assert "ttft p50 7200 ms against 6500 ms; 5760 ms with the slowdown taken out" in why
+    far = dataclasses.replace(bound, ttft_ms={"p50": 4000})  # 5.76 s > 4 s: beyond what the machine explains
+    assert evaluate(far, record).verdict == Verdict.REGRESSION
+    run, _, _ = scripted_run(thresholds, bound, [7.2] * 20, tmp_path)  # 80 ms: the budget's own speed
+    run.measure_until_decided()
+    assert evaluate(bound, run.finish()).verdict == Verdict.REGRESSION
+
+
+def test_a_speed_reading_that_breaks_is_reported_not_fatal(thresholds, cpu, tmp_path):
+    def broken():
+        raise RuntimeError("no torch here")
+
+    run, _, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
+    run.speed_reader = broken
+    run.measure_until_decided()
+    assert "speed_reference" not in run.record.environment
+    assert "speed reference not measured: no torch here" in lines
+
+
 def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):
     """If the process dies after any round (SIGKILL, OOM), run.json holds what was measured so far,
     marked unfinished, so `guard check` reports an invalid run with those samples (issue #11, 7)."""

@@ -335,6 +335,22 @@ def test_reports_show_the_contention_reading(cpu):
     assert f"Machine during measurement: {line}." in render_markdown(res)
 
 
+def test_reports_show_the_speed_reference_against_the_budgets(cpu):
+    speed = {"workload": "speedref-1", "ms": 98.4, "before": {"ms": 97.0}, "after": {"ms": 99.8}}
+    profile = dataclasses.replace(cpu, ttft_ms={"p50": 6000},
+                                  ttft_hardware=dataclasses.replace(BOUND_HERE, speed_reference_ms=80.0))
+    res = evaluate(profile, cpu_run(environment={**env_for("cpu", None), "speed_reference": speed}))
+    assert res.verdict == Verdict.INVALID  # 7.25 s over 6 s, explained by +23 % (lower end / 1.23 < 6 s)
+    line = ("guard's speed reference 98 ms (before and after the measured requests: 97, 100); "
+            "the budget's machine: 80 ms, this one +23.0 %")
+    assert f"machine speed: {line}" in render_terminal(res)
+    assert f"Machine speed: {line}." in render_markdown(res)
+    assert res.profile_config["speed_reference_ms"] == 80.0 and res.profile_config["validity"]["max_slowdown_pct"] == 5.0
+    elsewhere = dataclasses.replace(profile, ttft_hardware=dataclasses.replace(BOUND_ELSEWHERE, speed_reference_ms=80.0))
+    res = evaluate(elsewhere, cpu_run(environment={**env_for("cpu", None), "speed_reference": speed}))
+    assert res.verdict == Verdict.PASS and res.invalid_reasons == []  # not judged here: nothing to excuse
+
+
 def test_contention_does_not_invalidate_ttft_that_is_not_judged(cpu):
     profile = dataclasses.replace(cpu, ttft_hardware=BOUND_ELSEWHERE)
     res = evaluate(profile, contended_run(1.7))

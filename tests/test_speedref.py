@@ -1,0 +1,120 @@
+"""guard.speedref: the reference workload on real torch, the record of a run, and the gate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from guard import format as fmt
+from guard import speedref
+from guard.results import Status, TtftCheck
+from guard.speedref import WORKLOAD, SpeedReading, combined, slowdown_pct, speed_notice, speed_problems
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+def _recorded(ms: float, workload: str = WORKLOAD) -> dict:
+    return {"workload": workload, "ms": ms, "before": None, "after": None}
+
+
+def test_a_reading_times_the_workload_on_this_process_threads():
+    r = speedref.measure(repeats=3)
+    assert r.workload == WORKLOAD and r.repeats == 3
+    assert 1.0 < r.ms < 10_000.0  # a pass is tens of milliseconds on a laptop core, never free
+    assert r.spread_pct >= 0 and r.threads >= 1
+
+
+def _reading_in_subprocess(group: Path | None) -> float:
+    """One reading in a fresh python; with ``group``, it joins that cgroup once torch is loaded."""
+    code = textwrap.dedent(f"""
+        import os
+        from guard import speedref
+        speedref.measure(repeats=1)  # torch loaded and warm before any quota applies
+        group = {str(group) if group else None!r}
+        if group:
+            open(group + "/cgroup.procs", "w").write(str(os.getpid()))
+        print(speedref.measure().ms)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    return float(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (CPU_CGROUP / "cpu.cfs_quota_us").exists(),
+                    reason="needs root and cgroup v1's cpu controller to impose a CPU quota")
+def test_a_cpu_quota_that_proc_does_not_show_slows_the_reading():
+    """What the reference is for: a slowdown no other process explains. Half a core against the
+    machine's two or more is a 4x (or worse) slowdown; the reading must show at least half of it."""
+    group = CPU_CGROUP / f"guard-speedref-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("50000")
+        free, limited = _reading_in_subprocess(None), _reading_in_subprocess(group)
+    finally:
+        group.rmdir()  # its one process has exited
+    assert limited > 2.0 * free, (free, limited)
+
+
+def test_the_run_record_is_the_mean_of_the_readings_around_the_timing_pass():
+    before = SpeedReading(WORKLOAD, 80.0, 5.0, 7, 2)
+    after = SpeedReading(WORKLOAD, 90.0, 4.0, 7, 2)
+    both = combined(before, after)
+    assert both["ms"] == 85.0 and both["before"]["ms"] == 80.0 and both["after"]["threads"] == 2
+    assert combined(None, after)["ms"] == 90.0 and combined(before, None)["after"] is None
+    assert combined(None, None) is None
+
+
+def test_slowdown_is_measured_against_the_budget_reference_of_the_same_workload():
+    assert slowdown_pct(_recorded(88.0), 80.0) == pytest.approx(10.0)
+    assert slowdown_pct(_recorded(72.0), 80.0) == pytest.approx(-10.0)
+    assert slowdown_pct(_recorded(88.0, workload="speedref-0"), 80.0) is None  # another workload: not comparable
+    assert slowdown_pct(_recorded(88.0), None) is None and slowdown_pct(None, 80.0) is None
+
+
+def _p50(measured_ms: float, interval=None, budget_ms: float = 7000.0, status=Status.FAIL) -> TtftCheck:
+    return TtftCheck("p50", budget_ms, measured_ms, interval or (measured_ms * 0.97, measured_ms * 1.03), 6, 1, 0.95, status)
+
+
+def test_a_failure_the_slowdown_explains_is_the_machines():
+    # 7467 ms over 7000: the machine 23 % slower explains it (7243 / 1.23 = 5889 ms <= 7000)
+    (why,) = speed_problems(_recorded(98.4), 80.0, 5, [_p50(7467, (7243, 7691))])
+    assert why.startswith("slow machine: guard's speed reference took 98 ms, +23.0 % against the 80 ms")
+    assert "validity.max_slowdown_pct 5" in why and "ttft p50 7467 ms against 7000 ms; 5889 ms with the slowdown" in why
+    assert "not judged" in why
+
+
+@pytest.mark.parametrize(("reading", "checks", "why"), [
+    (98.4, [_p50(14000, (13500, 14500))], "2x over budget: beyond what 23 % explains"),
+    (98.4, [_p50(7467), _p50(16000, budget_ms=9000)], "every failure must be explained"),
+    (83.0, [_p50(7467)], "+3.8 %: within the machine's own drift"),
+    (98.4, [_p50(6500, status=Status.PASS)], "a pass stands"),
+    (98.4, [_p50(7467, status=Status.NOT_JUDGED)], "nothing judged, nothing to excuse"),
+])
+def test_the_gate_leaves_these_verdicts_alone(reading, checks, why):
+    assert speed_problems(_recorded(reading), 80.0, 5, checks) == [], why
+
+
+def test_without_a_comparable_reference_the_gate_is_silent():
+    failing = [_p50(7467)]
+    assert speed_problems(_recorded(100.0), None, 5, failing) == []  # a budget without a reference
+    assert speed_problems(None, 80.0, 5, failing) == []  # a run without a reading
+    assert speed_problems(_recorded(100.0, workload="speedref-0"), 80.0, 5, failing) == []
+
+
+def test_a_clearly_faster_machine_gets_a_notice_not_a_failure():
+    assert speed_notice(_recorded(75.0), 80.0, 5) is None  # -6 %: drift
+    notice = speed_notice(_recorded(60.0), 80.0, 5)
+    assert notice.startswith("fast machine: guard's speed reference took 60 ms, -25.0 %") and "update-thresholds" in notice
+
+
+def test_the_progress_line_compares_with_the_budget_machine():
+    rec = combined(SpeedReading(WORKLOAD, 78.0, 5.0, 7, 2), SpeedReading(WORKLOAD, 82.0, 5.0, 7, 2))
+    assert fmt.speed_reference(rec, 76.0) == ("80 ms (before and after the measured requests: 78, 82); "
+                                             "the budget's machine: 76 ms, this one +5.3 %")
+    assert fmt.speed_reference(rec, None).endswith("the budget records none to compare with")
