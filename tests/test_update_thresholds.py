@@ -619,3 +619,45 @@ def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
     assert [c.status for c in again.ttft_checks] == [Status.PASS]
     assert load_thresholds(REAL).profile("cpu").ttft_ms == profile.ttft_ms  # the shipped file is untouched
     assert mine.ttft_hardware.fits(ENV["cpu"], 2)
+
+
+# ----------------------------------------------------------------------------- the speed reference
+SPEED = {"workload": "speedref-1", "ms": 81.37, "before": None, "after": None}
+
+
+def test_moved_ttft_budgets_record_the_runs_speed_reference(tmp_path, capsys):
+    """Budgets rebound to the run's CPU carry that machine's speed reference too, so a later run on
+    the same CPU model can tell a slow machine from slow code."""
+    y = _shipped_copy(tmp_path)
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 9000.0}, env={**ENV, "speed_reference": SPEED})
+    code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == 0, err
+    hw = load_thresholds(y).profile("cpu").ttft_hardware
+    assert hw.speed_reference_ms == 81.4 and hw.fits(ENV["cpu"], 2)
+    assert "ttft_hardware.speed_reference_ms: 81.4" in out
+
+
+def test_a_budget_on_its_own_cpu_gets_the_reference_beside_its_binding(tmp_path, capsys):
+    y = _shipped_copy(tmp_path)
+    env = {**ENV, "cpu": "AMD EPYC", "speed_reference": SPEED}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 9000.0}, env=env)  # moves; the CPU binding fits
+    code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == 0, err
+    hw = load_thresholds(y).profile("cpu").ttft_hardware
+    assert (hw.cpu_model_regex, hw.cpu_count, hw.speed_reference_ms) == ("^AMD EPYC$", (2, 2), 81.4)
+
+
+@pytest.mark.parametrize("case", ["kept budget", "ops only", "another workload"])
+def test_the_reference_is_only_written_with_the_budget_it_belongs_to(tmp_path, capsys, case):
+    y = _shipped_copy(tmp_path)
+    before = load_thresholds(y).profile("cpu").ttft_hardware.speed_reference_ms
+    speed = {**SPEED, "workload": "speedref-0"} if case == "another workload" else SPEED
+    p50 = load_thresholds(y).profile("cpu").ttft_ms["p50"] / 1.15 if case == "kept budget" else 9000.0
+    env = {**ENV, "cpu": "AMD EPYC", "speed_reference": speed}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": p50}, env=env,
+                     ops={("mask_path", (640, 480)): {"aten::_index_put_impl_": 0, "total_ops": 3},
+                          ("mask_path", (800, 400)): {"aten::_index_put_impl_": 0, "total_ops": 3}})
+    argv = ["--only", "ops"] if case == "ops only" else ["--only", "ttft"]
+    code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y), *argv)
+    assert code == 0, err
+    assert load_thresholds(y).profile("cpu").ttft_hardware.speed_reference_ms == before

@@ -23,7 +23,7 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any, TextIO
 
-from guard import files, yamledit
+from guard import files, speedref, yamledit
 from guard.budgets import Profile, Thresholds, load_thresholds
 from guard.census import NO_BASELINE, CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
@@ -57,6 +57,7 @@ class Plan:
     changes: tuple[Change, ...]
     provenance: dict[str, Any] = field(default_factory=dict)
     ttft_hardware: dict[str, Any] | None = None  # budgets.ttft_hardware to write (with the TTFT budgets)
+    speed_reference_ms: float | None = None  # the run's guard.speedref reading, written with the TTFT budgets
     bound_to: str = ""  # the hardware the old TTFT budgets were bound to, for the summary
 
     @property
@@ -204,7 +205,8 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
                                       f"{sb.name}.{'.'.join(sub)} ({budget.rule})", budget.count, got, got, "calls",
                                       applied=True, increase=got > budget.count))
     bound_to = profile.ttft_hardware.describe() if profile.ttft_hardware else ""
-    plan = Plan(profile.name, headroom_pct, tuple(changes), provenance, ttft_hardware=binding, bound_to=str(bound_to))
+    plan = Plan(profile.name, headroom_pct, tuple(changes), provenance, ttft_hardware=binding, bound_to=str(bound_to),
+                speed_reference_ms=_speed_reference(profile, results.run.environment or {}) if only in (None, "ttft") else None)
     if plan.increases and not allow_increase:
         rises = ", ".join(f"{c.label} {_num(c.old)} -> {_num(c.new)}" for c in plan.increases)
         raise UsageError(
@@ -227,6 +229,26 @@ def _rebinding(profile: Profile, env: dict[str, Any]) -> dict[str, Any] | None:
     return binding
 
 
+def _speed_reference(profile: Profile, env: dict[str, Any]) -> float | None:
+    """The run's speed reference (guard.speedref), to bind the new TTFT budgets to this machine's
+    speed as well as its CPU; None on a GPU profile or for a run that recorded none."""
+    recorded = env.get("speed_reference") or {}
+    if profile.match.cuda or recorded.get("workload") != speedref.WORKLOAD or not recorded.get("ms"):
+        return None
+    return round(float(recorded["ms"]), 1)
+
+
+def _hardware_edit(plan: Plan) -> dict[str, Any] | None:
+    """What goes into budgets.ttft_hardware with moved TTFT budgets: the CPU binding when it changes,
+    the speed reference whenever the run measured one. None: nothing."""
+    if not any(c.unit == "ms" for c in plan.applied):
+        return None
+    values = dict(plan.ttft_hardware or {})
+    if plan.speed_reference_ms is not None:
+        values["speed_reference_ms"] = plan.speed_reference_ms
+    return values or None
+
+
 def render(text: str, plan: Plan) -> str:
     """The YAML text with the plan applied; unchanged text when nothing moves (no provenance churn)."""
     if not plan.applied:
@@ -236,10 +258,11 @@ def render(text: str, plan: Plan) -> str:
     prov_path = ("profiles", plan.profile, PROVENANCE_KEY)
     edits += yamledit.set_mapping(text, root, prov_path, plan.provenance)
     expected: dict[tuple[str, ...], Any] = {**{c.path: c.new for c in plan.applied}, prov_path: plan.provenance}
-    if plan.ttft_hardware is not None and any(c.unit == "ms" for c in plan.applied):
+    hardware = _hardware_edit(plan)
+    if hardware is not None:
         hw_path = ("profiles", plan.profile, "budgets", "ttft_hardware")
-        edits += yamledit.set_mapping(text, root, hw_path, plan.ttft_hardware)
-        expected[hw_path] = plan.ttft_hardware
+        edits += yamledit.set_mapping(text, root, hw_path, hardware)
+        expected[hw_path] = hardware
     new_text = yamledit.apply(text, edits)
     yamledit.verify(text, new_text, expected)
     return new_text
@@ -406,6 +429,9 @@ def _print_summary(plan: Plan, out: TextIO) -> None:
         hw = plan.ttft_hardware
         print(f"  ttft_hardware: TTFT budgets bound to /{hw['cpu_model_regex']}/ with {hw['cpu_count']} cores; "
               "elsewhere TTFT is shown, not judged", file=out)
+    if plan.speed_reference_ms is not None and any(c.unit == "ms" for c in plan.applied):
+        print(f"  ttft_hardware.speed_reference_ms: {_num(plan.speed_reference_ms)} (guard's speed reference on this "
+              "machine; a run that takes much longer on it measured a slow machine: validity.max_slowdown_pct)", file=out)
 
 
 def _warning(plan: Plan) -> str:
