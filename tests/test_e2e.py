@@ -7,6 +7,11 @@ Each test runs `guard check` (or `selftest`) on a small copy of the shipped CPU 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -15,7 +20,7 @@ import yaml
 
 from guard.results import results_schema
 
-from tests.conftest import SHIPPED_THRESHOLDS, run_guard
+from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard
 
 pytestmark = pytest.mark.engine
 
@@ -87,6 +92,9 @@ def test_check_passes_and_writes_results(passing_run) -> None:
     for key in ("cpu", "vllm", "torch", "transformers", "guard", "model"):
         assert env.get(key), key
     assert (out / "report.md").read_text().strip()
+    speed = env["speed_reference"]  # guard.speedref, read in the engine's process around the timing pass
+    assert speed["before"]["ms"] > 0 and speed["after"]["ms"] > 0
+    assert speed["ms"] == pytest.approx((speed["before"]["ms"] + speed["after"]["ms"]) / 2, abs=0.01)
     assert res["run"]["traces"] == []  # traces are written to explain a failing op budget
     assert (out / "events-640x480.json.gz").stat().st_size > 0
 
@@ -257,6 +265,47 @@ def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
         assert res["verdict"] == "invalid"
         assert any(r.startswith("busy machine: other processes used") for r in res["judged_invalid_reasons"])
         assert "other processes used" in proc.stdout
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (CPU_CGROUP / "cpu.cfs_quota_us").exists(),
+                    reason="needs root and cgroup v1's cpu controller to impose a CPU quota")
+def test_a_slowdown_proc_cannot_see_is_never_a_regression(tmp_path: Path, passing_run) -> None:
+    """The budget and its speed reference as update-thresholds writes them from a clean run
+    (passing_run: p50 + 15 %, its speed reading); then the same checkout under a CPU quota of 1.3
+    cores, which no other process explains: TTFT exceeds the budget, the contention gate sees
+    nothing, and the speed reference explains the excess: exit 3, never 1."""
+    clean = results_of(passing_run[1])
+    p50_ms = statistics.median(measured_s(clean)) * 1000
+    reference_ms = clean["run"]["environment"]["speed_reference"]["ms"]
+    yaml_path = small_cpu_yaml(tmp_path, ttft_ms={"p50": round(p50_ms * 1.15)}, max_other_cpu_pct=5,
+                               ttft_hardware={"cpu_model_regex": ".", "cpu_count": [1, 4096],
+                                              "speed_reference_ms": reference_ms})
+    group = CPU_CGROUP / f"guard-e2e-quota-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("130000")  # 1.3 cores: TTFT +63 %, the reading +56 % (benchmark)
+        out = tmp_path / "out"
+        exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"
+        proc = subprocess.run([exe, "check", "--thresholds", str(yaml_path), "--output", str(out)], cwd=REPO,
+                              capture_output=True, text=True, timeout=900,
+                              preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():  # nothing should be left; never leak a quota
+            (CPU_CGROUP / "cgroup.procs").write_text(pid)
+        group.rmdir()
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = results_of(out)
+    (ttft,) = res["checks"]["ttft"]
+    assert ttft["measured_ms"] > ttft["budget_ms"]  # without the speed gate: a regression
+    assert res["run"]["environment"]["cpu_contention"]["other_cores"] < 0.2  # /proc: a quiet machine
+    (why,) = [r for r in res["judged_invalid_reasons"] if r.startswith("slow machine")]
+    assert "validity.max_slowdown_pct" in why
+    assert res["run"]["environment"]["speed_reference"]["ms"] > reference_ms * 1.3
+    assert "slow machine" in proc.stdout and "machine speed: guard's speed reference" in proc.stdout
 
 
 def test_ttft_budget_of_another_cpu_is_not_judged(tmp_path: Path) -> None:
