@@ -32,6 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from guard import format as fmt
 from guard.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
 from guard.results import Pair, Status
 from guard.budgets import Profile, load_thresholds
@@ -123,10 +124,11 @@ def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float
     for _ in range(trials):
         sample, rounds = _draw_until_decided(
             lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
-            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats.confidence))
+            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats.confidence, stats.fail_confidence))
         total += len(sample)
         for k, b in budgets.items():
-            c = judge_ratio(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+            c = judge_ratio(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests,
+                            fail_confidence=stats.fail_confidence)
             fails[k] += c.status == Status.FAIL
     return {k: v / trials for k, v in fails.items()}, total / trials
 
@@ -182,7 +184,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="build --slow-pool from these A/B results.json files (candidate slowed by --inject)")
     p.add_argument("--output", type=Path, default=Path("guard-results/ab-sensitivity"))
     p.add_argument("--grid", default=None, metavar="CONFIDENCES",
-                   help="instead of the pools: the A/B rule at these per-look confidences (e.g. 0.95,0.9,0.8) on "
+                   help="instead of the pools: the A/B rule at these per-look confidences (e.g. 0.95,0.9,0.8; "
+                        "0.8/0.95 passes a look at 0.8 and fails it at 0.95: ab.fail_confidence) on "
                         "synthetic normal log-ratio noise of each --spreads, identical and +--grid-shift %%")
     p.add_argument("--spreads", default="3,4,5,6,7", help="per-pair spreads in %% (SD of log ratio) for --grid")
     p.add_argument("--grid-shift", type=float, default=5.0, help="the slowdown in %% --grid must catch")
@@ -205,13 +208,16 @@ def grid(profile: Profile, args: argparse.Namespace) -> None:
     print(f"| confidence per look | per-pair spread | false alarms (identical) | +{args.grid_shift:g} % caught "
           "| mean pairs, identical | mean pairs, slowed |")
     print("|---:|---:|---:|---:|---:|---:|")
-    for conf in [float(x) for x in args.grid.split(",")]:
-        p = dataclasses.replace(profile, ab=dataclasses.replace(profile.ab, confidence=conf))
+    for spec in args.grid.split(","):
+        conf, _, fail = spec.partition("/")
+        conf, fail = float(conf), float(fail) if fail else None
+        p = dataclasses.replace(profile, ab=dataclasses.replace(profile.ab, confidence=conf, fail_confidence=fail))
+        label = f"{conf:g}" + (f", fails at {fail:g}" if fail else "")
         for spread in [float(x) for x in args.spreads.split(",")]:
             rng = random.Random(f"{args.seed}:grid:{conf}:{spread}")
             fa, n_same = simulate_ab(normal_pool(spread, 0, rng), p, budgets, args.trials, rng)
             caught, n_slow = simulate_ab(normal_pool(spread, args.grid_shift, rng), p, budgets, args.trials, rng)
-            print(f"| {conf:g} | {spread:g} % | {max(fa.values()) * 100:.1f} % | {min(caught.values()) * 100:.1f} % "
+            print(f"| {label} | {spread:g} % | {max(fa.values()) * 100:.1f} % | {min(caught.values()) * 100:.1f} % "
                   f"| {n_same:.1f} | {n_slow:.1f} |", flush=True)
 
 
@@ -258,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"absolute budget {', '.join(f'{k} {b:.0f} ms' for k, b in profile.ttft_ms.items()) or 'none'}; "
           f"{profile.workload.requests} pairs/requests, then batches of {profile.ab_statistics.batch} pairs / "
           f"{st.batch} requests up to {st.max_requests}, "
-          f"{profile.ab_statistics.confidence * 100:g} % ratio intervals, {st.confidence * 100:g} % absolute "
+          f"{fmt.levels(profile.ab_statistics.confidence, profile.ab_statistics.fail_confidence)} ratio intervals, "
+          f"{st.confidence * 100:g} % absolute "
           f"intervals; {args.trials} simulated runs per row.\n")
     print("| candidate | pool's median ratio − 1 | A/B fails: " + " | ".join(keys)
           + " | A/B mean pairs | absolute fails: " + " | ".join(profile.ttft_ms or ["—"]) + " | absolute mean requests |")

@@ -93,6 +93,7 @@ class RatioDecision:
     pairs: int
     confidence: float
     status: Status  # PASS | FAIL | INCONCLUSIVE (the interval straddles the budget)
+    fail_confidence: float | None = None  # the lower end's level, where stricter than ``confidence``
 
 
 def ratio_estimate(key: str, ratios: Sequence[float], confidence: float) -> tuple[float, tuple[float, float]]:
@@ -105,22 +106,29 @@ def ratio_estimate(key: str, ratios: Sequence[float], confidence: float) -> tupl
     return percentile(ratios, p), percentile_interval(ratios, p, confidence)
 
 
-def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidence: float) -> RatioDecision:
-    """FAIL when the whole interval is above the budget, PASS when at or below it, else INCONCLUSIVE."""
+def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidence: float,
+                 fail_confidence: float | None = None) -> RatioDecision:
+    """FAIL when the whole interval is above the budget, PASS when at or below it, else INCONCLUSIVE.
+    With ``fail_confidence`` the interval's lower end comes from that stricter level: a look fails
+    only on stronger evidence than it passes on (the upper end stays at ``confidence``)."""
     if not ratios:
         raise ValueError("a ratio verdict needs at least one pair")
     estimate, (lo, hi) = ratio_estimate(key, ratios, confidence)
+    strict = fail_confidence if fail_confidence is not None and fail_confidence > confidence else None
+    if strict is not None:
+        _, (lo, _) = ratio_estimate(key, ratios, strict)
     interval = (to_pct(lo) if lo > -math.inf else -math.inf, to_pct(hi))
     status = interval_status(interval, budget_pct)
-    return RatioDecision(key=key, budget_pct=budget_pct, estimate_pct=to_pct(estimate),
-                         interval_pct=interval, pairs=len(ratios), confidence=confidence, status=status)
+    return RatioDecision(key=key, budget_pct=budget_pct, estimate_pct=to_pct(estimate), interval_pct=interval,
+                         pairs=len(ratios), confidence=confidence, status=status, fail_confidence=strict)
 
 
-def undecided_ratios(budgets: dict[str, float], ratios: Sequence[float], confidence: float) -> list[RatioDecision]:
+def undecided_ratios(budgets: dict[str, float], ratios: Sequence[float], confidence: float,
+                     fail_confidence: float | None = None) -> list[RatioDecision]:
     """The budgeted percentiles whose interval still straddles the budget."""
     if not ratios:
         return []
-    decisions = (decide_ratio(k, b, ratios, confidence) for k, b in budgets.items())
+    decisions = (decide_ratio(k, b, ratios, confidence, fail_confidence) for k, b in budgets.items())
     return [d for d in decisions if d.status == Status.INCONCLUSIVE]
 
 
@@ -149,11 +157,11 @@ def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -
 
 
 def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int, *, confidence: float,
-                max_requests: int | None) -> TtftRatioCheck:
+                max_requests: int | None, fail_confidence: float | None = None) -> TtftRatioCheck:
     """The final check of one ratio budget, after the run stage measured up to the cap: the
     interval's decision, or else the point estimate (FAIL above the budget, INCONCLUSIVE at or
     below it) with a note saying so. The same rule as guard.rules.judge_ttft."""
-    d = decide_ratio(key, budget_pct, [p.ratio for p in paired], confidence)
+    d = decide_ratio(key, budget_pct, [p.ratio for p in paired], confidence, fail_confidence)
     status, note = d.status, None
     if d.status == Status.INCONCLUSIVE:
         over = d.estimate_pct > budget_pct
@@ -161,11 +169,11 @@ def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int
         when = (f"after {d.pairs} pairs (no resampling: statistics.max_requests is not set)" if max_requests is None
                 else f"at the cap of {max_requests} pairs" if d.pairs >= max_requests
                 else f"after {d.pairs} of up to {max_requests} pairs")
-        note = (f"the {fmt.confidence(confidence)} interval {fmt.pct_interval(d.interval_pct)} still straddles the "
+        note = (f"the {fmt.levels(confidence, d.fail_confidence)} interval {fmt.pct_interval(d.interval_pct)} still straddles the "
                 f"budget {when}; judged on the point estimate: {fmt.pct(d.estimate_pct)} {'>' if over else '<='} "
                 f"{fmt.pct(budget_pct)}")
     p = percentile_value(key)
     return TtftRatioCheck(percentile=key, budget_pct=budget_pct, measured_pct=d.estimate_pct, interval_pct=d.interval_pct,
                           pairs=d.pairs, rounds=rounds, confidence=confidence, status=status,
-                          candidate_ms=percentile([x.candidate_s for x in paired], p) * 1000.0,
+                          fail_confidence=d.fail_confidence, candidate_ms=percentile([x.candidate_s for x in paired], p) * 1000.0,
                           baseline_ms=percentile([x.baseline_s for x in paired], p) * 1000.0, note=note)

@@ -134,6 +134,8 @@ class Statistics:
     confidence: float = 0.95
     max_requests: int | None = None  # cap when resampling an inconclusive check; None: no resampling
     batch: int = 5  # extra requests per resampling round
+    # A/B only: the level of the interval's lower end, the one that fails a look (None: confidence)
+    fail_confidence: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -222,6 +224,9 @@ class ABSettings:
     # rates come from the whole sequential rule, cap included, not from one look's level: lower
     # levels decide sooner at nearly the same error rates (docs/ab.md, "Confidence per look").
     confidence: float | None = None
+    # a look fails only when the lower end of this stricter interval is above the budget (None:
+    # ab.confidence). A false alarm blocks a clean pull request, a late catch costs two pairs.
+    fail_confidence: float | None = None
 
     def gpu_memory_utilization(self, side: str) -> float | None:
         return getattr(self, f"{side}_gpu_memory_utilization")
@@ -287,11 +292,12 @@ class Profile:
 
     @property
     def ab_statistics(self) -> Statistics:
-        """The statistics A/B mode decides and resamples pairs by: ``statistics`` with ``ab.batch``
-        and ``ab.confidence`` where they are set."""
+        """The statistics A/B mode decides and resamples pairs by: ``statistics`` with ``ab.batch``,
+        ``ab.confidence`` and ``ab.fail_confidence`` where they are set."""
         return replace(self.statistics,
                        batch=self.statistics.batch if self.ab.batch is None else self.ab.batch,
-                       confidence=self.statistics.confidence if self.ab.confidence is None else self.ab.confidence)
+                       confidence=self.statistics.confidence if self.ab.confidence is None else self.ab.confidence,
+                       fail_confidence=self.ab.fail_confidence)
 
 
 @dataclass(frozen=True)
@@ -336,7 +342,7 @@ STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
 BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False,
                 "census": False}
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
-AB_KEYS = {"gpu_memory_utilization": False, "batch": False, "confidence": False}
+AB_KEYS = {"gpu_memory_utilization": False, "batch": False, "confidence": False, "fail_confidence": False}
 AB_SIDES_KEYS = {"candidate": False, "baseline": False}
 CENSUS_KEYS = {"baseline": True, "max_growth_pct": False, "min_growth_calls": False,
                "new_function_max_calls": False, "watch": False, "roots": False, "exclude": False}
@@ -560,8 +566,15 @@ def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
     m = r.mapping(node, key, AB_KEYS)
     batch = r.integer(m["batch"][1], f"{key}.batch", minimum=1) if "batch" in m else None
     conf = _confidence(r, m["confidence"][1], f"{key}.confidence") if "confidence" in m else None
+    fail = None
+    if "fail_confidence" in m:
+        fnode = m["fail_confidence"][1]
+        fail = _confidence(r, fnode, f"{key}.fail_confidence")
+        if conf is not None and fail < conf:
+            raise r.error(fnode, f"{key}.fail_confidence", f"must be at least ab.confidence ({conf:g}), got {fail:g}",
+                          hint="it is the stricter level a failing look needs")
     if "gpu_memory_utilization" not in m:
-        return ABSettings(batch=batch, confidence=conf)
+        return ABSettings(batch=batch, confidence=conf, fail_confidence=fail)
     k = f"{key}.gpu_memory_utilization"
     sides = r.mapping(m["gpu_memory_utilization"][1], k, AB_SIDES_KEYS)
     shares = {side: _fraction(r, f"{k}.{side}", vnode) for side, (_, vnode) in sides.items()}
@@ -569,7 +582,8 @@ def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
         raise r.error(m["gpu_memory_utilization"][1], k,
                       f"the two engines share one GPU: candidate + baseline = {sum(shares.values()):g} > 1")
     return ABSettings(candidate_gpu_memory_utilization=shares.get("candidate"),
-                      baseline_gpu_memory_utilization=shares.get("baseline"), batch=batch, confidence=conf)
+                      baseline_gpu_memory_utilization=shares.get("baseline"), batch=batch, confidence=conf,
+                      fail_confidence=fail)
 
 
 def _validity(r: _Reader, key: str, node: yaml.Node) -> Validity:

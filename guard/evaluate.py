@@ -254,7 +254,8 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
         reasons.append(f"too few A/B pairs: {len(paired)} of {want} requested" if paired
                        else "no A/B pairs were measured (a request succeeded on both sides for none of the images)")
     stats = profile.ab_statistics
-    ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+    ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, confidence=stats.confidence, max_requests=stats.max_requests,
+                         fail_confidence=stats.fail_confidence)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
     census = ab_census_judgement(profile, rec)
@@ -280,6 +281,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization},
                                             "batch": stats.batch, "confidence": stats.confidence,
+                                            "fail_confidence": stats.fail_confidence,
                                             "idle_side": "paused"}}
     return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
                                census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),

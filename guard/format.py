@@ -73,6 +73,11 @@ def confidence(level: float) -> str:
     return f"{level * 100:g} %"
 
 
+def levels(level: float, fail_level: float | None) -> str:
+    """An interval's level; "80 % (lower end 95 %)" where its lower end is stricter (ab.fail_confidence)."""
+    return confidence(level) + (f" (lower end {confidence(fail_level)})" if fail_level else "")
+
+
 def calls(n: int) -> str:
     return f"{n} call" if n == 1 else f"{n} calls"
 
@@ -111,8 +116,8 @@ def contention(reading: ContentionReading | Mapping[str, Any]) -> str:
 
 
 def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> str:
-    """A run's speed reference (``environment.speed_reference``, guard.speedref): "79 ms (before 78,
-    after 80); the budget's machine: 76 ms, this one +3.9 %"."""
+    """A run's speed reference (``environment.speed_reference``, guard.speedref): "79 ms (before and
+    after the measured requests: 81, 77); the budget's machine: 76 ms, this one +4.2 %"."""
     parts = [f"{(recorded.get(side) or {}).get('ms'):.0f}" for side in ("before", "after") if recorded.get(side)]
     text = f"{recorded['ms']:.0f} ms" + (f" (before and after the measured requests: {', '.join(parts)})" if len(parts) == 2 else "")
     if reference_ms and recorded.get("workload") == SPEED_WORKLOAD:
@@ -196,7 +201,7 @@ def _(c: OpCheck) -> str:
 def _(c: TtftRatioCheck) -> str:
     return (f"TTFT {c.percentile} is {pct(c.measured_pct)} vs the baseline (candidate {ms_unit(c.candidate_ms)}, "
             f"baseline {ms_unit(c.baseline_ms)}), over its budget of {pct(c.budget_pct)} "
-            f"({confidence(c.confidence)} interval {pct_interval(c.interval_pct)}, {c.pairs} pairs)")
+            f"({levels(c.confidence, c.fail_confidence)} interval {pct_interval(c.interval_pct)}, {c.pairs} pairs)")
 
 
 @failure.register

@@ -203,8 +203,8 @@ def _ab_section(results: Results) -> list[str]:
             c, b = percentile(cand, q), percentile(base, q)
             lines.append(f"| TTFT p{q} | {fmt.seconds_as_ms(c)} | {fmt.seconds_as_ms(b)} | {fmt.pct((c / b - 1) * 100)} |")
     if results.ab_checks:
-        conf = {c.confidence for c in results.ab_checks}
-        ci = f"{fmt.confidence(conf.pop())} CI" if len(conf) == 1 else "CI"
+        conf = {(c.confidence, c.fail_confidence) for c in results.ab_checks}
+        ci = f"{fmt.levels(*conf.pop())} CI" if len(conf) == 1 else "CI"
         lines += ["", f"| TTFT vs baseline (paired ratio) | budget | measured | {ci} | pairs | rounds | status |",
                   "|---|---:|---:|---:|---:|---:|---|"]
         lines += [f"| {code(c.percentile, in_table=True)} | {fmt.pct(c.budget_pct)} | {fmt.pct(c.measured_pct)} "

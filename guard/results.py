@@ -210,6 +210,7 @@ class TtftRatioCheck:
     candidate_ms: float  # the same percentile of each side's own TTFT, for the side-by-side view
     baseline_ms: float
     note: str | None = None  # how an undecided interval was settled
+    fail_confidence: float | None = None  # the interval's lower end is at this stricter level (ab.fail_confidence)
 
     @property
     def excess_pct(self) -> float:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard import format as fmt
-from guard.budgets import Profile, Thresholds
 from guard import speedref
+from guard.budgets import Profile, Thresholds
 from guard.contention import ContentionSampler, contention_problems
 from guard.census import QualnameResolver, count_functions, size_key
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine

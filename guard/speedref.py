@@ -5,10 +5,11 @@ The contention gate (guard.contention) sees other processes in /proc. It cannot 
 from outside the process table: a VM's host giving its cores less (seen here: a clean run's p50
 23 % over its usual value for an hour, /proc quiet, steal 0), a container's CPU quota, a laptop
 on battery. The engine then spends more CPU time on the same work, and an absolute TTFT budget
-fails a clean checkout. What such a slowdown does to the engine it does to any code run on the
-same cores at the same time, so guard times a small fixed workload of the engine's kind of work
-(bf16 matrix products, attention, a convolution, norms, fresh allocations; nothing of vLLM's or the
-model's, so no pull request can change it) right before and right after the measured requests.
+fails a clean checkout. Such a slowdown also slows other code run on the same cores at the same
+time, so guard times a small fixed workload of the engine's kind of work (bf16 matrix products,
+attention, a convolution, norms, fresh allocations; nothing of vLLM's or the model's, so no pull
+request can change it) right before and right after the measured requests. Measured: under a CPU
+quota the reference moved as TTFT did; in the machine's own phases it moved about twice as much.
 ``update-thresholds`` writes its time next to the TTFT budget (``budgets.ttft_hardware.
 speed_reference_ms``). A run that fails a TTFT budget on a machine that ran the reference more
 than ``validity.max_slowdown_pct`` slower, by enough to explain the failure, measured a slow

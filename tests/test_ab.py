@@ -141,6 +141,30 @@ def test_ab_confidence_sets_the_ratio_interval_level_and_nothing_else(tmp_path: 
     assert p.ab_statistics.max_requests == p.statistics.max_requests and p.ab_statistics.batch == p.statistics.batch
 
 
+def test_ab_fail_confidence_sets_the_level_a_failing_look_needs(tmp_path: Path):
+    text = AB_GOOD.replace("    budgets:", "    ab:\n      confidence: 0.8\n      fail_confidence: 0.95\n    budgets:")
+    p = load_thresholds(write(tmp_path, text)).profile("cpu")
+    assert (p.ab.confidence, p.ab.fail_confidence) == (0.8, 0.95)
+    assert (p.ab_statistics.confidence, p.ab_statistics.fail_confidence) == (0.8, 0.95)
+    assert p.statistics.fail_confidence is None  # absolute budgets: one level for both ends
+    assert load_thresholds(write(tmp_path, AB_GOOD)).profile("cpu").ab_statistics.fail_confidence is None
+
+
+def test_a_look_fails_only_on_the_stricter_lower_end():
+    from guard.ab import decide_ratio
+
+    ratios = [1.045, 1.09, 1.05, 1.08, 1.025, 1.10]  # 80 %: [+4.5, +9.0] %; 95 %: [+2.5, +10.0] %
+    sym = decide_ratio("p50", 3.0, ratios, 0.8)
+    strict = decide_ratio("p50", 3.0, ratios, 0.8, fail_confidence=0.95)
+    assert sym.status == Status.FAIL and strict.status == Status.INCONCLUSIVE
+    assert strict.interval_pct[0] == pytest.approx(2.5) and strict.interval_pct[1] == sym.interval_pct[1]
+    assert strict.fail_confidence == 0.95 and sym.fail_confidence is None
+    # the pass side is the 80 % upper end either way; a "stricter" level that is not stricter is ignored
+    quiet = [1.0, 1.01, 0.99, 1.005, 0.995, 1.02]
+    assert decide_ratio("p50", 3.0, quiet, 0.8, fail_confidence=0.95).status == Status.PASS
+    assert decide_ratio("p50", 3.0, ratios, 0.8, fail_confidence=0.8) == sym
+
+
 def test_shipped_cpu_profile_has_an_ab_budget():
     from tests.conftest import SHIPPED_THRESHOLDS
 
@@ -162,6 +186,9 @@ def test_shipped_cpu_profile_has_an_ab_budget():
     ("    budgets:", "    ab:\n      batch: two\n    budgets:", 14, "profiles.cpu.ab.batch", "integer"),
     ("    budgets:", "    ab:\n      confidence: 1\n    budgets:", 14, "profiles.cpu.ab.confidence", "[0.5, 1)"),
     ("    budgets:", "    ab:\n      confidence: high\n    budgets:", 14, "profiles.cpu.ab.confidence", "number"),
+    ("    budgets:", "    ab:\n      confidence: 0.9\n      fail_confidence: 0.8\n    budgets:", 15,
+     "profiles.cpu.ab.fail_confidence", "at least ab.confidence"),
+    ("    budgets:", "    ab:\n      fail_confidence: 1.5\n    budgets:", 14, "profiles.cpu.ab.fail_confidence", "[0.5, 1)"),
 ])
 def test_bad_ab_config_names_file_line_and_key(tmp_path: Path, old, new, line, key, problem):
     assert old in AB_GOOD
@@ -500,10 +527,11 @@ def test_grid_pools_have_the_spread_and_shift_they_claim(ab_sensitivity):
 def test_grid_prints_one_row_per_confidence_and_spread(ab_sensitivity, capsys):
     from tests.conftest import SHIPPED_THRESHOLDS
 
-    argv = ["--thresholds", str(SHIPPED_THRESHOLDS), "--grid", "0.95,0.8", "--spreads", "3,6", "--trials", "40"]
+    argv = ["--thresholds", str(SHIPPED_THRESHOLDS), "--grid", "0.95,0.8/0.95", "--spreads", "3,6", "--trials", "40"]
     assert ab_sensitivity.main(argv) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.")]
-    assert [r.split("|")[1:3] for r in rows] == [[" 0.95 ", " 3 % "], [" 0.95 ", " 6 % "], [" 0.8 ", " 3 % "], [" 0.8 ", " 6 % "]]
+    assert [r.split("|")[1:3] for r in rows] == [[" 0.95 ", " 3 % "], [" 0.95 ", " 6 % "],
+                                                  [" 0.8, fails at 0.95 ", " 3 % "], [" 0.8, fails at 0.95 ", " 6 % "]]
 
 
 # ----------------------------------------------------------------------------- the A/B run stage's resampling
@@ -578,6 +606,27 @@ def test_ab_resampling_decides_at_ab_confidence(tmp_path, ab_profile):
         run.measure_until_decided()
         calls[conf] = run.measure.calls
     assert calls[0.8] == [6] and calls[0.95][0] == 6 and len(calls[0.95]) > 1
+
+
+def test_ab_resampling_fails_a_look_only_at_ab_fail_confidence(tmp_path, ab_profile):
+    """The same six pairs fail the first look with 80 % on both ends, and need more pairs when a
+    look must fail on a 95 % lower end; the final note names both levels."""
+    first = [1.045, 1.09, 1.05, 1.08, 1.025, 1.10]
+    calls, checks = {}, {}
+    for fail in (None, 0.95):
+        profile = dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, confidence=0.8, fail_confidence=fail))
+        run, _ = _ab_run(tmp_path / str(fail), profile)
+        run.measure = _ScriptedPairs(run, first + [1.0] * 40)
+        run.measure_until_decided()
+        calls[fail] = run.measure.calls
+    assert calls[None] == [6] and calls[0.95][0] == 6 and len(calls[0.95]) > 1
+    from guard.ab import judge_ratio
+    from guard.results import Pair
+
+    paired = [Pair(i, 6.0 * r, 6.0) for i, r in enumerate(first)]
+    check = judge_ratio("p50", 3.0, paired, 1, confidence=0.8, max_requests=6, fail_confidence=0.95)
+    assert check.status == Status.FAIL and check.fail_confidence == 0.95  # at the cap: the point estimate
+    assert check.note.startswith("the 80 % (lower end 95 %) interval [+2.5, +9.0] % still straddles the budget")
 
 
 def test_ab_resampling_falls_back_to_statistics_batch(tmp_path, ab_profile):
