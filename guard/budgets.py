@@ -252,6 +252,11 @@ class Profile:
     ttft_ms_by_mode: dict[str, dict[str, float]] = field(default_factory=dict)
     thresholds_path: str | None = None
     yaml_mode: str | None = None  # engine.mode as written in the YAML (before --engine-mode)
+    # A/B budgets: percentile key -> allowed slowdown of the candidate vs the baseline, in percent
+    ttft_vs_baseline_pct: dict[str, float] = field(default_factory=dict)
+    ab: ABSettings = ABSettings()
+    ttft_hardware: TtftHardware | None = None  # None: TTFT budgets apply wherever `match` fits
+    validity: Validity = field(default_factory=Validity)
 
     @property
     def ttft_ms_key(self) -> tuple[str, ...]:
@@ -280,11 +285,11 @@ class Profile:
         if self.ttft_ms:
             by_mode[self.engine.mode] = self.ttft_ms
         return replace(self, engine=replace(self.engine, mode=mode), ttft_ms=ttft or {}, ttft_ms_by_mode=by_mode)
-    # A/B budgets: percentile key -> allowed slowdown of the candidate vs the baseline, in percent
-    ttft_vs_baseline_pct: dict[str, float] = field(default_factory=dict)
-    ab: ABSettings = ABSettings()
-    ttft_hardware: TtftHardware | None = None  # None: TTFT budgets apply wherever `match` fits
-    validity: Validity = field(default_factory=Validity)
+
+    @property
+    def speed_reference_ms(self) -> float | None:
+        """The speed reference of the machine the TTFT budgets were measured on, where recorded."""
+        return self.ttft_hardware.speed_reference_ms if self.ttft_hardware else None
 
     @property
     def has_op_count_pass(self) -> bool:

@@ -36,10 +36,6 @@ def ttft_not_judged(profile: Profile, env: dict[str, Any]) -> str | None:
     return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0))
 
 
-def _speed_reference_ms(profile: Profile) -> float | None:
-    return profile.ttft_hardware.speed_reference_ms if profile.ttft_hardware else None
-
-
 def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
     samples = run.ttft_client_s()
     if not samples:
@@ -186,7 +182,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
     # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.speedref).
-    reasons += speed_problems(run.environment.get("speed_reference"), _speed_reference_ms(profile),
+    reasons += speed_problems(run.environment.get("speed_reference"), profile.speed_reference_ms,
                               profile.validity.max_slowdown_pct, ttft)
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
@@ -206,7 +202,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     elif valid:  # an invalid run (or another CPU's budget) is no basis for new budgets
         notices += stale_budget_notices(profile, ttft, output)
     if ttft and not not_judged:
-        fast = speed_notice(run.environment.get("speed_reference"), _speed_reference_ms(profile),
+        fast = speed_notice(run.environment.get("speed_reference"), profile.speed_reference_ms,
                             profile.validity.max_slowdown_pct)
         notices += [fast] if fast else []
     if profile.match.cuda and not run.environment.get("gpu_state"):
@@ -226,7 +222,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         judged_invalid_reasons=tuple(reasons), notices=tuple(notices),
         profile_config={"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict(),
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
-                        "validity": profile.validity.as_dict(), "speed_reference_ms": _speed_reference_ms(profile),
+                        "validity": profile.validity.as_dict(), "speed_reference_ms": profile.speed_reference_ms,
                         **({"census": profile.census.as_dict()} if profile.census is not None else {})},
     )
 
@@ -254,8 +250,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
         reasons.append(f"too few A/B pairs: {len(paired)} of {want} requested" if paired
                        else "no A/B pairs were measured (a request succeeded on both sides for none of the images)")
     stats = profile.ab_statistics
-    ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, confidence=stats.confidence, max_requests=stats.max_requests,
-                         fail_confidence=stats.fail_confidence)
+    ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, stats)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
     census = ab_census_judgement(profile, rec)

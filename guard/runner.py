@@ -239,8 +239,7 @@ class GuardRun:
         speed = speedref.combined(before, self._speed_reading())
         if speed is not None:
             env["speed_reference"] = speed
-            bound = self.profile.ttft_hardware
-            self.progress(f"speed reference: {fmt.speed_reference(speed, bound.speed_reference_ms if bound else None)}")
+            self.progress(f"speed reference: {fmt.speed_reference(speed, self.profile.speed_reference_ms)}")
 
     def _speed_reading(self) -> SpeedReading | None:
         """A reading of guard's speed reference in the engine's own process (its threads, bound to
