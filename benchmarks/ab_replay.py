@@ -48,12 +48,10 @@ def replay(pairs: Sequence[Pair], profile) -> tuple[str, int, bool]:
 
     try:
         measure_until_decided(budgets, stats, profile.workload.requests, measure,
-                              undecided_in=lambda ratios: undecided_ratios(budgets, ratios, stats.confidence,
-                                                                            stats.fail_confidence))
+                              undecided_in=lambda ratios: undecided_ratios(budgets, ratios, stats))
     except _RecordingEnds:
         return "needs more", len(pairs), False
-    checks = [judge_ratio(k, b, taken, rounds, confidence=stats.confidence, max_requests=stats.max_requests,
-                          fail_confidence=stats.fail_confidence)
+    checks = [judge_ratio(k, b, taken, rounds, stats)
               for k, b in budgets.items()]
     status = "fail" if any(c.status == Status.FAIL for c in checks) else "pass"
     return status, len(taken), True

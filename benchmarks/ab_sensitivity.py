@@ -124,13 +124,64 @@ def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float
     for _ in range(trials):
         sample, rounds = _draw_until_decided(
             lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
-            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats.confidence, stats.fail_confidence))
+            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats))
         total += len(sample)
         for k, b in budgets.items():
-            c = judge_ratio(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests,
-                            fail_confidence=stats.fail_confidence)
+            c = judge_ratio(k, b, sample, rounds, stats)
             fails[k] += c.status == Status.FAIL
     return {k: v / trials for k, v in fails.items()}, total / trials
+
+
+def simulate_cap_rules(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float], trials: int,
+                       rng: random.Random) -> tuple[float, float, float, float]:
+    """Each simulated run judged two ways once the run stage stops: as shipped (a budget still
+    straddled at the cap is settled by the point estimate) and by the alternative that a run the
+    cap leaves straddled is invalid (exit 3, "cannot decide on this machine"). Returns the shipped
+    fail rate, the alternative's fail and exit-3 rates, and the mean pairs."""
+    stats = profile.ab_statistics
+    fails = alt_fails = alt_undecided = total = 0
+    for _ in range(trials):
+        sample, rounds = _draw_until_decided(
+            lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
+            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats))
+        total += len(sample)
+        checks = [judge_ratio(k, b, sample, rounds, stats) for k, b in budgets.items()]
+        fails += any(c.status == Status.FAIL for c in checks)
+        by_interval = any(c.status == Status.FAIL and c.note is None for c in checks)  # note: settled by the estimate
+        alt_fails += by_interval
+        alt_undecided += not by_interval and any(c.note is not None for c in checks)
+    return fails / trials, alt_fails / trials, alt_undecided / trials, total / trials
+
+
+def cap_rules(profile: Profile, args: argparse.Namespace) -> None:
+    """What settling a straddled budget at the cap by the point estimate buys, against calling
+    such a run undecided (exit 3): on the recorded pools and on normal noise of each --spreads."""
+    budgets = profile.ttft_vs_baseline_pct
+    st = profile.ab_statistics
+    print(f"Profile `{profile.name}`: A/B budget {', '.join(f'{k} +{b:g} %' for k, b in budgets.items())}; "
+          f"{profile.workload.requests} pairs, then {st.batch} at a time up to {st.max_requests}, "
+          f"{fmt.levels(st.confidence, st.fail_confidence)} looks; {args.trials} simulated runs per row.\n")
+    print("| pairs drawn from | candidate | as shipped: fails | straddled at the cap → exit 3: fails | … exit 3 | mean pairs |")
+    print("|---|---|---:|---:|---:|---:|")
+    sources: list[tuple[str, list[Pair], list[Pair] | None]] = []
+    if args.pool.exists():
+        pool = load_pool(args.pool)
+        centre = percentile([p.ratio for p in pool], 50)
+        centred = [Pair(p.index, p.candidate_s / centre, p.baseline_s) for p in pool]
+        sources.append((f"{args.pool.name} ({len(pool)} pairs)", pool, slowed(centred, args.grid_shift)))
+    if args.slow_pool.exists():
+        sources.append((f"{args.slow_pool.name}", load_pool(args.slow_pool), None))
+    rng = random.Random(f"{args.seed}:cap-rules")
+    for spread in [float(x) for x in args.spreads.split(",")]:
+        sources.append((f"normal, {spread:g} % spread", normal_pool(spread, 0, rng), normal_pool(spread, args.grid_shift, rng)))
+    for label, same, slow in sources:
+        for who, pool in (("identical" if slow is not None else args.inject, same), (f"+{args.grid_shift:g} %", slow)):
+            if pool is None:
+                continue
+            fail, alt_fail, alt_undecided, n = simulate_cap_rules(pool, profile, budgets, args.trials,
+                                                                  random.Random(f"{args.seed}:{label}:{who}"))
+            print(f"| {label} | {who} | {fail * 100:.1f} % | {alt_fail * 100:.1f} % | {alt_undecided * 100:.1f} % | {n:.1f} |",
+                  flush=True)
 
 
 def simulate_absolute(samples: Sequence[float], profile: Profile, trials: int, rng: random.Random) -> tuple[dict[str, float], float]:
@@ -188,7 +239,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "0.8/0.95 passes a look at 0.8 and fails it at 0.95: ab.fail_confidence) on "
                         "synthetic normal log-ratio noise of each --spreads, identical and +--grid-shift %%")
     p.add_argument("--spreads", default="3,4,5,6,7", help="per-pair spreads in %% (SD of log ratio) for --grid")
-    p.add_argument("--grid-shift", type=float, default=5.0, help="the slowdown in %% --grid must catch")
+    p.add_argument("--grid-shift", type=float, default=5.0, help="the slowdown in %% --grid and --cap-rules must catch")
+    p.add_argument("--cap-rules", action="store_true",
+                   help="instead: the shipped rule at the cap (point estimate) against calling a run the cap leaves "
+                        "straddled undecided (exit 3), on the pools and on normal noise of each --spreads")
     return p.parse_args(argv)
 
 
@@ -244,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not path.exists() and not args.no_record:
             print(f"pool {path} missing: recording {args.pool_size} pairs (inject={inject})", file=sys.stderr)
             record_pool(path, args, inject)
+    if args.cap_rules:
+        cap_rules(profile, args)
+        return 0
     st = profile.statistics
     keys = list(budgets)
     rows: list[str] = []

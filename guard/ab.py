@@ -44,10 +44,12 @@ Statistic: the percentile of the paired ratio
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
-from guard.budgets import percentile_value
+from guard.budgets import Statistics, percentile_value
 from guard import format as fmt
 from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck
 from guard.rules import interval_status
@@ -96,14 +98,19 @@ class RatioDecision:
     fail_confidence: float | None = None  # the lower end's level, where stricter than ``confidence``
 
 
-def ratio_estimate(key: str, ratios: Sequence[float], confidence: float) -> tuple[float, tuple[float, float]]:
+def ratio_estimate(key: str, ratios: Sequence[float], confidence: float,
+                   lower_confidence: float | None = None) -> tuple[float, tuple[float, float]]:
     """The budgeted percentile of the paired ratios and its interval, as ratios (see the module
-    docstring: p50 by the signed-rank interval on log r, other percentiles by order statistics)."""
+    docstring: p50 by the signed-rank interval on log r, other percentiles by order statistics).
+    ``lower_confidence``: the interval's lower end at that level instead."""
     p = percentile_value(key)
     if p == 50:
-        centre, (lo, hi) = centre_estimate([math.log(r) for r in ratios], confidence)
+        centre, (lo, hi) = centre_estimate([math.log(r) for r in ratios], confidence, lower_confidence)
         return math.exp(centre), (math.exp(lo) if lo > -math.inf else -math.inf, math.exp(hi))
-    return percentile(ratios, p), percentile_interval(ratios, p, confidence)
+    lo, hi = percentile_interval(ratios, p, confidence)
+    if lower_confidence is not None:
+        lo, _ = percentile_interval(ratios, p, lower_confidence)
+    return percentile(ratios, p), (lo, hi)
 
 
 def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidence: float,
@@ -113,22 +120,42 @@ def decide_ratio(key: str, budget_pct: float, ratios: Sequence[float], confidenc
     only on stronger evidence than it passes on (the upper end stays at ``confidence``)."""
     if not ratios:
         raise ValueError("a ratio verdict needs at least one pair")
-    estimate, (lo, hi) = ratio_estimate(key, ratios, confidence)
     strict = fail_confidence if fail_confidence is not None and fail_confidence > confidence else None
-    if strict is not None:
-        _, (lo, _) = ratio_estimate(key, ratios, strict)
+    estimate, (lo, hi) = ratio_estimate(key, ratios, confidence, strict)
     interval = (to_pct(lo) if lo > -math.inf else -math.inf, to_pct(hi))
     status = interval_status(interval, budget_pct)
     return RatioDecision(key=key, budget_pct=budget_pct, estimate_pct=to_pct(estimate), interval_pct=interval,
                          pairs=len(ratios), confidence=confidence, status=status, fail_confidence=strict)
 
 
-def undecided_ratios(budgets: dict[str, float], ratios: Sequence[float], confidence: float,
-                     fail_confidence: float | None = None) -> list[RatioDecision]:
-    """The budgeted percentiles whose interval still straddles the budget."""
+def pair_spread_pct(ratios: Sequence[float]) -> float | None:
+    """The SD of the pairs' log ratio, in percent: the noise the A/B verdict is decided under
+    (None below 2 pairs). On this project's 2-core VM: 3-5 % in quiet hours, 7-14 % in noisy ones."""
+    if len(ratios) < 2:
+        return None
+    return statistics.stdev(math.log(r) for r in ratios) * 100.0
+
+
+def pairs_to_settle(estimate_pct: float, budget_pct: float, spread_pct: float, confidence: float,
+                    fail_confidence: float | None) -> int | None:
+    """About how many pairs would move the interval's nearer end past the budget, if the centre
+    stayed where it is: the Hodges-Lehmann centre's interval is about z * sqrt(pi / 3) * spread /
+    sqrt(n) wide each side under normal noise. The lower end (a failure) is at the failing level.
+    None: the centre sits on the budget (no number of pairs settles it)."""
+    distance = abs(math.log1p(estimate_pct / 100.0) - math.log1p(budget_pct / 100.0)) * 100.0
+    if distance < 1e-9 or spread_pct <= 0:
+        return None
+    level = (fail_confidence or confidence) if estimate_pct > budget_pct else confidence
+    z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+    return math.ceil((z * math.sqrt(math.pi / 3.0) * spread_pct / distance) ** 2)
+
+
+def undecided_ratios(budgets: dict[str, float], ratios: Sequence[float], stats: Statistics) -> list[RatioDecision]:
+    """The budgeted percentiles whose interval (at A/B's levels: ``Profile.ab_statistics``) still
+    straddles the budget."""
     if not ratios:
         return []
-    decisions = (decide_ratio(k, b, ratios, confidence, fail_confidence) for k, b in budgets.items())
+    decisions = (decide_ratio(k, b, ratios, stats.confidence, stats.fail_confidence) for k, b in budgets.items())
     return [d for d in decisions if d.status == Status.INCONCLUSIVE]
 
 
@@ -156,24 +183,34 @@ def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -
     return out
 
 
-def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int, *, confidence: float,
-                max_requests: int | None, fail_confidence: float | None = None) -> TtftRatioCheck:
-    """The final check of one ratio budget, after the run stage measured up to the cap: the
-    interval's decision, or else the point estimate (FAIL above the budget, INCONCLUSIVE at or
-    below it) with a note saying so. The same rule as guard.rules.judge_ttft."""
-    d = decide_ratio(key, budget_pct, [p.ratio for p in paired], confidence, fail_confidence)
+def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int, stats: Statistics) -> TtftRatioCheck:
+    """The final check of one ratio budget, after the run stage measured up to the cap
+    (``stats``: ``Profile.ab_statistics``): the interval's decision, or else the point estimate
+    (FAIL above the budget, INCONCLUSIVE at or below it) with a note saying so and how many pairs
+    this machine's spread would have needed. The same rule as guard.rules.judge_ttft: calling such
+    a run undecided instead (exit 3) would leave most real +5 % slowdowns uncaught on a noisy
+    machine (``benchmarks/ab_sensitivity.py --cap-rules``, docs/ab.md)."""
+    ratios = [p.ratio for p in paired]
+    d = decide_ratio(key, budget_pct, ratios, stats.confidence, stats.fail_confidence)
+    spread = pair_spread_pct(ratios)
     status, note = d.status, None
     if d.status == Status.INCONCLUSIVE:
         over = d.estimate_pct > budget_pct
         status = Status.FAIL if over else Status.INCONCLUSIVE
-        when = (f"after {d.pairs} pairs (no resampling: statistics.max_requests is not set)" if max_requests is None
-                else f"at the cap of {max_requests} pairs" if d.pairs >= max_requests
-                else f"after {d.pairs} of up to {max_requests} pairs")
-        note = (f"the {fmt.levels(confidence, d.fail_confidence)} interval {fmt.pct_interval(d.interval_pct)} still straddles the "
+        cap = stats.max_requests
+        when = (f"after {d.pairs} pairs (no resampling: statistics.max_requests is not set)" if cap is None
+                else f"at the cap of {cap} pairs" if d.pairs >= cap
+                else f"after {d.pairs} of up to {cap} pairs")
+        note = (f"the {fmt.levels(d.confidence, d.fail_confidence)} interval {fmt.pct_interval(d.interval_pct)} still straddles the "
                 f"budget {when}; judged on the point estimate: {fmt.pct(d.estimate_pct)} {'>' if over else '<='} "
                 f"{fmt.pct(budget_pct)}")
+        needed = pairs_to_settle(d.estimate_pct, budget_pct, spread, d.confidence, d.fail_confidence) if spread else None
+        if needed is not None and needed > d.pairs:
+            note += (f" (at this machine's per-pair spread of {spread:.1f} % about {needed} pairs would settle it: "
+                     "a quieter machine decides sooner)")
     p = percentile_value(key)
     return TtftRatioCheck(percentile=key, budget_pct=budget_pct, measured_pct=d.estimate_pct, interval_pct=d.interval_pct,
-                          pairs=d.pairs, rounds=rounds, confidence=confidence, status=status,
+                          pairs=d.pairs, rounds=rounds, confidence=d.confidence, status=status,
                           fail_confidence=d.fail_confidence, candidate_ms=percentile([x.candidate_s for x in paired], p) * 1000.0,
-                          baseline_ms=percentile([x.baseline_s for x in paired], p) * 1000.0, note=note)
+                          baseline_ms=percentile([x.baseline_s for x in paired], p) * 1000.0, note=note,
+                          pair_spread_pct=spread)

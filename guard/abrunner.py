@@ -225,8 +225,7 @@ class ABRun:
 
         measure_until_decided(budgets, stats, self.profile.workload.requests, measure, on_undecided=say,
                               keep_going=lambda: all(o.success for s in SIDES for o in self.record.side(s).measured),
-                              undecided_in=lambda ratios: undecided_ratios(budgets, ratios, stats.confidence,
-                                                                            stats.fail_confidence))
+                              undecided_in=lambda ratios: undecided_ratios(budgets, ratios, stats))
         gpu_state = self.record.candidate.environment.get("gpu_state")
         if gpu_state is not None:  # the end of the timing pass, while both engines hold the device
             from guard.hardware import read_gpu_state

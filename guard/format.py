@@ -46,6 +46,11 @@ def interval(bounds_ms: tuple[float, float]) -> str:
     return f"{'(' if math.isinf(lo) else '['}{ms(lo)}, {ms(hi)}{')' if math.isinf(hi) else ']'}"
 
 
+def spread(spread_pct: float | None) -> str:
+    """A/B's per-pair spread (the SD of the log ratio, percent); a dash below 2 pairs."""
+    return "-" if spread_pct is None else f"{spread_pct:.1f} %"
+
+
 def pct(value_pct: float) -> str:
     """A signed relative change in percent: ``+1.2 %``; an unbounded side reads as ∞."""
     if math.isinf(value_pct):

@@ -205,10 +205,11 @@ def _ab_section(results: Results) -> list[str]:
     if results.ab_checks:
         conf = {(c.confidence, c.fail_confidence) for c in results.ab_checks}
         ci = f"{fmt.levels(*conf.pop())} CI" if len(conf) == 1 else "CI"
-        lines += ["", f"| TTFT vs baseline (paired ratio) | budget | measured | {ci} | pairs | rounds | status |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
+        lines += ["", f"| TTFT vs baseline (paired ratio) | budget | measured | {ci} | pairs | rounds | per-pair spread | status |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|"]
         lines += [f"| {code(c.percentile, in_table=True)} | {fmt.pct(c.budget_pct)} | {fmt.pct(c.measured_pct)} "
-                  f"| {fmt.pct_interval(c.interval_pct)} | {c.pairs} | {c.rounds} | {_status(c.status)} |"
+                  f"| {fmt.pct_interval(c.interval_pct)} | {c.pairs} | {c.rounds} | {fmt.spread(c.pair_spread_pct)} "
+                  f"| {_status(c.status)} |"
                   for c in results.ab_checks]
         notes = [f"- {code(c.percentile)}: {text(c.note)}" for c in results.ab_checks if c.note]
         lines += [""] + notes if notes else []

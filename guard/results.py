@@ -211,6 +211,7 @@ class TtftRatioCheck:
     baseline_ms: float
     note: str | None = None  # how an undecided interval was settled
     fail_confidence: float | None = None  # the interval's lower end is at this stricter level (ab.fail_confidence)
+    pair_spread_pct: float | None = None  # SD of the pairs' log ratio x 100: the machine's noise as A/B sees it
 
     @property
     def excess_pct(self) -> float:

@@ -139,13 +139,18 @@ def walsh_averages(samples: Sequence[float]) -> list[float]:
     return sorted((xs[i] + xs[j]) / 2.0 for i in range(len(xs)) for j in range(i, len(xs)))
 
 
-def centre_estimate(samples: Sequence[float], confidence: float) -> tuple[float, tuple[float, float]]:
+def centre_estimate(samples: Sequence[float], confidence: float,
+                    lower_confidence: float | None = None) -> tuple[float, tuple[float, float]]:
     """The Hodges-Lehmann centre (the median of the Walsh averages (x_i + x_j) / 2, i <= j) and
     the exact confidence interval of the centre of a symmetric distribution (the Wilcoxon
-    signed-rank interval; ``(-inf, inf)`` where none exists), from one sort of the averages."""
+    signed-rank interval; -inf / inf where a side does not exist), from one sort of the averages.
+    ``lower_confidence``: the lower end at that level instead (A/B's stricter failing side)."""
     if not samples:
         raise ValueError("estimate of an empty sample")
     w = walsh_averages(samples)
-    k = walsh_cut(len(samples), float(confidence))
-    return percentile(w, 50), ((w[k - 1], w[len(w) - k]) if k else (-math.inf, math.inf))
+    k_hi = walsh_cut(len(samples), float(confidence))
+    k_lo = k_hi if lower_confidence is None else walsh_cut(len(samples), float(lower_confidence))
+    lo = w[k_lo - 1] if k_lo else -math.inf
+    hi = w[len(w) - k_hi] if k_hi else math.inf
+    return percentile(w, 50), (lo, hi)
 

@@ -16,7 +16,7 @@ import pytest
 
 from guard.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op_diff, pairs,
                       undecided_ratios)
-from guard.budgets import load_thresholds
+from guard.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.results import RequestOutcome, ScopeCounts
 from guard.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
@@ -75,10 +75,11 @@ def test_ratio_interval_side_missing_at_small_n_is_infinite():
 
 def test_undecided_lists_only_straddling_budgets():
     ratios = [1.00, 1.01, 0.99, 1.02, 0.98, 1.005]
-    assert undecided_ratios({"p50": 5.0}, ratios, 0.95) == []
-    (u,) = undecided_ratios({"p50": 1.0}, ratios, 0.95)
+    stats = Statistics(confidence=0.95)
+    assert undecided_ratios({"p50": 5.0}, ratios, stats) == []
+    (u,) = undecided_ratios({"p50": 1.0}, ratios, stats)
     assert u.key == "p50"
-    assert undecided_ratios({"p50": 1.0}, [], 0.95) == []
+    assert undecided_ratios({"p50": 1.0}, [], stats) == []
     with pytest.raises(ValueError):
         decide_ratio("p50", 1.0, [], 0.95)
 
@@ -388,6 +389,47 @@ def test_worker_failure_recorded_by_the_run_stage_is_invalid(ab_profile):
     assert evaluate_ab(ab_profile, rec).exit_code == 3
 
 
+def test_pair_spread_is_the_sd_of_the_log_ratio():
+    from guard.ab import pair_spread_pct
+
+    ratios = [math.exp(x) for x in (-0.05, 0.0, 0.05)]
+    assert pair_spread_pct(ratios) == pytest.approx(5.0)
+    assert pair_spread_pct([1.1] * 4) == 0.0 and pair_spread_pct([1.1]) is None
+
+
+@pytest.mark.parametrize("centre_pct, level", [(6.0, 0.95), (-1.0, 0.8)])
+def test_pairs_to_settle_lands_the_nearer_end_on_the_budget(centre_pct, level):
+    """Normal pairs at the spread, centred where the run's estimate was: after the number of pairs
+    the note quotes, the interval end that would decide (lower for a failure, at the failing
+    level; upper for a pass) sits on the budget, within a small share of the distance."""
+    from guard.ab import decide_ratio, pairs_to_settle
+
+    spread, budget = 8.0, 3.0
+    n = pairs_to_settle(centre_pct, budget, spread, 0.8, 0.95)
+    assert n is not None and n > 6
+    dist = statistics.NormalDist()
+    ratios = [(1 + centre_pct / 100) * math.exp(spread / 100 * dist.inv_cdf((i + 0.5) / n)) for i in range(n)]
+    d = decide_ratio("p50", budget, ratios, 0.8, 0.95)
+    end = d.interval_pct[0] if centre_pct > budget else d.interval_pct[1]
+    assert abs(end - budget) < 0.15 * abs(centre_pct - budget)
+    assert pairs_to_settle(budget, budget, spread, 0.8, 0.95) is None
+    assert pairs_to_settle(centre_pct, budget, spread / 2, 0.8, 0.95) < n  # a quieter machine needs fewer
+
+
+def test_the_cap_note_gives_the_spread_and_the_pairs_it_would_take():
+    from guard.ab import judge_ratio
+    from guard.results import Pair
+
+    rng = random.Random(5)
+    paired = [Pair(i, 6.0 * 1.05 * math.exp(rng.gauss(0, 0.10)), 6.0) for i in range(24)]
+    c = judge_ratio("p50", 3.0, paired, 10, Statistics(confidence=0.8, fail_confidence=0.95, max_requests=24, batch=2))
+    assert c.status in (Status.FAIL, Status.INCONCLUSIVE) and c.note is not None
+    assert c.pair_spread_pct == pytest.approx(statistics.stdev(math.log(p.ratio) for p in paired) * 100)
+    assert f"per-pair spread of {c.pair_spread_pct:.1f} %" in c.note and "pairs would settle it" in c.note
+    decided = judge_ratio("p50", 3.0, [Pair(i, 6.0, 6.0) for i in range(8)], 1, Statistics(confidence=0.8, max_requests=24))
+    assert decided.note is None and decided.pair_spread_pct == 0.0
+
+
 def test_ab_results_round_trip_validate_and_render_both_sides(ab_profile, tmp_path):
     res = evaluate_ab(ab_profile, ab_record(1.06, mask_calls=513))
     data = results_to_dict(res)
@@ -404,6 +446,7 @@ def test_ab_results_round_trip_validate_and_render_both_sides(ab_profile, tmp_pa
     assert "### A/B: candidate vs baseline" in md and "| TTFT p50 |" in md and md.count("xychart-beta") == 2
     assert "--baseline" in md and "+513" in md
     assert "over its budget of +3.0 %" in md  # the failure sentence names the ratio
+    assert "per-pair spread" in term and "per-pair spread" in md and f"{res.ab_checks[0].pair_spread_pct:.1f} %" in term
 
 
 def test_plain_results_have_no_ab_section(cpu):
@@ -534,6 +577,22 @@ def test_grid_prints_one_row_per_confidence_and_spread(ab_sensitivity, capsys):
                                                   [" 0.8, fails at 0.95 ", " 3 % "], [" 0.8, fails at 0.95 ", " 6 % "]]
 
 
+def test_cap_rules_table_compares_the_point_estimate_with_undecided(ab_sensitivity, capsys, tmp_path):
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    argv = ["--thresholds", str(SHIPPED_THRESHOLDS), "--cap-rules", "--spreads", "3,9", "--trials", "300", "--no-record",
+            "--pool", str(tmp_path / "none.json"), "--slow-pool", str(tmp_path / "none-slow.json")]
+    assert ab_sensitivity.main(argv) == 0
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| normal")]
+    assert [r[:2] for r in rows] == [["normal, 3 % spread", "identical"], ["normal, 3 % spread", "+5 %"],
+                                     ["normal, 9 % spread", "identical"], ["normal, 9 % spread", "+5 %"]]
+    value = {(r[0], r[1]): [float(x.rstrip(" %")) for x in r[2:5]] for r in rows}
+    shipped, alt_fail, alt_undecided = value[("normal, 9 % spread", "+5 %")]
+    assert alt_fail <= shipped and alt_undecided > 20  # settling by the estimate is what catches the slowdown
+    assert value[("normal, 3 % spread", "identical")][0] < 1
+
+
 # ----------------------------------------------------------------------------- the A/B run stage's resampling
 class _ScriptedPairs:
     """Stands in for ``ABRun.measure`` (the two workers): each measured pair gets the next ratio
@@ -624,7 +683,7 @@ def test_ab_resampling_fails_a_look_only_at_ab_fail_confidence(tmp_path, ab_prof
     from guard.results import Pair
 
     paired = [Pair(i, 6.0 * r, 6.0) for i, r in enumerate(first)]
-    check = judge_ratio("p50", 3.0, paired, 1, confidence=0.8, max_requests=6, fail_confidence=0.95)
+    check = judge_ratio("p50", 3.0, paired, 1, Statistics(confidence=0.8, max_requests=6, fail_confidence=0.95))
     assert check.status == Status.FAIL and check.fail_confidence == 0.95  # at the cap: the point estimate
     assert check.note.startswith("the 80 % (lower end 95 %) interval [+2.5, +9.0] % still straddles the budget")
 
