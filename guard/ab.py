@@ -204,7 +204,8 @@ def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int
         note = (f"the {fmt.levels(d.confidence, d.fail_confidence)} interval {fmt.pct_interval(d.interval_pct)} still straddles the "
                 f"budget {when}; judged on the point estimate: {fmt.pct(d.estimate_pct)} {'>' if over else '<='} "
                 f"{fmt.pct(budget_pct)}")
-        needed = pairs_to_settle(d.estimate_pct, budget_pct, spread, d.confidence, d.fail_confidence) if spread else None
+        needed = (pairs_to_settle(d.estimate_pct, budget_pct, spread, d.confidence, d.fail_confidence)
+                  if spread and percentile_value(key) == 50 else None)  # the approximation is the p50 interval's
         if needed is not None and needed > d.pairs:
             note += (f" (at this machine's per-pair spread of {spread:.1f} % about {needed} pairs would settle it: "
                      "a quieter machine decides sooner)")

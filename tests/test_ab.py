@@ -426,6 +426,8 @@ def test_the_cap_note_gives_the_spread_and_the_pairs_it_would_take():
     assert c.status in (Status.FAIL, Status.INCONCLUSIVE) and c.note is not None
     assert c.pair_spread_pct == pytest.approx(statistics.stdev(math.log(p.ratio) for p in paired) * 100)
     assert f"per-pair spread of {c.pair_spread_pct:.1f} %" in c.note and "pairs would settle it" in c.note
+    p90 = judge_ratio("p90", 3.0, paired, 10, Statistics(confidence=0.8, fail_confidence=0.95, max_requests=24, batch=2))
+    assert p90.pair_spread_pct == c.pair_spread_pct and "pairs would settle it" not in (p90.note or "")
     decided = judge_ratio("p50", 3.0, [Pair(i, 6.0, 6.0) for i in range(8)], 1, Statistics(confidence=0.8, max_requests=24))
     assert decided.note is None and decided.pair_spread_pct == 0.0
 
