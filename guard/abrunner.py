@@ -92,6 +92,7 @@ class ABRun:
         self._next_index = 0
         self._blocks = 0
         self._warm_sizes: set[tuple[int, int]] = set()
+        self.settle_s = 0.0  # a pause between stopping one side and timing the other
         self._t0 = time.perf_counter()
 
     # -------------------------------------------------------------- workers
@@ -173,9 +174,11 @@ class ABRun:
         return outcomes
 
     def _run_timed(self, side: str, jobs: list[Job]) -> list[RequestOutcome]:
-        """The other side's process is stopped while these requests run."""
+        """The other side's process is stopped while these requests run, ``settle_s`` after it was."""
         other = self.workers[BASELINE if side == CANDIDATE else CANDIDATE]
         with other.paused():
+            if self.settle_s:
+                time.sleep(self.settle_s)
             return self._run_side(side, jobs)
 
     def _run_pairwise(self, jobs: list[Job], label: str, alternate: bool, sides: tuple[str, ...] = SIDES) -> None:
