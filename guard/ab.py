@@ -47,7 +47,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 from guard.budgets import Statistics, percentile_value
 from guard import format as fmt
@@ -146,7 +145,7 @@ def pairs_to_settle(estimate_pct: float, budget_pct: float, spread_pct: float, c
     if distance < 1e-9 or spread_pct <= 0:
         return None
     level = (fail_confidence or confidence) if estimate_pct > budget_pct else confidence
-    z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+    z = statistics.NormalDist().inv_cdf((1.0 + level) / 2.0)
     return math.ceil((z * math.sqrt(math.pi / 3.0) * spread_pct / distance) ** 2)
 
 
