@@ -115,6 +115,14 @@ def _draw_until_decided(draw, first: int, stats, undecided_in) -> tuple[list, in
     return samples, len(drawn)
 
 
+def _simulated_ab_run(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float],
+                      rng: random.Random) -> tuple[list, int]:
+    """One A/B run drawn from ``pool`` under the profile's A/B rule: (its pairs, rounds)."""
+    stats = profile.ab_statistics
+    return _draw_until_decided(lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
+                               lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats))
+
+
 def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float], trials: int,
                 rng: random.Random) -> tuple[dict[str, float], float]:
     """Fail rate per budgeted percentile and mean pairs per run."""
@@ -122,9 +130,7 @@ def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float
     fails = dict.fromkeys(budgets, 0)
     total = 0
     for _ in range(trials):
-        sample, rounds = _draw_until_decided(
-            lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
-            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats))
+        sample, rounds = _simulated_ab_run(pool, profile, budgets, rng)
         total += len(sample)
         for k, b in budgets.items():
             c = judge_ratio(k, b, sample, rounds, stats)
@@ -141,9 +147,7 @@ def simulate_cap_rules(pool: Sequence[Pair], profile: Profile, budgets: dict[str
     stats = profile.ab_statistics
     fails = alt_fails = alt_undecided = total = 0
     for _ in range(trials):
-        sample, rounds = _draw_until_decided(
-            lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
-            lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats))
+        sample, rounds = _simulated_ab_run(pool, profile, budgets, rng)
         total += len(sample)
         checks = [judge_ratio(k, b, sample, rounds, stats) for k, b in budgets.items()]
         fails += any(c.status == Status.FAIL for c in checks)
