@@ -13,6 +13,14 @@ what the process spent: minor page faults, voluntary and involuntary context swi
         --variant one-thread:OMP_NUM_THREADS=1 \\
         --variant passive:OMP_WAIT_POLICY=PASSIVE
 
+The profile's engine keeps the memory it frees (``engine.retain_freed_memory``); the variant
+``released:REQUEST_NOISE_RELEASE_FREED_MEMORY=1`` runs it with glibc's defaults instead, which hand
+freed memory back to the kernel. ``--ballast stopped`` with both is how that setting was found
+(docs/ab.md, "Freed memory and the VM's host"):
+
+    uv run --extra cpu python benchmarks/request_noise.py --requests 8 --ballast stopped \\
+        --variant retained: --variant released:REQUEST_NOISE_RELEASE_FREED_MEMORY=1
+
 ``--pinned-pairs N``: instead, two engines at once, one OpenMP thread each, each pinned to its own
 core (the cores swapped every pair), both given the same image at the same moment: does running
 the sides simultaneously make a slow phase of the machine fall on both members of a pair?
@@ -24,6 +32,7 @@ and run nothing else meanwhile.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -38,6 +47,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT = "RESULT "
+RELEASE = "REQUEST_NOISE_RELEASE_FREED_MEMORY"
 
 
 def _engine():
@@ -47,7 +57,10 @@ def _engine():
     from guard.engine import plan_jobs, run_jobs, start_engine
 
     profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu")
-    llm = start_engine(profile.engine, seed=profile.workload.seed)
+    engine = profile.engine
+    if os.environ.get(RELEASE) == "1":  # as before engine.retain_freed_memory: glibc's defaults
+        engine = dataclasses.replace(engine, retain_freed_memory=False)
+    llm = start_engine(engine, seed=profile.workload.seed)
 
     def request(index: int, warmup: bool) -> float:
         (outcome,) = run_jobs(llm, profile.workload, plan_jobs(profile.workload, index, 1, warmup), lambda o: None)
@@ -56,6 +69,22 @@ def _engine():
         return outcome.ttft_client_s
 
     return request
+
+
+# System-wide memory-management counters (/proc/vmstat): does a request beside another engine make
+# the kernel do more work (compaction, reclaim, huge-page fallbacks) than the same request alone?
+VMSTAT_KEYS = ("pgfault", "pgalloc_normal", "pgfree", "compact_stall", "compact_migrate_scanned", "thp_fault_alloc",
+               "thp_fault_fallback", "pgscan_kswapd", "pgscan_direct", "numa_hint_faults", "pgmigrate_success")
+
+
+def _vmstat() -> dict[str, int]:
+    values = {}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            key, _, value = line.partition(" ")
+            if key in VMSTAT_KEYS:
+                values[key] = int(value)
+    return values
 
 
 def spread_pct(values: list[float]) -> float:
@@ -74,11 +103,13 @@ def child(requests: int, hold: bool = False) -> None:
         request(i, True)
     rows = []
     for i in range(requests):
-        r0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
+        r0, c0, v0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), _vmstat()
         ttft = request(100 + i, False)
-        r1, c1 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
+        r1, c1, v1 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), _vmstat()
         rows.append({"ttft_s": ttft, "minor_faults": r1.ru_minflt - r0.ru_minflt, "cpu_s": c1 - c0,
-                     "voluntary_switches": r1.ru_nvcsw - r0.ru_nvcsw, "involuntary_switches": r1.ru_nivcsw - r0.ru_nivcsw})
+                     "user_s": r1.ru_utime - r0.ru_utime, "system_s": r1.ru_stime - r0.ru_stime,
+                     "voluntary_switches": r1.ru_nvcsw - r0.ru_nvcsw, "involuntary_switches": r1.ru_nivcsw - r0.ru_nivcsw,
+                     "vmstat": {k: v1.get(k, 0) - v0.get(k, 0) for k in v0}, "max_rss_mb": r1.ru_maxrss / 1024})
     print(RESULT + json.dumps(rows), flush=True)
 
 
@@ -97,8 +128,9 @@ def start_ballast(env: dict[str, str], stop: bool) -> subprocess.Popen:
     return proc
 
 
-def run_variant(name: str, env: dict[str, str], requests: int, ballast: str | None = None) -> dict:
-    extra = start_ballast(env, stop=ballast == "stopped") if ballast else None
+def run_variant(name: str, env: dict[str, str], requests: int, ballast: str | None = None,
+                ballast_env: dict[str, str] | None = None) -> dict:
+    extra = start_ballast({**env, **(ballast_env or {})}, stop=ballast == "stopped") if ballast else None
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", "--requests", str(requests)], env={**os.environ, **env},
                               capture_output=True, text=True, check=False)
@@ -114,6 +146,8 @@ def run_variant(name: str, env: dict[str, str], requests: int, ballast: str | No
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     return {"variant": name, "env": env, "requests": len(rows), "ttft_p50_ms": statistics.median(ttft) * 1000,
             "spread_pct": spread_pct(ttft), "minor_faults": med("minor_faults"), "cpu_s": med("cpu_s"),
+            "user_s": med("user_s"), "system_s": med("system_s"), "max_rss_mb": rows[-1]["max_rss_mb"],
+            "vmstat": {k: statistics.median(r["vmstat"][k] for r in rows) for k in rows[0]["vmstat"]},
             "voluntary_switches": med("voluntary_switches"), "rows": rows}
 
 
@@ -185,6 +219,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every request here")
     ap.add_argument("--ballast", choices=("stopped", "idle"),
                     help="a second engine beside the measured one, stopped (SIGSTOP, as A/B's idle side) or idle")
+    ap.add_argument("--ballast-env", metavar="VAR=VALUE[,VAR=VALUE]", default="",
+                    help="extra environment for the ballast engine only (e.g. VLLM_CPU_KVCACHE_SPACE=1)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -200,16 +236,21 @@ def main() -> int:
         results: object = out
     else:
         results = []
+        ballast_env = parse_variant(":" + args.ballast_env)[1]
         if args.ballast:
-            print(f"a second engine beside the measured one, {args.ballast}\n")
-        print("| variant | environment | requests | TTFT p50 | spread | minor faults / request | CPU s / request | voluntary switches / request |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+            extra = ", ".join(f"`{k}={v}`" for k, v in ballast_env.items())
+            print(f"a second engine beside the measured one, {args.ballast}{' (' + extra + ')' if extra else ''}\n")
+        print("| variant | environment | requests | TTFT p50 | spread | minor faults / request | CPU s (user + system) / request "
+              "| voluntary switches / request | kernel, per request (median) |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---|")
         for name, env in map(parse_variant, args.variant or ["default:"]):
-            r = run_variant(name, env, args.requests, args.ballast)
+            r = run_variant(name, env, args.requests, args.ballast, ballast_env)
             results.append(r)
             shown = ", ".join(f"`{k}={v}`" for k, v in env.items()) or "-"
+            kernel = ", ".join(f"{k} {v:.0f}" for k, v in r["vmstat"].items() if v)
             print(f"| {name} | {shown} | {r['requests']} | {r['ttft_p50_ms']:.0f} ms | {r['spread_pct']:.1f} % "
-                  f"| {r['minor_faults']:.0f} | {r['cpu_s']:.2f} | {r['voluntary_switches']:.0f} |", flush=True)
+                  f"| {r['minor_faults']:.0f} | {r['cpu_s']:.2f} ({r['user_s']:.2f} + {r['system_s']:.2f}) "
+                  f"| {r['voluntary_switches']:.0f} | {kernel} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -103,6 +103,11 @@ class EngineArgs:
     gpu_memory_utilization: float | None = None  # fraction of GPU memory vLLM may take (None: default)
     # How TTFT is measured: "in-process" (LLMEngine in guard's process) or "server" (`vllm serve`).
     mode: str = "in-process"
+    # Keep memory the engine frees inside its process (glibc malloc: no mmap, no trim) instead of
+    # handing it back to the kernel after every request and faulting it in again on the next one.
+    # A VM that passes freed memory on to its host made that re-faulting cost +15-28 % TTFT whenever
+    # a second engine sat beside the measured one (docs/ab.md, "Freed memory and the VM's host").
+    retain_freed_memory: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -340,7 +345,8 @@ MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
 ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
                "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False,
-               "max_num_batched_tokens": False, "gpu_memory_utilization": False, "mode": False}
+               "max_num_batched_tokens": False, "gpu_memory_utilization": False, "mode": False,
+               "retain_freed_memory": False}
 ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
                  "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
@@ -681,6 +687,7 @@ def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
         gpu_memory_utilization=_fraction(r, f"{key}.gpu_memory_utilization", m["gpu_memory_utilization"][1])
         if "gpu_memory_utilization" in m else None,
         mode=_engine_mode(r, f"{key}.mode", m["mode"][1]) if "mode" in m else "in-process",
+        retain_freed_memory=opt("retain_freed_memory", r.boolean, False),
     )
 
 

@@ -8,7 +8,9 @@ model. Requests are driven through ``LLMEngine.add_request``/``step`` in a close
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import time
 import traceback
 from collections import deque
@@ -30,6 +32,33 @@ def prepare_environment(engine: EngineArgs) -> None:
     if engine.cpu_kvcache_space_gb is not None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine.cpu_kvcache_space_gb))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if engine.retain_freed_memory:
+        retain_freed_memory()
+
+
+# glibc's <malloc.h> parameters for mallopt()
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+# The same for a process guard starts (`vllm serve`), read by glibc when the process starts.
+RETAIN_FREED_MEMORY_TUNABLES = f"glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={2**64 - 1}"
+
+
+def retain_freed_memory() -> None:
+    """Keep memory this process frees for its own later allocations instead of returning it to the kernel.
+
+    The CPU engine allocates and frees ~1.6 GB per 640x480 request. By default glibc serves blocks
+    above 32 MB with mmap and unmaps them on free, so every request faults ~400,000 fresh pages in
+    again (a second of kernel time). With mmap off, every block comes from the heap, and with
+    trimming off, the heap keeps what was freed: after the first request nothing is faulted in
+    (measured: 0 faults, 0.1 s kernel time per request, the same peak RSS)."""
+    if platform.libc_ver()[0] != "glibc":
+        raise InvalidRunError("engine.retain_freed_memory needs glibc's malloc, which this Python does not use",
+                              hint="set `retain_freed_memory: false` in the profile's engine section")
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    # -1 is glibc's "never trim" (the value is read as an unsigned size); mallopt returns 1 on success
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, -1)):
+        raise InvalidRunError("engine.retain_freed_memory: glibc's mallopt() refused the setting")
 
 
 def start_engine(engine: EngineArgs, seed: int):

@@ -40,7 +40,7 @@ from typing import Any
 
 from guard.budgets import EngineArgs, Workload, resolve_model
 from guard.compat import vllm_cli
-from guard.engine import DEFAULT_REQUEST_TIMEOUT_S, Job, synthetic_image
+from guard.engine import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, Job, synthetic_image
 from guard.errors import InvalidRunError
 from guard.results import RequestOutcome
 
@@ -94,6 +94,8 @@ def server_environment(engine: EngineArgs, base: dict[str, str] | None = None) -
     if engine.cpu_kvcache_space_gb is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gb)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if engine.retain_freed_memory:  # guard.engine.retain_freed_memory, for a process guard starts
+        env["GLIBC_TUNABLES"] = ":".join(filter(None, (env.get("GLIBC_TUNABLES"), RETAIN_FREED_MEMORY_TUNABLES)))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs vLLM as users do
     return env
 

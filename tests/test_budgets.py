@@ -48,6 +48,8 @@ def test_shipped_thresholds_load_with_both_profiles() -> None:
     assert a10.workload.concurrency == 10 and a10.workload.max_tokens == 1
     assert a10.match.cuda and not cpu.match.cuda
     assert cpu.engine.load_format == "dummy" and cpu.workload.concurrency == 1
+    # the CPU engine keeps freed memory (docs/ab.md); the A10's host side is left as vLLM runs it
+    assert cpu.engine.retain_freed_memory and not a10.engine.retain_freed_memory
     for p in (a10, cpu):
         mask = {sb.name: sb for sb in p.ops}["mask_path"]
         assert mask.ops["aten::_index_put_impl_"].count == 0
@@ -114,6 +116,8 @@ BAD = [
     ("scope: {file: vllm/model_executor/models/deepencoder2.py, function: _update_causal_mask}",
      "scope: {file: x.py}", 17, "mask_path.scope.function", "missing required key"),
     ("    match: {cuda: false}", "    match: {cuda: nope}", 5, "profiles.cpu.match.cuda", "expected true or false"),
+    ("      max_model_len: 2048\n", "      max_model_len: 2048\n      retain_freed_memory: sometimes\n", 9,
+     "profiles.cpu.engine.retain_freed_memory", "expected true or false"),
     ("      image_sizes: [[640, 480]]", "      image_sizes: [[640]]", 11, "image_sizes[0]", "expected [width, height]"),
     ("  cpu:", "  cpu:\n    headroom_pct: 5\n    headroom_pct: 6", 6, "profiles.cpu.headroom_pct", "duplicate key"),
     (T, T + "\n      ttft_hardware: {cpu_model_regex: '(EPYC'}", 15, "budgets.ttft_hardware.cpu_model_regex",
