@@ -151,15 +151,20 @@ def run_variant(name: str, env: dict[str, str], requests: int, ballast: str | No
             "voluntary_switches": med("voluntary_switches"), "rows": rows}
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    name, _, assignments = text.partition(":")
+def parse_env(assignments: str, option: str) -> dict[str, str]:
+    """``VAR=VALUE[,VAR=VALUE]`` (empty: none); a malformed item is an error naming ``option``."""
     env = {}
     for item in filter(None, assignments.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--variant {text!r}: expected NAME:VAR=VALUE[,VAR=VALUE]")
+            raise SystemExit(f"{option}: expected VAR=VALUE[,VAR=VALUE], got {item!r}")
         env[key] = value
-    return name, env
+    return env
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    name, _, assignments = text.partition(":")
+    return name, parse_env(assignments, f"--variant {text!r} (NAME:VAR=VALUE[,VAR=VALUE])")
 
 
 # ------------------------------------------------------------------------- two pinned engines at once
@@ -236,7 +241,7 @@ def main() -> int:
         results: object = out
     else:
         results = []
-        ballast_env = parse_variant(":" + args.ballast_env)[1]
+        ballast_env = parse_env(args.ballast_env, "--ballast-env")
         if args.ballast:
             extra = ", ".join(f"`{k}={v}`" for k, v in ballast_env.items())
             print(f"a second engine beside the measured one, {args.ballast}{' (' + extra + ')' if extra else ''}\n")
