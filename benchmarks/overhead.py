@@ -28,7 +28,9 @@ def bare(thresholds: str, profile_name: str, measured: int | None = None) -> Non
     from guard.budgets import load_thresholds, resolve_model
     from guard.engine import synthetic_image
 
-    profile = load_thresholds(thresholds).profile(profile_name)
+    from guard.hardware import detect
+
+    profile = load_thresholds(thresholds).profile(profile_name).on_cpu(detect(quick=True).native_bf16)  # as guard check runs it
     e, w = profile.engine, profile.workload
     import os
 

@@ -56,7 +56,9 @@ def _engine():
     from guard.budgets import load_thresholds
     from guard.engine import plan_jobs, run_jobs, start_engine
 
-    profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu")
+    from guard.hardware import detect
+
+    profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu").on_cpu(detect(quick=True).native_bf16)
     engine = profile.engine
     if os.environ.get(RELEASE) == "1":  # as before engine.retain_freed_memory: glibc's defaults
         engine = dataclasses.replace(engine, retain_freed_memory=False)

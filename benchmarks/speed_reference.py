@@ -82,7 +82,9 @@ def main() -> int:
     from guard.budgets import load_thresholds
     from guard.engine import plan_jobs, run_jobs, start_engine
 
-    profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu")
+    from guard.hardware import detect
+
+    profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu").on_cpu(detect(quick=True).native_bf16)
     t = time.perf_counter()
     llm = start_engine(profile.engine, seed=profile.workload.seed)
     print(f"engine ready in {time.perf_counter() - t:.1f} s", flush=True)

@@ -68,7 +68,7 @@ def _tree(path: Path, suffixes: tuple[str, ...] | None) -> list[str]:
 
 
 def _hardware() -> dict[str, Any]:
-    from guard.hardware import cpu_name
+    from guard.hardware import cpu_isa, cpu_name, read_cpu_features
 
     gpu = None
     torch = sys.modules.get("torch")  # the worker's engine has imported it; never imported for this
@@ -77,7 +77,8 @@ def _hardware() -> dict[str, Any]:
             gpu = torch.cuda.get_device_name(0)
     except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
         pass
-    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(), "gpu": gpu}
+    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+            "cpu_isa": cpu_isa(read_cpu_features()), "gpu": gpu}
 
 
 def environment_key(profile, gpu_memory_utilization: float | None,

@@ -127,7 +127,8 @@ class ABRun:
                                         seed=self.profile.workload.seed,
                                         gpu_memory_utilization=self.profile.ab.gpu_memory_utilization(side),
                                         inject=self.inject if side == CANDIDATE else None,
-                                        cache_key=side == BASELINE and self.profile.has_op_count_pass)
+                                        cache_key=side == BASELINE and self.profile.has_op_count_pass,
+                                        dtype=self.profile.engine.dtype)
             for side in SIDES:
                 ready = self.workers[side].wait("ready")
                 env = self.record.side(side).environment

@@ -50,13 +50,19 @@ class TtftHardware:
 
     cpu_model_regex: str | None = None  # searched in /proc/cpuinfo's "model name"
     cpu_count: tuple[int, int] | None = None  # inclusive range; `cpu_count: 2` is (2, 2)
+    # Exactly which of CPU_ISA_EXTENSIONS that CPU had. A VM may name two generations alike ("AMD
+    # EPYC", 2 cores) whose engines differ 13x: with and without AVX-512 and native bf16.
+    cpu_isa: tuple[str, ...] | None = None
     # guard.speedref's reference workload on that machine when the budget was measured, ms: a
     # run on a matching CPU that runs it much slower measured a slow machine (validity.max_slowdown_pct)
     speed_reference_ms: float | None = None
     line: int | None = None
 
-    def fits(self, cpu_name: str, cpu_count: int) -> bool:
+    def fits(self, cpu_name: str, cpu_count: int, cpu_isa: tuple[str, ...] | None) -> bool:
+        """``cpu_isa``: the machine's CPU_ISA_EXTENSIONS; None (not recorded) never fits a binding that names them."""
         if self.cpu_model_regex is not None and not re.search(self.cpu_model_regex, cpu_name or ""):
+            return False
+        if self.cpu_isa is not None and (cpu_isa is None or set(cpu_isa) != set(self.cpu_isa)):
             return False
         return self.cpu_count is None or self.cpu_count[0] <= cpu_count <= self.cpu_count[1]
 
@@ -67,7 +73,23 @@ class TtftHardware:
         if self.cpu_count is not None:
             lo, hi = self.cpu_count
             parts.append(f"{lo} cores" if lo == hi else f"{lo}-{hi} cores")
-        return " with ".join(parts) or "any CPU"
+        text = " with ".join(parts) or "any CPU"
+        if self.cpu_isa is not None:
+            text += f" and {describe_isa(self.cpu_isa)}"
+        return text
+
+
+# The CPU extensions that decide how fast vLLM's CPU engine runs a float model: the vector width and
+# whether bf16/fp16 arithmetic is native (oneDNN emulates it otherwise). Names as in /proc/cpuinfo.
+CPU_ISA_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
+# Any of these (x86) or the Arm "bf16" feature: bf16 matrix products run natively.
+NATIVE_BF16_EXTENSIONS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def describe_isa(isa: tuple[str, ...] | None) -> str:
+    if isa is None:
+        return "CPU extensions not recorded"
+    return f"ISA {'+'.join(isa)}" if isa else f"none of {', '.join(CPU_ISA_EXTENSIONS)}"
 
 
 @dataclass(frozen=True)
@@ -108,9 +130,23 @@ class EngineArgs:
     # A VM that passes freed memory on to its host made that re-faulting cost +15-28 % TTFT whenever
     # a second engine sat beside the measured one (docs/ab.md, "Freed memory and the VM's host").
     retain_freed_memory: bool = False
+    # On a CPU without native bf16 (NATIVE_BF16_EXTENSIONS) a ``bfloat16`` engine runs this dtype
+    # instead: oneDNN emulates bf16 there (an AVX2-only EPYC: ~80 s a request, ~16 s in float32).
+    dtype_without_native_bf16: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @property
+    def bf16_replaced(self) -> bool:
+        """True when on_cpu swapped bfloat16 for dtype_without_native_bf16 (only allowed beside bfloat16)."""
+        return self.dtype_without_native_bf16 is not None and self.dtype == self.dtype_without_native_bf16
+
+    def on_cpu(self, native_bf16: bool) -> EngineArgs:
+        """The engine as it runs on a CPU with or without native bf16."""
+        if self.dtype == "bfloat16" and not native_bf16 and self.dtype_without_native_bf16:
+            return replace(self, dtype=self.dtype_without_native_bf16)
+        return self
 
 
 @dataclass(frozen=True)
@@ -201,6 +237,9 @@ class CensusRule:
     against a committed baseline (guard/census.py)."""
 
     baseline: Path  # resolved against the thresholds file's folder
+    # The census where the engine runs engine.dtype_without_native_bf16 (Profile.on_cpu swaps it in):
+    # float32 makes none of bf16's casts, so 16 functions count fewer calls than in bfloat16.
+    baseline_without_native_bf16: Path | None = None
     max_growth_pct: float = 2.0
     min_growth_calls: int = 16
     new_function_max_calls: int = 8
@@ -211,6 +250,8 @@ class CensusRule:
 
     def as_dict(self) -> dict[str, Any]:
         return {"baseline": str(self.baseline), "max_growth_pct": self.max_growth_pct,
+                "baseline_without_native_bf16": str(self.baseline_without_native_bf16)
+                if self.baseline_without_native_bf16 else None,
                 "min_growth_calls": self.min_growth_calls, "new_function_max_calls": self.new_function_max_calls,
                 "watch": list(self.watch), "roots": list(self.roots), "exclude": dict(self.exclude)}
 
@@ -269,6 +310,17 @@ class Profile:
         if self.engine.mode == (self.yaml_mode or self.engine.mode):
             return ("ttft_ms",)
         return ("modes", self.engine.mode, "ttft_ms")
+
+    def on_cpu(self, native_bf16: bool) -> Profile:
+        """This profile as it runs on a CPU with or without native bf16: the engine's dtype
+        (``engine.dtype_without_native_bf16``) and the census baseline measured in it."""
+        engine = self.engine.on_cpu(native_bf16)
+        if engine is self.engine:
+            return self
+        census = self.census
+        if census is not None and census.baseline_without_native_bf16 is not None:
+            census = replace(census, baseline=census.baseline_without_native_bf16)
+        return replace(self, engine=engine, census=census)
 
     def with_engine_mode(self, mode: str | None) -> Profile:
         """This profile measured in ``mode`` (``--engine-mode``): its engine runs that way and its
@@ -340,13 +392,13 @@ TOP_KEYS = {"schema_version": True, "model": True, "profiles": True}
 PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": False, "validity": False,
                 "headroom_pct": False, "budgets": True, "provenance": False, "ab": False}
 VALIDITY_KEYS = {"max_other_cpu_pct": False, "max_slowdown_pct": False}
-TTFT_HARDWARE_KEYS = {"cpu_model_regex": False, "cpu_count": False, "speed_reference_ms": False}
+TTFT_HARDWARE_KEYS = {"cpu_model_regex": False, "cpu_count": False, "cpu_isa": False, "speed_reference_ms": False}
 MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
 ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
                "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False,
                "max_num_batched_tokens": False, "gpu_memory_utilization": False, "mode": False,
-               "retain_freed_memory": False}
+               "retain_freed_memory": False, "dtype_without_native_bf16": False}
 ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
                  "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
@@ -356,7 +408,7 @@ BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes":
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
 AB_KEYS = {"gpu_memory_utilization": False, "batch": False, "confidence": False, "fail_confidence": False}
 AB_SIDES_KEYS = {"candidate": False, "baseline": False}
-CENSUS_KEYS = {"baseline": True, "max_growth_pct": False, "min_growth_calls": False,
+CENSUS_KEYS = {"baseline": True, "baseline_without_native_bf16": False, "max_growth_pct": False, "min_growth_calls": False,
                "new_function_max_calls": False, "watch": False, "roots": False, "exclude": False}
 SCOPE_BUDGET_KEYS = {"scope": True, "ops": False, "total_ops": False}
 SCOPE_KEYS = {"file": True, "function": True}
@@ -625,7 +677,7 @@ def _regex(r: _Reader, node: yaml.Node, key: str) -> str:
 def _ttft_hardware(r: _Reader, key: str, node: yaml.Node) -> TtftHardware:
     m = r.mapping(node, key, TTFT_HARDWARE_KEYS)
     if not m:
-        raise r.error(node, key, "empty: give cpu_model_regex, cpu_count and/or speed_reference_ms")
+        raise r.error(node, key, "empty: give cpu_model_regex, cpu_count, cpu_isa and/or speed_reference_ms")
     regex = None
     if "cpu_model_regex" in m:
         regex = _regex(r, m["cpu_model_regex"][1], f"{key}.cpu_model_regex")
@@ -643,10 +695,19 @@ def _ttft_hardware(r: _Reader, key: str, node: yaml.Node) -> TtftHardware:
         else:
             n = r.integer(cnode, ck, minimum=1)
             count = (n, n)
+    isa = None
+    if "cpu_isa" in m:
+        inode = m["cpu_isa"][1]
+        isa = _string_list(r, f"{key}.cpu_isa", inode, allow_empty=True)
+        for i, ext in enumerate(isa):
+            if ext not in CPU_ISA_EXTENSIONS:
+                raise r.error(inode.value[i], f"{key}.cpu_isa[{i}]", f"unknown CPU extension {ext!r}",
+                              hint=f"list those of {', '.join(CPU_ISA_EXTENSIONS)} the CPU has, as /proc/cpuinfo names them")
+        isa = tuple(e for e in CPU_ISA_EXTENSIONS if e in isa)
     speed = None
     if "speed_reference_ms" in m:
         speed = r.number(m["speed_reference_ms"][1], f"{key}.speed_reference_ms", positive=True)
-    return TtftHardware(cpu_model_regex=regex, cpu_count=count, speed_reference_ms=speed,
+    return TtftHardware(cpu_model_regex=regex, cpu_count=count, cpu_isa=isa, speed_reference_ms=speed,
                         line=node.start_mark.line + 1)
 
 
@@ -688,7 +749,20 @@ def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
         if "gpu_memory_utilization" in m else None,
         mode=_engine_mode(r, f"{key}.mode", m["mode"][1]) if "mode" in m else "in-process",
         retain_freed_memory=opt("retain_freed_memory", r.boolean, False),
+        dtype_without_native_bf16=_dtype_fallback(r, key, m),
     )
+
+
+def _dtype_fallback(r: _Reader, key: str, m: dict[str, Any]) -> str | None:
+    if "dtype_without_native_bf16" not in m:
+        return None
+    knode, vnode = m["dtype_without_native_bf16"]
+    if "dtype" not in m or r.string(m["dtype"][1], f"{key}.dtype") != "bfloat16":
+        raise r.error(knode, f"{key}.dtype_without_native_bf16", "only meaningful with dtype: bfloat16")
+    value = r.string(vnode, f"{key}.dtype_without_native_bf16")
+    if value != "float32":  # float16 is emulated on the same CPUs
+        raise r.error(vnode, f"{key}.dtype_without_native_bf16", f"expected float32, got {value!r}")
+    return value
 
 
 def _fraction(r: _Reader, key: str, node: yaml.Node) -> float:
@@ -809,10 +883,12 @@ def _census(r: _Reader, key: str, node: yaml.Node) -> CensusRule:
     """``census: {baseline: FILE, max_growth_pct, min_growth_calls, new_function_max_calls,
     watch: [op, ...], roots: [package, ...], exclude: {"file:function": reason}}``."""
     m = r.mapping(node, key, CENSUS_KEYS)
-    baseline = r.string(m["baseline"][1], f"{key}.baseline")
-    path = Path(baseline)
-    if not path.is_absolute():
-        path = r.path.parent / path
+
+    def census_path(name: str) -> Path:
+        path = Path(r.string(m[name][1], f"{key}.{name}"))
+        return path if path.is_absolute() else r.path.parent / path
+
+    path = census_path("baseline")
     d = CensusRule(baseline=path)
     exclude: dict[str, str] = {}
     if "exclude" in m:
@@ -828,6 +904,8 @@ def _census(r: _Reader, key: str, node: yaml.Node) -> CensusRule:
                           f"expected a package path relative to site-packages (e.g. vllm), got {root!r}")
     return CensusRule(
         baseline=path,
+        baseline_without_native_bf16=census_path("baseline_without_native_bf16")
+        if "baseline_without_native_bf16" in m else None,
         max_growth_pct=r.number(m["max_growth_pct"][1], f"{key}.max_growth_pct", minimum=0.0)
         if "max_growth_pct" in m else d.max_growth_pct,
         min_growth_calls=r.integer(m["min_growth_calls"][1], f"{key}.min_growth_calls", minimum=0)

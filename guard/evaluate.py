@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from guard import format as fmt
-from guard.budgets import OpBudget, Profile
+from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile
 from guard.census import Baseline, CensusJudgement, judge, size_key
 from guard.contention import contention_problems
 from guard.speedref import speed_notice, speed_problems
-from guard.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
+from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
                            UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.rules import judge_ttft
@@ -33,7 +33,7 @@ def ttft_not_judged(profile: Profile, env: dict[str, Any]) -> str | None:
     ``budgets.ttft_hardware`` is another CPU); None: they are judged."""
     if not profile.ttft_ms or not env or "cpu" not in env:
         return None
-    return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0))
+    return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0), recorded_isa(env))
 
 
 def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
@@ -47,6 +47,30 @@ def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
     if why:  # measured and shown, never counted: the budget belongs to another CPU
         checks = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=f"not judged: {why}") for c in checks]
     return checks
+
+
+def ran_bf16_fallback(env: dict[str, Any]) -> bool:
+    """The recorded engine ran its ``dtype_without_native_bf16`` in place of bfloat16 (EngineArgs.on_cpu)."""
+    engine = env.get("engine_args") or {}
+    return bool(engine.get("dtype_without_native_bf16")) and engine.get("dtype") == engine["dtype_without_native_bf16"]
+
+
+def census_against_bf16(profile: Profile, env: dict[str, Any]) -> bool:
+    """A float32 run's census judged against a bfloat16 baseline (no ``census.baseline_without_native_bf16``)."""
+    return ran_bf16_fallback(env) and profile.census is not None and profile.census.baseline_without_native_bf16 is None
+
+
+def dtype_notices(profile: Profile, env: dict[str, Any]) -> list[str]:
+    """Say so when the engine ran the profile's ``dtype_without_native_bf16`` instead of bfloat16."""
+    if not ran_bf16_fallback(env):
+        return []
+    ran = env["engine_args"]["dtype"]
+    census = ("" if profile.census is None else
+              f"; the census is judged against its {ran} baseline" if not census_against_bf16(profile, env) else
+              "; the census baseline is bfloat16's, so functions that cast come in below it")
+    return [f"engine dtype: {ran}, not the profile's bfloat16: this CPU has none of "
+            f"{', '.join(NATIVE_BF16_EXTENSIONS[:2])}, so bf16 would be emulated (5x slower on an AVX2-only EPYC; "
+            f"engine.dtype_without_native_bf16). The op-count budgets hold in either dtype{census}"]
 
 
 def not_judged_notice(why: str, thresholds: str, output: str | Path) -> str:
@@ -161,12 +185,20 @@ def census_judgement(profile: Profile, run: RunRecord, baseline: Baseline | None
                  model=run.model, profile=profile.name, update_command=census_update_command(profile, output))
 
 
-def census_notices(profile: Profile, census: CensusJudgement, output: str | Path) -> list[str]:
-    """Changes within the rule: shrinkage to ratchet the baseline down, growth within the slack."""
+def census_notices(profile: Profile, census: CensusJudgement, output: str | Path,
+                   bf16_replaced: bool = False) -> list[str]:
+    """Changes within the rule: shrinkage to ratchet the baseline down, growth within the slack.
+    ``bf16_replaced``: the engine ran float32 against a bfloat16 baseline, which counts dtype casts
+    that float32 does not make: that shrinkage is the dtype's, never a reason to ratchet down."""
     moved = [c for c in census.checks if c.status != Status.FAIL]
     if not moved:
         return []
     down = sum(1 for c in moved if c.growth_calls < 0 or c.measured_calls is None)
+    if bf16_replaced:
+        grew = len(moved) - down
+        return ([f"census: {down} function(s) counted fewer calls than the bfloat16 baseline: the engine ran "
+                 f"{profile.engine.dtype} here, without bf16 casts (the baseline stays as measured in bfloat16)"]
+                + ([f"census: {grew} function(s) grew within the rule (results.json)"] if grew else []))
     lines = _changes_within_the_rule(census)
     if down:
         lines.append(f"census: {down} function(s) shrank or vanished; ratchet the baseline down: "
@@ -193,7 +225,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")
     if census is not None:
         reasons += census.invalid
-        notices += census_notices(profile, census, output)
+        notices += census_notices(profile, census, output, bf16_replaced=census_against_bf16(profile, run.environment))
     census_checks = census.checks if census is not None else ()
     valid = not reasons and not run.invalid_reasons
     not_judged = ttft_not_judged(profile, run.environment) if ttft else None
@@ -205,6 +237,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         fast = speed_notice(run.environment.get("speed_reference"), profile.speed_reference_ms,
                             profile.validity.max_slowdown_pct)
         notices += [fast] if fast else []
+    notices += dtype_notices(profile, run.environment)
     if profile.match.cuda and not run.environment.get("gpu_state"):
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")

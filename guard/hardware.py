@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from guard import __version__
-from guard.budgets import Profile, Thresholds
+from guard.budgets import CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa
 from guard.errors import InvalidRunError
 
 
@@ -32,13 +32,17 @@ class Hardware:
     cpu_count: int
     # An NVIDIA GPU is present but CUDA cannot be used, and why (driver too old for this torch, ...)
     cuda_problem: str | None = None
+    # Which of CPU_ISA_EXTENSIONS the CPU has; None: unknown (no /proc/cpuinfo flags)
+    cpu_isa: tuple[str, ...] | None = None
+    native_bf16: bool = True  # unknown counts as native: guard then runs the dtype the profile names
 
     def describe(self) -> str:
         if self.cuda:
             return str(self.gpu_name)
+        isa = f", {describe_isa(self.cpu_isa)}" if self.cpu_isa is not None else ""
         if self.cuda_problem:
-            return f"{self.cpu_name} ({self.cpu_count} cores; an NVIDIA GPU that CUDA cannot use: {self.cuda_problem})"
-        return f"{self.cpu_name} ({self.cpu_count} cores, no CUDA device)"
+            return f"{self.cpu_name} ({self.cpu_count} cores{isa}; an NVIDIA GPU that CUDA cannot use: {self.cuda_problem})"
+        return f"{self.cpu_name} ({self.cpu_count} cores{isa}, no CUDA device)"
 
 
 # ----------------------------------------------------------------------------- a GPU that CUDA cannot use
@@ -124,12 +128,41 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_features(cpuinfo: str) -> frozenset[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo text: x86 "flags", Arm "Features" (first CPU);
+    None when neither line is there."""
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def cpu_isa(features: frozenset[str] | None) -> tuple[str, ...] | None:
+    """The CPU_ISA_EXTENSIONS among ``features``, in that order (what ``ttft_hardware.cpu_isa`` binds)."""
+    return None if features is None else tuple(e for e in CPU_ISA_EXTENSIONS if e in features)
+
+
+def read_cpu_features() -> frozenset[str] | None:
+    try:
+        return cpu_features(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return None
+
+
+def _cpu_hardware(**kw: Any) -> Hardware:
+    features = read_cpu_features()
+    native = features is None or bool(features & set(NATIVE_BF16_EXTENSIONS))
+    return Hardware(cpu_name=cpu_name(), cpu_count=os.cpu_count() or 1, cpu_isa=cpu_isa(features),
+                    native_bf16=native, **kw)
+
+
 def detect(quick: bool = False) -> Hardware:
     """What this machine is. ``quick``: skip importing torch (seconds) when the machine has no
     NVIDIA device node at all; the run stage detects again with torch and records the truth."""
     nodes = _device_nodes()
     if quick and not nodes:
-        return Hardware(cuda=False, gpu_name=None, cpu_name=cpu_name(), cpu_count=os.cpu_count() or 1)
+        return _cpu_hardware(cuda=False, gpu_name=None)
     message = torch_cuda = torch_version = None
     try:
         import warnings
@@ -147,8 +180,7 @@ def detect(quick: bool = False) -> Hardware:
     problem = None if cuda else cuda_unusable_reason(device_nodes=nodes, torch_cuda=torch_cuda,
                                                       driver_version=_read_driver_version(),
                                                       torch_message=message, torch_version=torch_version)
-    return Hardware(cuda=cuda, gpu_name=gpu, cpu_name=cpu_name(), cpu_count=os.cpu_count() or 1,
-                    cuda_problem=problem)
+    return _cpu_hardware(cuda=cuda, gpu_name=gpu, cuda_problem=problem)
 
 
 def mismatch(profile: Profile, hw: Hardware) -> str | None:
@@ -164,15 +196,22 @@ def mismatch(profile: Profile, hw: Hardware) -> str | None:
     return None
 
 
-def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int) -> str | None:
+def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int, isa: tuple[str, ...] | None) -> str | None:
     """Why this CPU is not the one the profile's TTFT budgets were measured on; None: it is (or
     the budgets are not bound to a CPU). Not a reason to reject the run: op counts are judged on
     any machine the profile matches, only the absolute TTFT budgets are not."""
     bound = profile.ttft_hardware
-    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count):
+    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count, isa):
         return None
     # the binding, not provenance.hardware: a hand-edited binding must not be described by stale provenance
-    return f"budget measured on {bound.describe()}; this machine is {cpu} ({cpu_count} cores)"
+    machine = f"{cpu} ({cpu_count} cores, {describe_isa(isa)})" if bound.cpu_isa is not None else f"{cpu} ({cpu_count} cores)"
+    return f"budget measured on {bound.describe()}; this machine is {machine}"
+
+
+def recorded_isa(env: dict[str, Any]) -> tuple[str, ...] | None:
+    """The CPU extensions a results file recorded (None: recorded by a guard that did not look)."""
+    isa = env.get("cpu_isa")
+    return tuple(str(e) for e in isa) if isinstance(isa, list) else None
 
 
 _REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")
@@ -180,17 +219,27 @@ _REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")
 
 def ttft_hardware_for(env: dict[str, Any]) -> dict[str, Any] | None:
     """The ``budgets.ttft_hardware`` binding for the machine a run recorded: its exact CPU model
-    (regex-escaped, anchored) and core count. None on a GPU (the profile's ``match`` already names
+    (regex-escaped, anchored), core count and CPU extensions. None on a GPU (the profile's ``match`` already names
     the device) or when the run recorded no CPU."""
     if env.get("gpu") or env.get("cuda") or not env.get("cpu") or not env.get("cpu_count"):
         return None
-    return {"cpu_model_regex": "^" + _REGEX_SPECIAL.sub(r"\\\1", str(env["cpu"])) + "$",
-            "cpu_count": int(env["cpu_count"])}
+    binding = {"cpu_model_regex": "^" + _REGEX_SPECIAL.sub(r"\\\1", str(env["cpu"])) + "$",
+               "cpu_count": int(env["cpu_count"])}
+    isa = recorded_isa(env)
+    if isa is not None:
+        binding["cpu_isa"] = list(isa)
+    return binding
 
 
 def select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:
     """`auto`: the first profile whose hardware fits. A named profile must fit too: numbers
-    measured on other hardware would be judged against the wrong budget (invalid, exit 3)."""
+    measured on other hardware would be judged against the wrong budget (invalid, exit 3).
+    The profile comes back as its engine runs here (``Profile.on_cpu``)."""
+    profile = _select_profile(thresholds, requested, hw)
+    return profile if hw.cuda else profile.on_cpu(hw.native_bf16)
+
+
+def _select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:
     if requested != "auto":
         profile = thresholds.profile(requested)
         why = mismatch(profile, hw)
@@ -227,7 +276,7 @@ def git_commit(cwd: Path | None = None) -> str | None:
 def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
     """What results.json records about where and with what the numbers were measured."""
     why = mismatch(profile, hw)
-    ttft_why = ttft_hardware_problem(profile, hw.cpu_name, hw.cpu_count)
+    ttft_why = ttft_hardware_problem(profile, hw.cpu_name, hw.cpu_count, hw.cpu_isa)
     fp: dict[str, Any] = {
         "hardware_profile": profile.name,
         "hardware_match": {"ok": why is None, "reason": why,
@@ -236,6 +285,7 @@ def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
         "cuda": hw.cuda,
         "cpu": hw.cpu_name,
         "cpu_count": hw.cpu_count,
+        "cpu_isa": list(hw.cpu_isa) if hw.cpu_isa is not None else None,
         "gpu": hw.gpu_name,
         "platform": platform.platform(),
         "python": platform.python_version(),

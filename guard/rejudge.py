@@ -14,7 +14,7 @@ import math
 
 from guard.budgets import Thresholds
 from guard.errors import UsageError
-from guard.evaluate import evaluate
+from guard.evaluate import evaluate, ran_bf16_fallback
 from guard.results import Check, OpCheck, Results, Status, TtftCheck, Verdict
 from guard.sanitize import one_line
 
@@ -87,6 +87,8 @@ def rejudge(stored: Results, thresholds: Thresholds, *, source: str) -> Results:
     if stored.run.model != thresholds.model:
         raise UsageError(f"{source}: measured model '{one_line(stored.run.model, 60)}', but {thresholds.path} is "
                          f"for '{thresholds.model}'; refusing to post")
+    if ran_bf16_fallback(stored.run.environment):  # judged as it ran: float32 and its census
+        profile = profile.on_cpu(native_bf16=False)
     fresh = evaluate(profile, stored.run, guard_version=stored.guard_version)
     found = contradictions(stored, fresh)
     if found:

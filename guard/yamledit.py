@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 Scalar = str | int | float | bool | None
+Value = Scalar | list[Scalar]  # a flat list is written as a flow sequence: [a, b]
 Path = tuple[str, ...]  # keys from the document root down to a node
 
 # Conservative charset for an unquoted string; anything else is single-quoted. "," and brackets are
@@ -95,6 +96,12 @@ def format_scalar(value: Scalar, style: str | None = None) -> str:
     raise YamlEditError(f"not a simple scalar: {value!r}")
 
 
+def format_value(value: Value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(format_scalar(v) for v in value) + "]"
+    return format_scalar(value)
+
+
 def _plain_ok(value: str) -> bool:
     if not _PLAIN_RE.fullmatch(value) or value.endswith(" ") or ": " in value or value.endswith(":"):
         return False
@@ -104,15 +111,15 @@ def _plain_ok(value: str) -> bool:
         return False
 
 
-def format_block_mapping(key: str, values: dict[str, Scalar], indent: int, step: int, nl: str) -> str:
+def format_block_mapping(key: str, values: dict[str, Value], indent: int, step: int, nl: str) -> str:
     pad, inner = " " * indent, " " * (indent + step)
     lines = [f"{pad}{format_scalar(key)}:"]
-    lines += [f"{inner}{format_scalar(k)}: {format_scalar(v)}" for k, v in values.items()]
+    lines += [f"{inner}{format_scalar(k)}: {format_value(v)}" for k, v in values.items()]
     return nl.join(lines) + nl
 
 
-def format_flow_mapping(values: dict[str, Scalar]) -> str:
-    return "{" + ", ".join(f"{format_scalar(k)}: {format_scalar(v)}" for k, v in values.items()) + "}"
+def format_flow_mapping(values: dict[str, Value]) -> str:
+    return "{" + ", ".join(f"{format_scalar(k)}: {format_value(v)}" for k, v in values.items()) + "}"
 
 
 # ----------------------------------------------------------------------------- edits
@@ -132,7 +139,25 @@ def set_scalar(text: str, root: yaml.Node, path: Sequence[str], value: Scalar) -
     return Edit(start, end, format_scalar(value, style))
 
 
-def set_mapping(text: str, root: yaml.Node, path: Sequence[str], values: dict[str, Scalar]) -> list[Edit]:
+def set_list(text: str, root: yaml.Node, path: Sequence[str], value: list[Scalar]) -> Edit | None:
+    """Edit that makes the value at ``path`` the flat list ``value`` (written as a flow sequence,
+    whatever was there); None when it already holds it."""
+    key_node, node = lookup(root, path)
+    if isinstance(node, yaml.MappingNode):
+        raise YamlEditError(f"{'.'.join(path)}: expected a list, found a mapping")
+    if isinstance(node, yaml.SequenceNode) and _loaded(node) == value:
+        return None
+    start, end = node.start_mark.index, content_end(node)
+    if isinstance(node, yaml.SequenceNode) and not node.flow_style and node.value and key_node is not None:
+        # a block sequence starts on the next line: put the flow list right after `key:`
+        start = text.index(":", key_node.end_mark.index) + 1
+        return Edit(start, end, " " + format_value(value))
+    if start == end:  # `key:` with nothing after the colon
+        return Edit(start, end, " " + format_value(value))
+    return Edit(start, end, format_value(value))
+
+
+def set_mapping(text: str, root: yaml.Node, path: Sequence[str], values: dict[str, Value]) -> list[Edit]:
     """Edits that make the mapping at ``path`` hold ``values``: scalars updated in place, missing
     keys appended, the whole mapping appended to its parent when absent. Other keys are kept."""
     path = tuple(path)
@@ -144,14 +169,15 @@ def set_mapping(text: str, root: yaml.Node, path: Sequence[str], values: dict[st
     if not isinstance(node, yaml.MappingNode):
         raise YamlEditError(f"{'.'.join(path)}: expected a mapping")
     present = {k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
-    edits = [e for k, v in values.items() if k in present if (e := set_scalar(text, root, path + (k,), v))]
+    edits = [e for k, v in values.items() if k in present
+             if (e := (set_list if isinstance(v, list) else set_scalar)(text, root, path + (k,), v))]
     missing = {k: v for k, v in values.items() if k not in present}
     if missing:
         edits.append(_append_scalars(text, root, node, missing))
     return edits
 
 
-def _append_entry(text: str, root: yaml.Node, parent: yaml.Node, key: str, values: dict[str, Scalar]) -> Edit:
+def _append_entry(text: str, root: yaml.Node, parent: yaml.Node, key: str, values: dict[str, Value]) -> Edit:
     """Add ``key:`` holding a mapping of ``values`` at the end of mapping ``parent``."""
     if not isinstance(parent, yaml.MappingNode):
         raise YamlEditError(f"cannot add `{key}`: its parent is not a mapping")
@@ -163,12 +189,12 @@ def _append_entry(text: str, root: yaml.Node, parent: yaml.Node, key: str, value
     return Edit(pos, pos, prefix + format_block_mapping(key, values, indent, step, newline_of(text)))
 
 
-def _append_scalars(text: str, root: yaml.Node, node: yaml.MappingNode, values: dict[str, Scalar]) -> Edit:
+def _append_scalars(text: str, root: yaml.Node, node: yaml.MappingNode, values: dict[str, Value]) -> Edit:
     if node.flow_style or not node.value:
-        return _flow_insert(text, node, ", ".join(f"{format_scalar(k)}: {format_scalar(v)}" for k, v in values.items()))
+        return _flow_insert(text, node, ", ".join(f"{format_scalar(k)}: {format_value(v)}" for k, v in values.items()))
     nl, pad = newline_of(text), " " * node.value[0][0].start_mark.column
     pos, prefix = _after_last_line(text, node)
-    return Edit(pos, pos, prefix + "".join(f"{pad}{format_scalar(k)}: {format_scalar(v)}{nl}" for k, v in values.items()))
+    return Edit(pos, pos, prefix + "".join(f"{pad}{format_scalar(k)}: {format_value(v)}{nl}" for k, v in values.items()))
 
 
 def _flow_insert(text: str, node: yaml.MappingNode, entries: str) -> Edit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -81,18 +82,33 @@ def test_ttft_hardware_and_validity_records(tmp_path: Path) -> None:
     assert hw.speed_reference_ms is None  # not measured: the speed gate has nothing to compare with
     sped = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]}", "cpu_count: [2, 4], speed_reference_ms: 79.5}")))
     assert sped.profile("cpu").ttft_hardware.speed_reference_ms == 79.5
-    assert hw.fits("AMD EPYC 7B13", 2) and hw.fits("AMD EPYC", 4)
-    assert not hw.fits("AMD EPYC", 8) and not hw.fits("Intel(R) Xeon(R) Platinum 8375C", 2)
+    assert hw.fits("AMD EPYC 7B13", 2, None) and hw.fits("AMD EPYC", 4, ("avx2",))  # no cpu_isa: any extensions
+    assert not hw.fits("AMD EPYC", 8, None) and not hw.fits("Intel(R) Xeon(R) Platinum 8375C", 2, None)
     assert hw.describe() == "a CPU matching /^AMD EPYC/ with 2-4 cores"
     exact = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]", "cpu_count: 2"))).profile("cpu")
     assert exact.ttft_hardware.cpu_count == (2, 2) and exact.ttft_hardware.describe().endswith("with 2 cores")
+    isa = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]", "cpu_isa: [avx512_bf16, avx2, avx512f]")))
+    bound = isa.profile("cpu").ttft_hardware
+    assert bound.cpu_isa == ("avx2", "avx512f", "avx512_bf16")  # order as written does not matter
+    assert bound.fits("AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16")) and not bound.fits("AMD EPYC", 2, ("avx2",))
+    assert not bound.fits("AMD EPYC", 2, None)  # an unrecorded CPU cannot be shown to be that one
+    assert bound.describe() == "a CPU matching /^AMD EPYC/ and ISA avx2+avx512f+avx512_bf16"
+
+
+def test_dtype_without_native_bf16() -> None:
+    engine = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").engine
+    assert engine.dtype == "bfloat16" and engine.dtype_without_native_bf16 == "float32"
+    assert engine.on_cpu(native_bf16=True) is engine and engine.on_cpu(native_bf16=False).dtype == "float32"
+    plain = dataclasses.replace(engine, dtype_without_native_bf16=None)
+    assert plain.on_cpu(native_bf16=False).dtype == "bfloat16"  # not asked for: the YAML's dtype everywhere
 
 
 def test_shipped_cpu_budget_is_bound_to_this_projects_cpu() -> None:
     cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
     assert not cpu.match.cuda  # still selected on any machine without CUDA: op counts run everywhere
-    assert cpu.ttft_hardware is not None and cpu.ttft_hardware.fits("AMD EPYC", 2)
-    assert not cpu.ttft_hardware.fits("Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", 8)
+    assert cpu.ttft_hardware is not None and cpu.ttft_hardware.fits("AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16"))
+    assert not cpu.ttft_hardware.fits("Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", 8, ("avx2",))
+    assert not cpu.ttft_hardware.fits("AMD EPYC", 2, ("avx2",))  # the AVX2-only EPYC the VM names alike
     assert load_thresholds(SHIPPED_THRESHOLDS).profile("a10").ttft_hardware is None
 
 
@@ -132,6 +148,11 @@ BAD = [
     (T, T + "\n      ttft_hardware: {speed_reference_ms: fast}", 15, "budgets.ttft_hardware.speed_reference_ms",
      "expected a number"),
     (T + "\n", "      ttft_hardware: {cpu_count: 2}\n", 14, "budgets.ttft_hardware", "there are none"),
+    (T, T + "\n      ttft_hardware: {cpu_isa: [avx2, avx512bf16]}", 15, "budgets.ttft_hardware.cpu_isa[1]",
+     "unknown CPU extension 'avx512bf16'"),
+    (T, T + "\n      ttft_hardware: {cpu_isa: avx2}", 15, "budgets.ttft_hardware.cpu_isa", "list of strings"),
+    ("      max_model_len: 2048\n", "      max_model_len: 2048\n      dtype_without_native_bf16: float32\n", 9,
+     "profiles.cpu.engine.dtype_without_native_bf16", "only meaningful with dtype: bfloat16"),
     ("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: 150}", 5, "profiles.cpu.validity.max_other_cpu_pct", "0-100"),
     ("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: -1}", 5, "profiles.cpu.validity.max_other_cpu_pct", "must be >= 0"),
     ("  cpu:", "  cpu:\n    validity: {max_other_cores: 1}", 5, "profiles.cpu.validity.max_other_cores", "unknown key"),
@@ -200,3 +221,13 @@ def test_cli_profile_for_other_hardware_is_an_invalid_environment(tmp_path: Path
 def test_cli_usage_error_exits_2() -> None:
     proc = run_guard("check", "--bogus", timeout=60)
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
+
+
+def test_on_cpu_swaps_in_the_float32_census() -> None:
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    assert cpu.census.baseline.name == "deepseek-ocr-2.cpu.census.json"
+    assert cpu.census.baseline_without_native_bf16.name == "deepseek-ocr-2.cpu.float32.census.json"
+    assert cpu.census.baseline_without_native_bf16.exists()  # committed beside the bfloat16 one
+    without = cpu.on_cpu(native_bf16=False)
+    assert without.census.baseline == cpu.census.baseline_without_native_bf16 and without.engine.dtype == "float32"
+    assert cpu.on_cpu(native_bf16=True) is cpu

@@ -184,3 +184,62 @@ def test_a_mutant_run_is_never_a_baseline(tmp_path: Path, capsys) -> None:
     res = results_file(tmp_path, grown(), path, injected="mutant:token-copies")
     code, out = update(capsys, "--from", str(res), "--only", "census", "--allow-increase")
     assert code == 2 and "injected" in out
+
+
+# ----------------------------------------------------------------------------- a CPU without native bf16
+SHRUNK = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}}  # fewer casts, say
+
+
+def setup_float32(tmp_path: Path, *, own_baseline: bool) -> Path:
+    """The census profile with the engine's bf16 fallback; ``own_baseline``: a float32 census file of its own."""
+    path = setup(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    cpu = data["profiles"]["cpu"]
+    assert (cpu["engine"]["dtype"], cpu["engine"]["dtype_without_native_bf16"]) == ("bfloat16", "float32")
+    if own_baseline:
+        cpu["budgets"]["census"]["baseline_without_native_bf16"] = "t.cpu.float32.census.json"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def float32_results(tmp_path: Path, census: dict, yaml_path: Path):
+    """A run as `guard check` records it on a CPU without native bf16: the profile as Profile.on_cpu gives it."""
+    profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=False)
+    run = run_with(census, yaml_path)
+    run.environment["engine_args"] = profile.engine.as_dict()
+    baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None
+    res = evaluate(profile, run, output=tmp_path, census_baseline=baseline)
+    path = tmp_path / "results.json"
+    write_json_atomic(path, results_to_dict(res))
+    return res, path
+
+
+def test_a_float32_census_is_kept_apart_from_the_bfloat16_one(tmp_path: Path, capsys) -> None:
+    path = setup_float32(tmp_path, own_baseline=True)
+    bf16_before = (tmp_path / "t.cpu.census.json").read_text()
+    first, res = float32_results(tmp_path, SHRUNK, path)
+    assert first.verdict == Verdict.INVALID  # its own baseline is not written yet: nothing to compare with
+    assert any("no census baseline" in r and "t.cpu.float32.census.json" in r for r in first.invalid_reasons)
+    code, out = update(capsys, "--from", str(res), "--only", "census")
+    assert code == 0, out
+    assert load_baseline(tmp_path / "t.cpu.float32.census.json").census == SHRUNK
+    assert (tmp_path / "t.cpu.census.json").read_text() == bf16_before  # the bfloat16 census is untouched
+    again, _ = float32_results(tmp_path, SHRUNK, path)
+    assert again.verdict == Verdict.PASS and again.census_checks == ()
+    assert any(n.startswith("engine dtype: float32") and "against its float32 baseline" in n for n in again.notices)
+    worse, _ = float32_results(tmp_path, grown(), path)  # a loop is still caught against the float32 census
+    assert worse.verdict == Verdict.REGRESSION and LOOP in {c.function for c in worse.census_checks}
+
+
+def test_a_float32_run_never_ratchets_a_bfloat16_census(tmp_path: Path, capsys) -> None:
+    path = setup_float32(tmp_path, own_baseline=False)
+    before = (tmp_path / "t.cpu.census.json").read_text()
+    res, results = float32_results(tmp_path, SHRUNK, path)
+    assert res.verdict == Verdict.PASS
+    assert any("fewer calls than the bfloat16 baseline" in n for n in res.notices)
+    assert not any("ratchet" in n for n in res.notices)  # following it would fail every bf16 machine after
+    code, out = update(capsys, "--from", str(results), "--only", "census")
+    assert code == 2 and "bfloat16 census" in out and "baseline_without_native_bf16" in out
+    code, out = update(capsys, "--from", str(results))  # a full update leaves the census alone, and says so
+    assert code == 0 and "not bfloat16" in out
+    assert (tmp_path / "t.cpu.census.json").read_text() == before

@@ -25,7 +25,8 @@ def _recorded(ms: float, workload: str = WORKLOAD) -> dict:
 def test_a_reading_times_the_workload_on_this_process_threads():
     r = speedref.measure(repeats=3)
     assert r.workload == WORKLOAD and r.repeats == 3
-    assert 1.0 < r.ms < 10_000.0  # a pass is tens of milliseconds on a laptop core, never free
+    # tens of milliseconds on a laptop core, never free; ~12 s where bf16 is emulated (an AVX2-only EPYC)
+    assert 1.0 < r.ms < 60_000.0
     assert r.spread_pct >= 0 and r.threads >= 1
 
 

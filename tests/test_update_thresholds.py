@@ -1,7 +1,7 @@
 """guard update-thresholds: golden files, minimal diffs, ratchet, hysteresis, refusals, atomic write.
 
 Results are recorded data built from guard.results' dataclasses (no engine). Goldens live in
-tests/fixtures/update/<case>/{input,expected}.yaml; GUARD_REGEN_GOLDEN=1 rewrites the expected files.
+tests/fixtures/update/<case>/{input,expected}.yaml; REGEN_GOLDEN=1 rewrites the expected files.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ REAL = Path(__file__).parent.parent / "thresholds" / "deepseek-ocr-2.yaml"
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 # Keys as guard.hardware.fingerprint writes them.
 ENV = {"hardware_profile": "cpu", "git_commit": "0123456789abcdef0123456789abcdef01234567", "gpu": None,
-       "cpu": "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "cpu_count": 2, "vllm": "0.32.0"}
+       "cpu": "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "cpu_count": 2, "cpu_isa": ["avx2", "avx512f"],
+       "vllm": "0.32.0"}
+BUDGET_CPU = {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_isa": ["avx2", "avx512f", "avx512_bf16"]}  # the shipped binding's
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +140,7 @@ def test_golden(case, tmp_path, capsys):
     _, new, out, code, err = run_case(case, tmp_path, capsys)
     assert code == 0, err
     expected = FIXTURES / case / "expected.yaml"
-    if os.environ.get("GUARD_REGEN_GOLDEN"):
+    if os.environ.get("REGEN_GOLDEN"):  # not GUARD_: conftest clears those
         expected.write_text(new)
     assert new == expected.read_text()
     assert out.rstrip().endswith(f"wrote {tmp_path / 'thresholds.yaml'}") or case == "increase"
@@ -158,7 +160,7 @@ def test_formatting_diff_touches_only_the_budgets_and_provenance(tmp_path, capsy
         "          total_ops: {max: 3}   # trailing comment stays",
         # the TTFT budgets moved, so they are bound to the run's CPU (the file had no binding)
         "      ttft_hardware:", r"        cpu_model_regex: '^Intel\(R\) Xeon\(R\) Platinum 8375C CPU @ 2\.90GHz$'",
-        "        cpu_count: 2",
+        "        cpu_count: 2", "        cpu_isa: [avx2, avx512f]",
         "    provenance:", *("      " + p for p in PROVENANCE_LINES), "      headroom_pct: 15",
     ]
     # The provenance block sits at the end of the cpu profile, before the blank line and final comment.
@@ -566,15 +568,31 @@ def test_budget_bound_to_another_cpu_is_rewritten_and_rebound(tmp_path, capsys):
     assert code == 0, err
     assert "rewritten for this CPU" in out and "AMD EPYC" in out
     cpu = load_thresholds(y).profile("cpu")
-    assert cpu.ttft_hardware.fits(ENV["cpu"], 2) and not cpu.ttft_hardware.fits("AMD EPYC", 2)
-    assert cpu.ttft_hardware.cpu_count == (2, 2)
+    xeon = ("avx2", "avx512f")
+    assert cpu.ttft_hardware.fits(ENV["cpu"], 2, xeon) and not cpu.ttft_hardware.fits("AMD EPYC", 2, xeon)
+    assert cpu.ttft_hardware.cpu_count == (2, 2) and cpu.ttft_hardware.cpu_isa == xeon
     assert cpu.provenance["hardware"].startswith("Intel(R) Xeon(R)")
+
+
+def test_same_name_other_cpu_extensions_is_another_cpu(tmp_path, capsys):
+    """The VM names an AVX2-only EPYC like the AVX-512 one the budget was measured on: a run there
+    rebinds the budget, with the extensions written as a list beside the rest of the binding."""
+    y = _shipped_copy(tmp_path)
+    env = {**ENV, **BUDGET_CPU, "cpu_isa": ["avx2"]}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 16000.0}, env=env)
+    code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == 0, err
+    assert "rewritten for this CPU" in out and "ISA avx2;" in out
+    assert "        cpu_isa: [avx2]\n" in y.read_text()
+    hw = load_thresholds(y).profile("cpu").ttft_hardware
+    assert hw.cpu_isa == ("avx2",) and hw.fits("AMD EPYC", 2, ("avx2",))
+    assert not hw.fits("AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16"))
 
 
 def test_budget_bound_to_this_cpu_keeps_its_hysteresis(tmp_path, capsys):
     y = _shipped_copy(tmp_path)
     old_p50 = load_thresholds(y).profile("cpu").ttft_ms["p50"]
-    env = {**ENV, "cpu": "AMD EPYC"}
+    env = {**ENV, **BUDGET_CPU}
     r = make_results(tmp_path / "r.json", y, ttft={"p50": old_p50 / 1.15}, env=env)
     before = y.read_text()
     code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
@@ -585,7 +603,7 @@ def test_budget_bound_to_this_cpu_keeps_its_hysteresis(tmp_path, capsys):
 def test_a_hand_written_range_that_fits_is_kept(tmp_path, capsys):
     y = _shipped_copy(tmp_path)
     y.write_text(y.read_text().replace("cpu_count: 2\n", "cpu_count: [2, 8]\n", 1))
-    env = {**ENV, "cpu": "AMD EPYC", "cpu_count": 4}
+    env = {**ENV, **BUDGET_CPU, "cpu_count": 4}
     r = make_results(tmp_path / "r.json", y, ttft={"p50": 9000.0}, env=env)  # moves
     code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
     assert code == 0, err
@@ -618,7 +636,7 @@ def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
     again = evaluate(mine, run, output=tmp_path)
     assert [c.status for c in again.ttft_checks] == [Status.PASS]
     assert load_thresholds(REAL).profile("cpu").ttft_ms == profile.ttft_ms  # the shipped file is untouched
-    assert mine.ttft_hardware.fits(ENV["cpu"], 2)
+    assert mine.ttft_hardware.fits(ENV["cpu"], 2, tuple(ENV["cpu_isa"]))
 
 
 # ----------------------------------------------------------------------------- the speed reference
@@ -633,13 +651,13 @@ def test_moved_ttft_budgets_record_the_runs_speed_reference(tmp_path, capsys):
     code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
     assert code == 0, err
     hw = load_thresholds(y).profile("cpu").ttft_hardware
-    assert hw.speed_reference_ms == 81.4 and hw.fits(ENV["cpu"], 2)
+    assert hw.speed_reference_ms == 81.4 and hw.fits(ENV["cpu"], 2, tuple(ENV["cpu_isa"]))
     assert "ttft_hardware.speed_reference_ms: 81.4" in out
 
 
 def test_a_budget_on_its_own_cpu_gets_the_reference_beside_its_binding(tmp_path, capsys):
     y = _shipped_copy(tmp_path)
-    env = {**ENV, "cpu": "AMD EPYC", "speed_reference": SPEED}
+    env = {**ENV, **BUDGET_CPU, "speed_reference": SPEED}
     r = make_results(tmp_path / "r.json", y, ttft={"p50": 9000.0}, env=env)  # moves; the CPU binding fits
     code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
     assert code == 0, err
@@ -653,7 +671,7 @@ def test_the_reference_is_only_written_with_the_budget_it_belongs_to(tmp_path, c
     before = load_thresholds(y).profile("cpu").ttft_hardware.speed_reference_ms
     speed = {**SPEED, "workload": "speedref-0"} if case == "another workload" else SPEED
     p50 = load_thresholds(y).profile("cpu").ttft_ms["p50"] / 1.15 if case == "kept budget" else 9000.0
-    env = {**ENV, "cpu": "AMD EPYC", "speed_reference": speed}
+    env = {**ENV, **BUDGET_CPU, "speed_reference": speed}
     r = make_results(tmp_path / "r.json", y, ttft={"p50": p50}, env=env,
                      ops={("mask_path", (640, 480)): {"aten::_index_put_impl_": 0, "total_ops": 3},
                           ("mask_path", (800, 400)): {"aten::_index_put_impl_": 0, "total_ops": 3}})

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline is not None:
         return run_ab_check(args, thresholds, profile, output)
     print(f"guard check: {thresholds.model}, profile '{profile.name}' on {hw.describe()}", flush=True)
+    say_dtype(profile, "guard check")
     how = {"in-process": "the in-process engine", "server": f"the server at {args.server_url}" if args.server_url
            else "a `vllm serve` started by guard"}[profile.engine.mode]
     print(f"guard check: {profile.workload.warmup_requests} warm-up + {profile.workload.requests} measured "
@@ -109,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
     print(render_terminal(results))
     print(f"guard check: {time.perf_counter() - t0:.0f} s; wrote {output / 'results.json'} and {output / 'report.md'}")
     return results.exit_code
+
+
+def say_dtype(profile, prefix: str) -> None:
+    if profile.engine.bf16_replaced:
+        print(f"{prefix}: engine dtype {profile.engine.dtype} instead of bfloat16: this CPU has no native bf16 "
+              "(engine.dtype_without_native_bf16)", flush=True)
 
 
 def prepare_output(output: Path) -> None:
@@ -156,6 +163,7 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
     w = profile.workload
     print(f"guard check (A/B): {thresholds.model}, profile '{profile.name}'; candidate {sys.executable}, "
           f"baseline {args.baseline}", flush=True)
+    say_dtype(profile, "guard check (A/B)")
     print(f"guard check (A/B): both engines start together; {w.warmup_requests} warm-up + {w.requests} measured "
           f"requests per side in alternating blocks of {w.concurrency} (ABBA), then the op-count pass on both", flush=True)
     t0 = time.perf_counter()

@@ -13,6 +13,7 @@ profile records where the numbers came from. The write is atomic; --dry-run only
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import difflib
 import math
@@ -27,7 +28,7 @@ from guard import files, speedref, yamledit
 from guard.budgets import Profile, Thresholds, load_thresholds
 from guard.census import NO_BASELINE, CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
-from guard.hardware import git_commit, ttft_hardware_for
+from guard.hardware import git_commit, recorded_isa, ttft_hardware_for
 from guard.results import TOTAL_OPS, Results, Verdict, load_results
 
 SIGNIFICANT_FIGURES = 3
@@ -151,7 +152,10 @@ def _check_same_config(results: Results, results_path: Path, profile: Profile, o
             raise _refuse(results_path, "profile_config.census.roots",
                           f"the run counted under roots {then_roots}, the thresholds file now says "
                           f"{list(profile.census.roots)}", hint=f"re-run `guard check --profile {profile.name}`")
-    current = {"engine": profile.engine.as_dict(), "workload": workload}
+    engine = profile.engine
+    if _ran_without_native_bf16(results, profile):  # the YAML's own fallback, not another config
+        engine = engine.on_cpu(native_bf16=False)
+    current = {"engine": engine.as_dict(), "workload": workload}
     for section, now in current.items():
         then = recorded.get(section)
         if not isinstance(then, dict):
@@ -163,6 +167,13 @@ def _check_same_config(results: Results, results_path: Path, profile: Profile, o
                 raise _refuse(results_path, f"profile_config.{section}.{key}",
                               f"the run used {section}.{key} = {then[key]!r}, the thresholds file now says {value!r}",
                               hint=f"re-run `guard check --profile {profile.name}` with the current thresholds file")
+
+
+def _ran_without_native_bf16(results: Results, profile: Profile) -> bool:
+    """The run's engine ran the profile's dtype_without_native_bf16 in place of bfloat16."""
+    then = (results.profile_config or {}).get("engine")
+    fallback = profile.engine.dtype_without_native_bf16
+    return bool(fallback) and isinstance(then, dict) and then.get("dtype") == fallback and profile.engine.dtype == "bfloat16"
 
 
 def _op_measurements(results: Results) -> dict[tuple[str, str], int]:
@@ -224,7 +235,7 @@ def _rebinding(profile: Profile, env: dict[str, Any]) -> dict[str, Any] | None:
     if binding is None or not profile.ttft_ms or profile.match.cuda:
         return None
     bound = profile.ttft_hardware
-    if bound is not None and bound.fits(str(env.get("cpu")), int(env.get("cpu_count") or 0)):
+    if bound is not None and bound.fits(str(env.get("cpu")), int(env.get("cpu_count") or 0), recorded_isa(env)):
         return None  # the run's machine is the budget's (a hand-written range or pattern stays)
     return binding
 
@@ -341,6 +352,20 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
                        provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
     census: CensusPlan | None = None
+    if _ran_without_native_bf16(results, prof):  # its census goes to the float32 baseline, if there is one
+        ran_as = prof.on_cpu(native_bf16=False)
+        if prof.census is not None and ran_as.census.baseline == prof.census.baseline:
+            if only == "census":
+                raise UsageError(
+                    f"{results_path}: the engine ran {prof.engine.dtype_without_native_bf16} in place of bfloat16 (this "
+                    f"CPU has no native bf16); {prof.census.baseline} is a bfloat16 census, which counts casts that "
+                    f"{prof.engine.dtype_without_native_bf16} does not make",
+                    hint="update it from a run on a CPU with native bf16 (avx512_bf16 or amx_bf16), or give the "
+                         "profile `census.baseline_without_native_bf16: FILE` for this dtype's census")
+            print(f"census: {results_path} ran {prof.engine.dtype_without_native_bf16}, not bfloat16; "
+                  f"{prof.census.baseline} is left as it is", file=out)
+            ran_as = dataclasses.replace(ran_as, census=None)
+        prof = dataclasses.replace(prof, census=ran_as.census)
     if prof.census is not None and only is None and not results.run.census:
         print(f"census: {results_path} has no census; {prof.census.baseline} is left as it is", file=out)
     elif prof.census is not None and only in (None, "census"):
@@ -427,7 +452,8 @@ def _print_summary(plan: Plan, out: TextIO) -> None:
         print(f"  {c.label}: {what}; {why}", file=out)
     if plan.ttft_hardware is not None and any(c.unit == "ms" for c in plan.applied):
         hw = plan.ttft_hardware
-        print(f"  ttft_hardware: TTFT budgets bound to /{hw['cpu_model_regex']}/ with {hw['cpu_count']} cores; "
+        isa = f" and ISA {'+'.join(hw['cpu_isa'])}" if hw.get("cpu_isa") is not None else ""
+        print(f"  ttft_hardware: TTFT budgets bound to /{hw['cpu_model_regex']}/ with {hw['cpu_count']} cores{isa}; "
               "elsewhere TTFT is shown, not judged", file=out)
     if plan.speed_reference_ms is not None and any(c.unit == "ms" for c in plan.applied):
         print(f"  ttft_hardware.speed_reference_ms: {_num(plan.speed_reference_ms)} (guard's speed reference on this "
