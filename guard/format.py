@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.contention import ContentionReading
-from guard.speedref import WORKLOAD as SPEED_WORKLOAD
+from guard.speedref import WORKLOADS as SPEED_WORKLOADS
 from guard.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
                            TtftRatioCheck)
 
@@ -125,7 +125,7 @@ def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> 
     after the measured requests: 81, 77); the budget's machine: 76 ms, this one +4.2 %"."""
     parts = [f"{(recorded.get(side) or {}).get('ms'):.0f}" for side in ("before", "after") if recorded.get(side)]
     text = f"{recorded['ms']:.0f} ms" + (f" (before and after the measured requests: {', '.join(parts)})" if len(parts) == 2 else "")
-    if reference_ms and recorded.get("workload") == SPEED_WORKLOAD:
+    if reference_ms and recorded.get("workload") in SPEED_WORKLOADS:
         text += f"; the budget's machine: {reference_ms:.0f} ms, this one {(recorded['ms'] / reference_ms - 1) * 100:+.1f} %"
     elif not reference_ms:
         text += "; the budget records none to compare with"

@@ -43,7 +43,7 @@ class GuardRun:
                  traces: str = TRACES_ON_FAILURE, driver: Driver | None = None,
                  environment: dict | None = None, server_url: str | None = None,
                  contention: ContentionSampler | None = None,
-                 speed_reader: Callable[[], SpeedReading | None] | None = None) -> None:
+                 speed_reader: Callable[..., SpeedReading | None] | None = None) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
         self.server_url = server_url.rstrip("/") if server_url else None
         # what the rest of the machine does during the timing pass (guard.contention)
@@ -245,13 +245,12 @@ class GuardRun:
         """A reading of guard's speed reference in the engine's own process (its threads, bound to
         cores by vLLM), between requests. In-process mode on a CPU profile only: on a GPU TTFT is
         the device's, and in server mode the engine is another process, whose threads guard's
-        reading would not run on (unbound, it reads ~12 % slower here). Not where the engine runs
-        float32 for want of native bf16: the reference is bf16 work, emulated there (12.3 s a reading
-        on an AVX2 EPYC against 79 ms on the budget's CPU), and says nothing of the engine's speed."""
-        if self.profile.match.cuda or self.mode != "in-process" or self.profile.engine.bf16_replaced:
+        reading would not run on (unbound, it reads ~12 % slower here). In the engine's dtype:
+        float32 where the engine runs it for want of native bf16 (speedref.WORKLOAD_FLOAT32)."""
+        if self.profile.match.cuda or self.mode != "in-process":
             return None
         try:
-            return self.speed_reader()
+            return self.speed_reader(workload=speedref.workload_for(self.profile.engine.dtype))
         except Exception as exc:  # noqa: BLE001 - a reading is evidence, not a requirement
             self.progress(f"speed reference not measured: {exc}")
             return None

@@ -44,8 +44,10 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
     if mask_function:
         cpu["budgets"]["ops"]["mask_path"]["scope"]["function"] = mask_function
     census = cpu["budgets"].get("census")
-    if census:  # the committed baseline, not one beside the copy
-        census["baseline"] = str((SHIPPED_THRESHOLDS.parent / census["baseline"]).resolve())
+    if census:  # the committed baselines, not ones beside the copy
+        for key in ("baseline", "baseline_without_native_bf16"):
+            if key in census:
+                census[key] = str((SHIPPED_THRESHOLDS.parent / census[key]).resolve())
     path = tmp_path / "budget.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

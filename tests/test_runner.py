@@ -48,7 +48,7 @@ def scripted_run(thresholds, profile, script, tmp_path, contention=None, environ
     run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
                    progress=lines.append, driver=driver, environment=dict(environment or CPU_ENV),
                    contention=contention or ContentionSampler(proc=tmp_path / "no-proc"),
-                   speed_reader=lambda: next(readings))
+                   speed_reader=lambda workload: next(readings))
     return run, driver, lines
 
 
@@ -157,7 +157,7 @@ def test_the_speed_reference_is_read_around_the_timing_pass_and_judged(threshold
 
 
 def test_a_speed_reading_that_breaks_is_reported_not_fatal(thresholds, cpu, tmp_path):
-    def broken():
+    def broken(workload):
         raise RuntimeError("no torch here")
 
     run, _, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
@@ -165,6 +165,20 @@ def test_a_speed_reading_that_breaks_is_reported_not_fatal(thresholds, cpu, tmp_
     run.measure_until_decided()
     assert "speed_reference" not in run.record.environment
     assert "speed reference not measured: no torch here" in lines
+
+
+def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path):
+    """Where the engine runs float32 for want of native bf16, so does the reference (bf16 is emulated there)."""
+    from guard.speedref import WORKLOAD, WORKLOAD_FLOAT32, SpeedReading
+
+    bf16 = dataclasses.replace(cpu, engine=dataclasses.replace(cpu.engine, dtype="bfloat16",
+                                                               dtype_without_native_bf16="float32"))
+    for native, expected in ((True, WORKLOAD), (False, WORKLOAD_FLOAT32)):
+        asked = []
+        run, _, _ = scripted_run(thresholds, bf16.on_cpu(native_bf16=native), [7.2] * 20, tmp_path)
+        run.speed_reader = lambda workload: asked.append(workload) or SpeedReading(workload, 80.0, 1.0, 5, 2)
+        run.measure_until_decided()
+        assert set(asked) == {expected} and run.record.environment["speed_reference"]["workload"] == expected
 
 
 def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):

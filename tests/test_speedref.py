@@ -30,6 +30,15 @@ def test_a_reading_times_the_workload_on_this_process_threads():
     assert r.spread_pct >= 0 and r.threads >= 1
 
 
+def test_the_float32_reading_is_named_apart_and_judged_like_the_bf16_one():
+    r = speedref.measure(repeats=1, workload=speedref.WORKLOAD_FLOAT32)
+    assert r.workload == "speedref-1-float32" and r.ms > 0
+    assert speedref.workload_for("float32") == r.workload and speedref.workload_for("bfloat16") == WORKLOAD
+    assert combined(r, None)["workload"] == r.workload
+    assert slowdown_pct(_recorded(120.0, r.workload), 100.0) == pytest.approx(20.0)
+    assert slowdown_pct(_recorded(120.0, "speedref-0"), 100.0) is None  # another workload: not compared
+
+
 def _reading_in_subprocess(group: Path | None) -> float:
     """One reading in a fresh python; with ``group``, it joins that cgroup once torch is loaded."""
     code = textwrap.dedent(f"""

@@ -244,7 +244,7 @@ def _speed_reference(profile: Profile, env: dict[str, Any]) -> float | None:
     """The run's speed reference (guard.speedref), to bind the new TTFT budgets to this machine's
     speed as well as its CPU; None on a GPU profile or for a run that recorded none."""
     recorded = env.get("speed_reference") or {}
-    if profile.match.cuda or recorded.get("workload") != speedref.WORKLOAD or not recorded.get("ms"):
+    if profile.match.cuda or recorded.get("workload") not in speedref.WORKLOADS or not recorded.get("ms"):
         return None
     return round(float(recorded["ms"]), 1)
 
