@@ -86,6 +86,13 @@ CPU_ISA_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16
 NATIVE_BF16_EXTENSIONS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
+def bf16_replaced(engine: Mapping[str, Any]) -> bool:
+    """An engine's arguments, live (EngineArgs.as_dict) or as a results file recorded them: it runs
+    its dtype_without_native_bf16 in place of bfloat16 (the key is only allowed beside bfloat16)."""
+    fallback = engine.get("dtype_without_native_bf16")
+    return bool(fallback) and engine.get("dtype") == fallback
+
+
 def describe_isa(isa: tuple[str, ...] | None) -> str:
     if isa is None:
         return "CPU extensions not recorded"
@@ -139,8 +146,8 @@ class EngineArgs:
 
     @property
     def bf16_replaced(self) -> bool:
-        """True when on_cpu swapped bfloat16 for dtype_without_native_bf16 (only allowed beside bfloat16)."""
-        return self.dtype_without_native_bf16 is not None and self.dtype == self.dtype_without_native_bf16
+        """True when on_cpu swapped bfloat16 for dtype_without_native_bf16."""
+        return bf16_replaced(self.as_dict())
 
     def on_cpu(self, native_bf16: bool) -> EngineArgs:
         """The engine as it runs on a CPU with or without native bf16."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from guard import format as fmt
-from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile
+from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
 from guard.census import Baseline, CensusJudgement, judge, size_key
 from guard.contention import contention_problems
 from guard.speedref import speed_notice, speed_problems
@@ -51,8 +51,7 @@ def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
 
 def ran_bf16_fallback(env: dict[str, Any]) -> bool:
     """The recorded engine ran its ``dtype_without_native_bf16`` in place of bfloat16 (EngineArgs.on_cpu)."""
-    engine = env.get("engine_args") or {}
-    return bool(engine.get("dtype_without_native_bf16")) and engine.get("dtype") == engine["dtype_without_native_bf16"]
+    return bf16_replaced(env.get("engine_args") or {})
 
 
 def census_against_bf16(profile: Profile, env: dict[str, Any]) -> bool:
@@ -186,15 +185,15 @@ def census_judgement(profile: Profile, run: RunRecord, baseline: Baseline | None
 
 
 def census_notices(profile: Profile, census: CensusJudgement, output: str | Path,
-                   bf16_replaced: bool = False) -> list[str]:
+                   against_bf16_baseline: bool = False) -> list[str]:
     """Changes within the rule: shrinkage to ratchet the baseline down, growth within the slack.
-    ``bf16_replaced``: the engine ran float32 against a bfloat16 baseline, which counts dtype casts
+    ``against_bf16_baseline``: the engine ran float32 against a bfloat16 baseline, which counts dtype casts
     that float32 does not make: that shrinkage is the dtype's, never a reason to ratchet down."""
     moved = [c for c in census.checks if c.status != Status.FAIL]
     if not moved:
         return []
     down = sum(1 for c in moved if c.growth_calls < 0 or c.measured_calls is None)
-    if bf16_replaced:
+    if against_bf16_baseline:
         grew = len(moved) - down
         return ([f"census: {down} function(s) counted fewer calls than the bfloat16 baseline: the engine ran "
                  f"{profile.engine.dtype} here, without bf16 casts (the baseline stays as measured in bfloat16)"]
@@ -225,7 +224,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")
     if census is not None:
         reasons += census.invalid
-        notices += census_notices(profile, census, output, bf16_replaced=census_against_bf16(profile, run.environment))
+        notices += census_notices(profile, census, output, against_bf16_baseline=census_against_bf16(profile, run.environment))
     census_checks = census.checks if census is not None else ()
     valid = not reasons and not run.invalid_reasons
     not_judged = ttft_not_judged(profile, run.environment) if ttft else None

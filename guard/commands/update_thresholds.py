@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from guard import files, speedref, yamledit
-from guard.budgets import Profile, Thresholds, load_thresholds
+from guard.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
 from guard.census import NO_BASELINE, CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.hardware import git_commit, recorded_isa, ttft_hardware_for
@@ -153,7 +153,7 @@ def _check_same_config(results: Results, results_path: Path, profile: Profile, o
                           f"the run counted under roots {then_roots}, the thresholds file now says "
                           f"{list(profile.census.roots)}", hint=f"re-run `guard check --profile {profile.name}`")
     engine = profile.engine
-    if _ran_without_native_bf16(results, profile):  # the YAML's own fallback, not another config
+    if _ran_without_native_bf16(results):  # the YAML's own fallback, not another config
         engine = engine.on_cpu(native_bf16=False)
     current = {"engine": engine.as_dict(), "workload": workload}
     for section, now in current.items():
@@ -169,11 +169,11 @@ def _check_same_config(results: Results, results_path: Path, profile: Profile, o
                               hint=f"re-run `guard check --profile {profile.name}` with the current thresholds file")
 
 
-def _ran_without_native_bf16(results: Results, profile: Profile) -> bool:
-    """The run's engine ran the profile's dtype_without_native_bf16 in place of bfloat16."""
+def _ran_without_native_bf16(results: Results) -> bool:
+    """The run's engine ran its dtype_without_native_bf16 in place of bfloat16 (then the profile is
+    compared as it runs there; a YAML without that fallback any more fails the config comparison)."""
     then = (results.profile_config or {}).get("engine")
-    fallback = profile.engine.dtype_without_native_bf16
-    return bool(fallback) and isinstance(then, dict) and then.get("dtype") == fallback and profile.engine.dtype == "bfloat16"
+    return isinstance(then, dict) and bf16_replaced(then)
 
 
 def _op_measurements(results: Results) -> dict[tuple[str, str], int]:
@@ -352,7 +352,7 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
                        provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
     census: CensusPlan | None = None
-    if _ran_without_native_bf16(results, prof):  # its census goes to the float32 baseline, if there is one
+    if _ran_without_native_bf16(results):  # its census goes to the float32 baseline, if there is one
         ran_as = prof.on_cpu(native_bf16=False)
         if prof.census is not None and ran_as.census.baseline == prof.census.baseline:
             if only == "census":
