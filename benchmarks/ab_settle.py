@@ -41,14 +41,15 @@ def main() -> int:
     from guard.ab import pairs
     from guard.abrunner import ABRun
     from guard.budgets import load_thresholds
-    from guard.hardware import detect
+    from guard.hardware import detect, select_profile
 
     thresholds = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml")
-    profile = thresholds.profile("cpu")
+    hw = detect()
+    profile = select_profile(thresholds, "cpu", hw)  # in the dtype this CPU runs (float32 without native bf16)
     profile = dataclasses.replace(profile, ops=(), census=None, ttft_vs_baseline_pct={})  # timing only
     rows = []
     with tempfile.TemporaryDirectory(prefix="guard-ab-settle-") as tmp, \
-            ABRun(thresholds, profile, detect(), Path(tmp), sys.executable, progress=lambda m: print(m, file=sys.stderr)) as run:
+            ABRun(thresholds, profile, hw, Path(tmp), sys.executable, progress=lambda m: print(m, file=sys.stderr)) as run:
         run.start()
         run.warm_up()
         for unit in range(args.units):

@@ -26,6 +26,7 @@ from pathlib import Path
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds, resolve_model
 from guard.compat import vllm_cli
 from guard.engine import plan_jobs
+from guard.hardware import detect, select_profile
 from guard.server import SERVED_MODEL_NAME, VllmServer, prepare, request_function, run_jobs_http
 
 
@@ -53,7 +54,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2, help="guard/bench alternations")
     args = ap.parse_args()
 
-    profile = load_thresholds(args.thresholds).profile(args.profile)
+    # as `guard check` would run it here: float32 on a CPU without native bf16
+    profile = select_profile(load_thresholds(args.thresholds), args.profile, detect())
     w = profile.workload
     model_path = resolve_model(profile.engine.model)
     work = Path(tempfile.mkdtemp(prefix="guard-parity-"))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.engine import plan_jobs
+from guard.hardware import detect, select_profile
 from guard.probes import ProfEvent, attribute
 from guard.server import SERVED_MODEL_NAME, VllmServer, run_jobs_http
 
@@ -93,7 +94,8 @@ def main() -> None:
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--trace", type=Path, default=None, help="analyse this saved trace; start no server")
     args = ap.parse_args()
-    profile = load_thresholds(args.thresholds).profile(args.profile)
+    # as `guard check` would run it here: float32 on a CPU without native bf16
+    profile = select_profile(load_thresholds(args.thresholds), args.profile, detect())
     if args.trace:
         analyse(args.trace, profile)
         return
