@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from guard import abcache
+from guard import format as fmt
 from guard.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
 from guard.budgets import Profile, Thresholds
 from guard.census import size_key
+from guard.contention import ContentionSampler
 from guard.engine import Job, plan_jobs
 from guard.errors import InvalidRunError
 from guard.files import cache_root
@@ -93,6 +95,7 @@ class ABRun:
         self._blocks = 0
         self._warm_sizes: set[tuple[int, int]] = set()
         self.settle_s = 0.0  # a pause between stopping one side and timing the other
+        self.contention = ContentionSampler()  # this process's tree: guard and both workers
         self._t0 = time.perf_counter()
 
     # -------------------------------------------------------------- workers
@@ -227,9 +230,16 @@ class ABRun:
                                       f"vs budget +{d.budget_pct:g} %" for d in pending)
                           + f"; measuring {extra} more pairs (cap {stats.max_requests})")
 
+        # What the rest of the machine did meanwhile: recorded and shown, never a gate here. Both
+        # workers are this process's children, so "other processes" excludes both engines.
+        self.contention.start()
         measure_until_decided(budgets, stats, self.profile.workload.requests, measure, on_undecided=say,
                               keep_going=lambda: all(o.success for s in SIDES for o in self.record.side(s).measured),
                               undecided_in=lambda ratios: undecided_ratios(budgets, ratios, stats))
+        reading = self.contention.stop()
+        self.record.candidate.environment["cpu_contention"] = reading.as_dict() if reading else None
+        if reading:
+            self.progress(f"CPU during measurement: {fmt.contention(reading, ab=True)}")
         gpu_state = self.record.candidate.environment.get("gpu_state")
         if gpu_state is not None:  # the end of the timing pass, while both engines hold the device
             from guard.hardware import read_gpu_state

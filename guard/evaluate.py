@@ -294,6 +294,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     if census is not None:
         reasons += census.invalid
         notices += tuple(ab_census_notices(census))
+    notices += tuple(ab_contention_notices(profile, rec.candidate.environment.get("cpu_contention")))
     census_checks = census.checks if census is not None else ()
     valid = not reasons and not rec.candidate.invalid_reasons
     if not valid:
@@ -313,6 +314,18 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
                                census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
                                profile_config=config, notices=notices)
+
+
+def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> list[str]:
+    """A machine busy enough to invalidate an absolute check: said, never a reason here. Both
+    members of every pair were measured under it, seconds apart, so it cancels in the ratio
+    (README, "One busy core")."""
+    if not recorded or not contention_problems(recorded, profile.validity.max_other_cpu_pct):
+        return []
+    limit = profile.validity.max_other_cpu_pct
+    return [f"busy machine: {fmt.contention(recorded, ab=True)}. An absolute check would not judge TTFT above "
+            f"{limit:g} % of the cores (validity.max_other_cpu_pct); A/B judges the ratio, because both sides of "
+            "every pair ran under the same load"]
 
 
 def ab_census_judgement(profile: Profile, rec: ABRecord) -> CensusJudgement | None:

@@ -110,14 +110,16 @@ def op_excess(c: OpCheck) -> str:
     return text
 
 
-def contention(reading: ContentionReading | Mapping[str, Any]) -> str:
+def contention(reading: ContentionReading | Mapping[str, Any], ab: bool = False) -> str:
     """A contention reading (or its recorded dict, ``environment.cpu_contention``):
-    "other processes used 1.70 of 2 cores during measurement (36 s; guard's engine used 0.30)"."""
+    "other processes used 1.70 of 2 cores during measurement (36 s; guard's engine used 0.30)".
+    ``ab``: the process tree held both A/B engines."""
     r = reading if isinstance(reading, ContentionReading) else ContentionReading.from_dict(reading)
     text = f"other processes used {r.other_cores:.2f} of {r.cpus} cores"
     if r.steal_cores >= 0.005:
         text += f" and the hypervisor took {r.steal_cores:.2f} (steal)"
-    return text + f" during measurement ({r.window_s:.0f} s; guard's engine used {r.own_cores:.2f})"
+    ours = "guard's two engines" if ab else "guard's engine"
+    return text + f" during measurement ({r.window_s:.0f} s; {ours} used {r.own_cores:.2f})"
 
 
 def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> str:

@@ -213,6 +213,10 @@ def _ab_section(results: Results) -> list[str]:
                   for c in results.ab_checks]
         notes = [f"- {code(c.percentile)}: {text(c.note)}" for c in results.ab_checks if c.note]
         lines += [""] + notes if notes else []
+    reading = results.run.environment.get("cpu_contention")
+    if reading:
+        lines += ["", f"Machine during the pairs: {text(fmt.contention(reading, ab=True))}. Both sides of every pair "
+                  "ran under it: A/B mode records contention and judges the ratio anyway."]
     if ab.pairs:
         lines += [""] + _ab_chart(results, cand, base)
     if ab.op_diff:
@@ -343,7 +347,7 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
         if chart:
             lines += [""] + chart
         reading = run.environment.get("cpu_contention")
-        if reading:
+        if reading and results.ab is None:  # A/B mode says it in its own section
             lines += ["", f"Machine during measurement: {text(fmt.contention(reading))}."]
         speed = run.environment.get("speed_reference")
         if speed:

@@ -125,7 +125,7 @@ def render_terminal(results: Results) -> str:
         lines += [f"  {results.unmeasured_op_checks[0].reason}", ""]
     reading = results.run.environment.get("cpu_contention")
     if reading:
-        lines.append(f"machine: {fmt.contention(reading)}")
+        lines.append(f"machine: {fmt.contention(reading, ab=results.ab is not None)}")
     speed = results.run.environment.get("speed_reference")
     if speed:
         lines.append(f"machine speed: guard's speed reference {fmt.speed_reference(speed, results.profile_config.get('speed_reference_ms'))}")

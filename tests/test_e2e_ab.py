@@ -60,6 +60,10 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
     assert res["run"]["census"]["640x480"] == ab["baseline"]["census"]["640x480"]  # the same vLLM
     assert res["checks"]["census"] == [] and "census: " in proc.stdout and "against the baseline side" in proc.stdout
     assert [c["status"] for c in res["checks"]["ttft"]] == ["not_judged"]  # absolute: shown, not judged
+    # what the machine did during the pairs, with guard and both workers as "us": the engines ran
+    reading = res["run"]["environment"]["cpu_contention"]
+    assert reading["tree_processes"] >= 3 and reading["own_cores"] > 0.5, reading
+    assert f"guard's two engines used {reading['own_cores']:.2f}" in proc.stdout
     assert "baseline" in proc.stdout and "candidate" in proc.stdout and "PASS" in proc.stdout
     report = (out / "report.md").read_text()
     assert "baseline" in report and "candidate" in report and "xychart-beta" in report
