@@ -116,21 +116,30 @@ def _draw_until_decided(draw, first: int, stats, undecided_in) -> tuple[list, in
 
 
 def _simulated_ab_run(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float],
-                      rng: random.Random) -> tuple[list, int]:
-    """One A/B run drawn from ``pool`` under the profile's A/B rule: (its pairs, rounds)."""
+                      rng: random.Random, run_offset_pct: float = 0.0) -> tuple[list, int]:
+    """One A/B run drawn from ``pool`` under the profile's A/B rule: (its pairs, rounds).
+    ``run_offset_pct``: the SD of a lean shared by all of this run's pairs (the candidate side
+    times exp(N(0, SD))), which a bootstrap of pairs pooled over many runs averages away;
+    benchmarks/ab_between_runs.py measures it."""
     stats = profile.ab_statistics
-    return _draw_until_decided(lambda k: rng.choices(pool, k=k), profile.workload.requests, stats,
+    factor = math.exp(rng.gauss(0, run_offset_pct / 100)) if run_offset_pct else 1.0
+
+    def draw(k: int) -> list[Pair]:
+        drawn = rng.choices(pool, k=k)
+        return drawn if factor == 1.0 else [Pair(p.index, p.candidate_s * factor, p.baseline_s) for p in drawn]
+
+    return _draw_until_decided(draw, profile.workload.requests, stats,
                                lambda drawn: undecided_ratios(budgets, [p.ratio for p in drawn], stats))
 
 
 def simulate_ab(pool: Sequence[Pair], profile: Profile, budgets: dict[str, float], trials: int,
-                rng: random.Random) -> tuple[dict[str, float], float]:
+                rng: random.Random, run_offset_pct: float = 0.0) -> tuple[dict[str, float], float]:
     """Fail rate per budgeted percentile and mean pairs per run."""
     stats = profile.ab_statistics
     fails = dict.fromkeys(budgets, 0)
     total = 0
     for _ in range(trials):
-        sample, rounds = _simulated_ab_run(pool, profile, budgets, rng)
+        sample, rounds = _simulated_ab_run(pool, profile, budgets, rng, run_offset_pct)
         total += len(sample)
         for k, b in budgets.items():
             c = judge_ratio(k, b, sample, rounds, stats)
@@ -228,6 +237,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shifts", default="0,2,3,5", help="synthetic slowdowns in %% applied to the identical pool")
     p.add_argument("--busy-pct", type=float, default=20.0,
                    help="add a row where both sides are this much slower (a busy machine, synthetic); 0: none")
+    p.add_argument("--run-offset-sd", type=float, default=0.0, metavar="PCT",
+                   help="give each simulated A/B run its own lean, normal with this SD in %% (the between-run "
+                        "SD benchmarks/ab_between_runs.py measures); 0: pairs only, as pooled")
     p.add_argument("--no-record", action="store_true", help="never start an engine; skip missing pools")
     p.add_argument("--identical-results", type=Path, nargs="*", default=None,
                    help="build --pool from these A/B results.json files (identical sides) instead of recording")
@@ -311,7 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def row(label: str, pool: Sequence[Pair]) -> None:
         cand = [p.candidate_s for p in pool]
-        ab, ab_n = simulate_ab(pool, profile, budgets, args.trials, random.Random(f"{args.seed}:{label}:ab"))
+        ab, ab_n = simulate_ab(pool, profile, budgets, args.trials, random.Random(f"{args.seed}:{label}:ab"),
+                               args.run_offset_sd)
         ab_cells = " | ".join(f"{ab[k] * 100:.1f} %" for k in keys)
         med = (percentile([p.ratio for p in pool], 50) - 1) * 100
         if profile.ttft_ms:
@@ -327,7 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{st.batch} requests up to {st.max_requests}, "
           f"{fmt.levels(profile.ab_statistics.confidence, profile.ab_statistics.fail_confidence)} ratio intervals, "
           f"{st.confidence * 100:g} % absolute "
-          f"intervals; {args.trials} simulated runs per row.\n")
+          f"intervals; {args.trials} simulated runs per row"
+          + (f"; each A/B run leaning by its own N(0, {args.run_offset_sd:g} %)" if args.run_offset_sd else "")
+          + ".\n")
     print("| candidate | pool's median ratio − 1 | A/B fails: " + " | ".join(keys)
           + " | A/B mean pairs | absolute fails: " + " | ".join(profile.ttft_ms or ["—"]) + " | absolute mean requests |")
     print("|---|---:|" + "---:|" * len(keys) + "---:|" + "---:|" * max(1, len(profile.ttft_ms)) + "---:|")

@@ -629,6 +629,71 @@ def test_cap_rules_table_compares_the_point_estimate_with_undecided(ab_sensitivi
     assert value[("normal, 3 % spread", "identical")][0] < 1
 
 
+def test_a_run_level_lean_survives_any_number_of_pairs_in_the_simulation(ab_sensitivity, ab_profile):
+    """A pool without per-pair noise never fails when pairs are all there is; a lean shared by
+    each run's pairs (SD 3 %) leaves clean runs above a +2.5 % budget about P(N(0,3%) > 2.5%) ~ 20 %."""
+    from guard.results import Pair
+
+    flat = [Pair(i, 6.0, 6.0) for i in range(40)]
+    profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
+    pairs_only, _ = ab_sensitivity.simulate_ab(flat, profile, {"p50": 2.5}, 400, random.Random(0))
+    leaning, _ = ab_sensitivity.simulate_ab(flat, profile, {"p50": 2.5}, 400, random.Random(0), run_offset_pct=3.0)
+    assert pairs_only["p50"] == 0.0
+    assert 0.12 < leaning["p50"] < 0.29
+
+
+@pytest.fixture(scope="module")
+def ab_between_runs():
+    import importlib.util
+
+    name = "guard_benchmarks_ab_between_runs"
+    spec = importlib.util.spec_from_file_location(name, GUARD_ROOT / "benchmarks" / "ab_between_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def _runs(rng, count, pairs, spread, lean_sd):
+    out = []
+    for _ in range(count):
+        lean = rng.gauss(0, lean_sd)
+        out.append([lean + rng.gauss(0, spread) for _ in range(pairs)])
+    return out
+
+
+def test_between_run_spread_is_found_when_runs_lean_and_not_when_they_do_not(ab_between_runs):
+    rng = random.Random(7)
+    leaning = ab_between_runs.heterogeneity(_runs(rng, 30, 16, 0.05, 0.02), 500, random.Random(1))
+    assert leaning.p_value < 0.01 and 1.2 < leaning.tau_pct < 3.0
+    exchangeable = ab_between_runs.heterogeneity(_runs(rng, 30, 16, 0.05, 0.0), 500, random.Random(1))
+    assert exchangeable.p_value > 0.01 and exchangeable.tau_pct < 1.0
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        ab_between_runs.heterogeneity([[0.01] * 10, [0.02] * 3], 10, random.Random(0))
+
+
+def test_between_run_floor_is_the_normal_tail_at_the_budget(ab_between_runs):
+    fa, miss = ab_between_runs.floor_rates(1.5, 2.5, 5.0)
+    z_clean = math.log(1.025) / 0.015
+    z_slow = (math.log(1.05) - math.log(1.025)) / 0.015
+    assert fa == pytest.approx(0.5 * math.erfc(z_clean / math.sqrt(2)), rel=1e-12)
+    assert miss == pytest.approx(0.5 * math.erfc(z_slow / math.sqrt(2)), rel=1e-12)
+    assert 0.04 < fa < 0.06 and 0.04 < miss < 0.06
+    assert ab_between_runs.floor_rates(0.0, 2.5, 5.0) == (0.0, 0.0)
+
+
+def test_between_runs_splits_a_committed_pool_into_its_recorded_runs(ab_between_runs, capsys):
+    pool = GUARD_ROOT / "benchmarks" / "ab-pool-identical-retained.json"
+    runs = ab_between_runs.runs_in_pool(pool)
+    assert len(runs) == 10 and sum(map(len, runs)) == 102  # the campaign of 1 December, as the README says
+    assert ab_between_runs.main([str(pool), "--shuffles", "50"]) == 0
+    row = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].split("|")[1:-1]]
+    assert row[:3] == ["ab-pool-identical-retained.json", "10", "102"]
+
+
 # ----------------------------------------------------------------------------- the A/B run stage's resampling
 class _ScriptedPairs:
     """Stands in for ``ABRun.measure`` (the two workers): each measured pair gets the next ratio
