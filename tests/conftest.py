@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -12,6 +14,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_THRESHOLDS = REPO / "thresholds" / "deepseek-ocr-2.yaml"
+
+
+@contextlib.contextmanager
+def benchmark_script(stem: str):
+    """benchmarks/ is scripts, not a package: load one as a module, registered under a private name
+    while in use (its dataclasses look their module up by name)."""
+    name = f"guard_benchmarks_{stem}"
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(autouse=True)

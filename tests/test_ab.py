@@ -566,17 +566,10 @@ def test_a_relative_baseline_python_is_made_absolute_before_the_worker_moves(tmp
 # ----------------------------------------------------------------------------- the sensitivity simulation
 @pytest.fixture(scope="module")
 def ab_sensitivity():
-    import importlib.util
+    from tests.conftest import benchmark_script
 
-    name = "guard_benchmarks_ab_sensitivity"
-    spec = importlib.util.spec_from_file_location(name, GUARD_ROOT / "benchmarks" / "ab_sensitivity.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look modules up by name
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("ab_sensitivity") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def test_simulated_ab_rule_separates_identical_from_slowed(ab_sensitivity, ab_profile):
@@ -644,17 +637,10 @@ def test_a_run_level_lean_survives_any_number_of_pairs_in_the_simulation(ab_sens
 
 @pytest.fixture(scope="module")
 def ab_between_runs():
-    import importlib.util
+    from tests.conftest import benchmark_script
 
-    name = "guard_benchmarks_ab_between_runs"
-    spec = importlib.util.spec_from_file_location(name, GUARD_ROOT / "benchmarks" / "ab_between_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("ab_between_runs") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def _runs(rng, count, pairs, spread, lean_sd):

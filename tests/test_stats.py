@@ -3,17 +3,16 @@ simulation (benchmarks/sensitivity.py) on synthetic pools. No engine."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
 from guard.budgets import load_thresholds
+from tests.conftest import benchmark_script
 from guard.stats import (binomial_cdf, centre_estimate, order_statistic_ranks, percentile, percentile_interval,
                          signed_rank_cdf, walsh_cut)
 
@@ -107,16 +106,8 @@ def _normal_pool(tmp_path: Path, spread: float, size: int = 40) -> tuple[Path, l
 
 @pytest.fixture(scope="module")
 def sensitivity():
-    """benchmarks/ is scripts, not a package: load the file (registered, so its dataclasses resolve)."""
-    name = "guard_benchmarks_sensitivity"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "sensitivity.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("sensitivity") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def test_simulation_detects_5_percent_and_stays_quiet_at_minus_5_on_a_1_percent_pool(tmp_path, sensitivity):
