@@ -24,7 +24,6 @@ the pair index starts again) and/or A/B ``results.json`` files (one run each). P
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -32,6 +31,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pool format belongs to ab_sensitivity.py
+from ab_sensitivity import load_pool, pool_from_results  # noqa: E402
+
+from guard.results import Pair  # noqa: E402
 
 MIN_PAIRS = 4  # a run's SE from fewer pairs is too rough to weigh it by
 
@@ -46,22 +50,24 @@ class Heterogeneity:
     tau_pct: float
 
 
-def runs_in_pool(path: Path) -> list[list[float]]:
-    """Log ratios per run of a pool file; a run starts where the pair index does not increase."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+def log_ratios_per_run(pairs: Sequence[Pair]) -> list[list[float]]:
+    """Log ratios per run of pooled pairs; a run starts where the pair index does not increase."""
     runs: list[list[float]] = []
     last = None
-    for index, candidate_s, baseline_s in data["pairs"]:
-        if last is None or index <= last:
+    for pair in pairs:
+        if last is None or pair.index <= last:
             runs.append([])
-        runs[-1].append(math.log(candidate_s / baseline_s))
-        last = index
+        runs[-1].append(math.log(pair.ratio))
+        last = pair.index
     return runs
 
 
+def runs_in_pool(path: Path) -> list[list[float]]:
+    return log_ratios_per_run(load_pool(path))
+
+
 def run_in_results(path: Path) -> list[float]:
-    pairs = (json.loads(path.read_text(encoding="utf-8")).get("ab") or {}).get("pairs") or []
-    return [math.log(p["candidate_s"] / p["baseline_s"]) for p in pairs]
+    return [math.log(p.ratio) for p in pool_from_results([path])]
 
 
 def cochran_q(runs: Sequence[Sequence[float]]) -> tuple[float, list[float]]:

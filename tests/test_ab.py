@@ -20,6 +20,7 @@ from guard.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.results import RequestOutcome, ScopeCounts
 from guard.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
+from tests.conftest import benchmark_script
 from tests.test_budgets import GOOD, write
 
 
@@ -566,8 +567,6 @@ def test_a_relative_baseline_python_is_made_absolute_before_the_worker_moves(tmp
 # ----------------------------------------------------------------------------- the sensitivity simulation
 @pytest.fixture(scope="module")
 def ab_sensitivity():
-    from tests.conftest import benchmark_script
-
     with benchmark_script("ab_sensitivity") as module:
         yield module
 
@@ -637,8 +636,6 @@ def test_a_run_level_lean_survives_any_number_of_pairs_in_the_simulation(ab_sens
 
 @pytest.fixture(scope="module")
 def ab_between_runs():
-    from tests.conftest import benchmark_script
-
     with benchmark_script("ab_between_runs") as module:
         yield module
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from guard.budgets import load_thresholds
-from tests.conftest import benchmark_script
 from guard.stats import (binomial_cdf, centre_estimate, order_statistic_ranks, percentile, percentile_interval,
                          signed_rank_cdf, walsh_cut)
+from tests.conftest import benchmark_script
 
 ROOT = Path(__file__).parent.parent
 THRESHOLDS = ROOT / "tests" / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
