@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,18 @@ from guard.files import cache_root
 from guard.rules import measure_until_decided
 from guard.hardware import Hardware, fingerprint
 from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
-from guard.worker import WorkerClient, WorkerError
+from guard.worker import WorkerClient, WorkerDied, WorkerError
+
+
+# What a worker reports about its own environment (guard.worker.versions). guard's fingerprint
+# describes guard's environment, which is the candidate's; on the baseline side these stay unknown
+# until its worker has said, so that a baseline that never started shows no borrowed versions.
+WORKER_REPORTED = ("python", "vllm", "vllm_dist", "torch", "transformers", "cuda_runtime")
+
+
+def baseline_hint(python: str) -> str:
+    return (f"{python} is the baseline environment's python: it needs vllm, torch, pyyaml, pillow and numpy "
+            "(not guard, which comes from this checkout); docs/ab.md")
 
 
 @dataclass
@@ -84,6 +96,7 @@ class ABRun:
         records = {side: RunRecord(profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
                                    environment=copy.deepcopy(env), started_at=now,
                                    injected=inject if side == CANDIDATE else None) for side in SIDES}
+        records[BASELINE].environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
         self.record = ABRecord(candidate=records[CANDIDATE], baseline=records[BASELINE], baseline_python=baseline_python)
         self.pythons = {CANDIDATE: sys.executable, BASELINE: baseline_python}
         self.workers: dict[str, WorkerClient] = {}
@@ -132,20 +145,38 @@ class ABRun:
                                         inject=self.inject if side == CANDIDATE else None,
                                         cache_key=side == BASELINE and self.profile.has_op_count_pass,
                                         dtype=self.profile.engine.dtype)
-            for side in SIDES:
-                ready = self.workers[side].wait("ready")
-                env = self.record.side(side).environment
-                env["worker"] = {**ready["versions"], "guard_file": self.workers[side].hello.guard_file,
-                                 "init_s": round(ready["init_s"], 3)}
-                for key in ("vllm", "torch", "transformers"):
-                    env[key] = ready["versions"].get(key)
-                env["python"] = ready["versions"].get("python")
-                if side == BASELINE:
-                    self._cache_key, self._cache_covers = ready.get("cache_key"), ready.get("cache_key_covers") or ""
-                self.progress(f"{side:9} engine ready in {ready['init_s']:.1f} s: vllm {ready['versions'].get('vllm')} "
-                              f"({ready['versions'].get('vllm_file')})")
+            self._wait_until_both_ready()
         except WorkerError as exc:
+            never_said_hello = BASELINE not in self.workers
+            if exc.side == BASELINE and (never_said_hello or not isinstance(exc, WorkerDied)) \
+                    and "worker" not in self.record.baseline.environment:
+                exc.hint = baseline_hint(self.pythons[BASELINE])  # the worker's own hint is about guard's environment
             raise self._fail(exc) from exc
+
+    def _wait_until_both_ready(self) -> None:
+        """Both engines' "ready", in whichever order they come. The first side to fail ends the
+        wait at once: the other worker is killed mid-start instead of finishing an engine start
+        (25-55 s on the CPU default) that nothing will use, e.g. beside a baseline python without
+        vllm."""
+        with ThreadPoolExecutor(max_workers=len(SIDES)) as pool:
+            waits = {pool.submit(self.workers[side].wait, "ready"): side for side in SIDES}
+            try:
+                for done in as_completed(waits):
+                    self._on_ready(waits[done], done.result())
+            except BaseException:  # a failed side, or Ctrl-C: no thread may wait on an engine start
+                for w in self.workers.values():
+                    w.kill()
+                raise
+
+    def _on_ready(self, side: str, ready: dict[str, Any]) -> None:
+        env = self.record.side(side).environment
+        versions = ready["versions"]
+        env["worker"] = {**versions, "guard_file": self.workers[side].hello.guard_file, "init_s": round(ready["init_s"], 3)}
+        env.update({key: versions[key] for key in WORKER_REPORTED if key in versions})
+        if side == BASELINE:
+            self._cache_key, self._cache_covers = ready.get("cache_key"), ready.get("cache_key_covers") or ""
+        self.progress(f"{side:9} engine ready in {ready['init_s']:.1f} s: vllm {versions.get('vllm')} "
+                      f"({versions.get('vllm_file')})")
 
     def close(self) -> None:
         for w in self.workers.values():

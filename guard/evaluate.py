@@ -134,9 +134,12 @@ def unmeasured_op_checks(profile: Profile, run: RunRecord) -> list[UnmeasuredOpC
     return out
 
 
-def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
+def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = None) -> list[str]:
     """Why evaluation finds the run untrustworthy, beside the run's own ``invalid_reasons``.
-    The run is valid when both are empty."""
+    The run is valid when both are empty. ``stopped`` (default: the run recorded reasons of its
+    own): the run stage gave up and said why, so measurements it never took are its consequence,
+    not more reasons; a failed request or a wrong machine still is one."""
+    stopped = bool(run.invalid_reasons) if stopped is None else stopped
     reasons: list[str] = []
     failed = [o for o in run.outcomes if not o.success]
     for o in failed[:5]:
@@ -150,7 +153,7 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
         # A busy machine invalidates judged TTFT (guard.contention); op counts do not depend on it,
         # and TTFT bound to another CPU is only shown, so contention cannot change that verdict.
         reasons += contention_problems(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
-    if profile.ttft_ms:
+    if profile.ttft_ms and not stopped:
         got = len(run.ttft_client_s())
         if got == 0:
             reasons.append("no TTFT samples were measured")
@@ -163,7 +166,7 @@ def invalid_reasons(profile: Profile, run: RunRecord) -> list[str]:
                 "its function did not run (renamed in vLLM? image never reached the encoder?), "
                 "so its counts prove nothing"
             )
-    if profile.ops and ops_measurable(run):
+    if profile.ops and ops_measurable(run) and not stopped:
         measured_scopes = {c.scope for c in run.op_counts}
         for sb in profile.ops:
             if sb.name not in measured_scopes:
@@ -218,7 +221,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
     census = None
-    if ops_measurable(run):
+    if ops_measurable(run) and not run.invalid_reasons:  # a stopped run's missing census is no more news
         census = census_judgement(profile, run, census_baseline, output)
     elif profile.census is not None:  # a remote server's frames cannot be profiled: neither scopes nor census
         notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")
@@ -274,18 +277,19 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)
     cand = evaluate(no_abs, rec.candidate, guard_version=guard_version, output=output)
     reasons = list(cand.judged_invalid_reasons)
-    reasons += [f"baseline: {r}" for r in invalid_reasons(no_abs, rec.baseline)
+    stopped = bool(rec.candidate.invalid_reasons)  # the run stage's own reasons, for either side
+    reasons += [f"baseline: {r}" for r in invalid_reasons(no_abs, rec.baseline, stopped)
                 if r not in recorded_hardware_problems(profile, rec.baseline.environment)]  # same machine: said once
     paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes)
     want = profile.workload.requests
-    if profile.ttft_vs_baseline_pct and len(paired) < want:
+    if profile.ttft_vs_baseline_pct and len(paired) < want and not stopped:
         reasons.append(f"too few A/B pairs: {len(paired)} of {want} requested" if paired
                        else "no A/B pairs were measured (a request succeeded on both sides for none of the images)")
     stats = profile.ab_statistics
     ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, stats)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
-    census = ab_census_judgement(profile, rec)
+    census = ab_census_judgement(profile, rec) if not stopped else None
     notices = cand.notices
     cache = rec.baseline.environment.get("worker", {}).get("op_counts_cache", {})
     if cache.get("status") == "hit":

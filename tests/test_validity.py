@@ -90,6 +90,22 @@ def test_engine_died(cpu):
     assert_invalid(res, "engine died during round 2")
 
 
+def test_a_run_that_stopped_lists_its_own_reason_not_what_it_therefore_never_measured():
+    """The engine never started: no TTFT samples, no op counts and no census follow from that
+    one reason and would only bury it (a failed request would still be a reason of its own)."""
+    from tests.conftest import SHIPPED_THRESHOLDS
+    from guard.budgets import load_thresholds
+
+    shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")  # op budgets and a census rule
+    stopped = cpu_run(outcomes=[], rounds=0, invalid_reasons=["engine failed to start: no space left on device"])
+    res = evaluate(shipped, stopped)
+    assert res.verdict == Verdict.INVALID and res.invalid_reasons == ["engine failed to start: no space left on device"]
+    # the same empty run without a reason of its own says everything that is missing
+    silent = evaluate(shipped, cpu_run(outcomes=[], rounds=0))
+    assert any("no TTFT samples" in r for r in silent.invalid_reasons)
+    assert any("budgeted but not measured" in r for r in silent.invalid_reasons)
+
+
 def test_too_few_samples(cpu):
     assert_invalid(evaluate(cpu, cpu_run(outcomes=outcomes(3, 7.2), rounds=1)), "too few TTFT samples: 3 of 5")
 
