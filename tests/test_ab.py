@@ -874,3 +874,23 @@ def test_ab_census_missing_on_the_baseline_side_is_invalid(ab_profile):
     assert res.verdict == Verdict.INVALID
     assert any("baseline side measured no census for a 640x480 image" in r for r in res.invalid_reasons)
 
+
+@pytest.fixture(scope="module")
+def ab_sprt():
+    with benchmark_script("ab_sprt") as module:
+        yield module
+
+
+def test_sprt_separates_no_change_from_twice_the_budget_at_its_error_rates(ab_sprt, ab_sensitivity, ab_profile):
+    """On normal 3 % noise the SPRT between 0 and +5 % keeps near its 5 % error rates each way;
+    at the cap a run is decided by the side of the midpoint its mean lies on."""
+    profile = dataclasses.replace(ab_profile, ttft_vs_baseline_pct={"p50": 2.5})
+    test = ab_sprt.Sprt(0.05, 0.05, "sd", 2.0)
+    rng = random.Random(3)
+    same, n_same = ab_sprt.simulate_sprt(ab_sensitivity.normal_pool(3, 0, rng), profile, 2.5, test, 400, rng)
+    slow, n_slow = ab_sprt.simulate_sprt(ab_sensitivity.normal_pool(3, 5, rng), profile, 2.5, test, 400, rng)
+    assert same < 0.08 and slow > 0.92 and 6 <= n_same < 12 and 6 <= n_slow < 12
+    at_mid = [math.log1p(0.025)] * 2 + [math.log1p(0.025) + 0.01, math.log1p(0.025) - 0.01]
+    assert ab_sprt.sprt_decides(at_mid, 2.5, test, at_cap=False) is None
+    assert ab_sprt.sprt_decides([x + 0.001 for x in at_mid], 2.5, test, at_cap=True) is True
+    assert ab_sprt.sprt_decides([x - 0.001 for x in at_mid], 2.5, test, at_cap=True) is False
