@@ -270,16 +270,41 @@ def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
 
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+STEADY_READINGS = 1.25  # a clean run whose two speed readings differ more than this changed speed
+
+
+def steady_clean_run(tmp_path: Path, passing_run, attempts: int = 2) -> dict:
+    """A clean run fit to write a budget and its speed reference from: its readings before and
+    after the measured requests within 25 % of each other (one reading's own passes spread 10-24 %
+    here). In CI on 2 December this VM slowed inside the shared clean run (readings 194 then 311 ms,
+    requests 13.0 then 17.4 s): a budget and reference averaged across such a phase describe no
+    machine, and the 1.3-core run after it read the same reference (231, 276 ms) while its TTFT
+    went over the budget: exit 1. The premise, the budget's machine and then the same machine
+    under a quota, needs a machine that held its speed while the budget was measured."""
+    out = passing_run[1]
+    for attempt in range(attempts + 1):
+        res = results_of(out)
+        reading = res["run"]["environment"]["speed_reference"]
+        before, after = reading["before"]["ms"], reading["after"]["ms"]
+        if max(before, after) / min(before, after) <= STEADY_READINGS or attempt == attempts:
+            return res
+        again = tmp_path / f"clean-{attempt + 1}"
+        again.mkdir()
+        out = again / "out"
+        proc = run_guard("check", "--thresholds", str(small_cpu_yaml(again)), "--output", str(out))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (CPU_CGROUP / "cpu.cfs_quota_us").exists(),
                     reason="needs root and cgroup v1's cpu controller to impose a CPU quota")
 def test_a_slowdown_proc_cannot_see_is_never_a_regression(tmp_path: Path, passing_run) -> None:
     """The budget and its speed reference as update-thresholds writes them from a clean run
-    (passing_run: p50 + 15 %, its speed reading); then the same checkout under a CPU quota of 1.3
-    cores, which no other process explains: TTFT exceeds the budget, the contention gate sees
-    nothing, and the speed reference explains the excess: exit 3, never 1."""
-    clean = results_of(passing_run[1])
+    (passing_run, or a new one if the machine changed speed during it: p50 + 15 %, its speed
+    reading); then the same checkout under a CPU quota of 1.3 cores, which no other process
+    explains: TTFT exceeds the budget, the contention gate sees nothing, and the speed reference
+    explains the excess: exit 3, never 1."""
+    clean = steady_clean_run(tmp_path, passing_run)
     p50_ms = statistics.median(measured_s(clean)) * 1000
     reference_ms = clean["run"]["environment"]["speed_reference"]["ms"]
     yaml_path = small_cpu_yaml(tmp_path, ttft_ms={"p50": round(p50_ms * 1.15)}, max_other_cpu_pct=5,
@@ -306,7 +331,7 @@ def test_a_slowdown_proc_cannot_see_is_never_a_regression(tmp_path: Path, passin
     assert res["run"]["environment"]["cpu_contention"]["other_cores"] < 0.2  # /proc: a quiet machine
     (why,) = [r for r in res["judged_invalid_reasons"] if r.startswith("slow machine")]
     assert "validity.max_slowdown_pct" in why
-    assert res["run"]["environment"]["speed_reference"]["ms"] > reference_ms * 1.3
+    assert res["run"]["environment"]["speed_reference"]["ms"] > reference_ms * 1.1  # beyond validity.max_slowdown_pct
     assert "slow machine" in proc.stdout and "machine speed: guard's speed reference" in proc.stdout
 
 
