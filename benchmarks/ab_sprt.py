@@ -12,9 +12,10 @@ fails when LLR >= log((1 - beta) / alpha), passes when LLR <= log(beta / (1 - al
 the cap decides by the side of the midpoint the mean is on. sigma is not known and is taken
 from the run's own pairs: their SD, or (``huber``) 1.4826 x their MAD with every log ratio
 clipped at 1.5 of it from their median, since single requests here run up to 45 % slow; either
-way at least ``--sigma-floor``. Each variant is simulated on the same looks (``workload.requests``
-pairs, then ``ab.batch``, up to ``statistics.max_requests``) and bootstrap draws from recorded
-pools as benchmarks/ab_sensitivity.py draws them, beside the shipped rule on the same pools.
+way at least the variant's floor (``VARIANTS``). Each variant is simulated on the shipped looks
+(guard.rules.measure_until_decided: ``workload.requests`` pairs, then ``ab.batch``, up to
+``statistics.max_requests``) and bootstrap draws from recorded pools as
+benchmarks/ab_sensitivity.py draws them, beside the shipped rule on the same pools.
 
     python benchmarks/ab_sprt.py --pools retained avx2-float32 --trials 2000
 """
@@ -35,6 +36,7 @@ from ab_sensitivity import load_pool, simulate_ab, slowed  # noqa: E402
 
 from guard.budgets import Profile, load_thresholds  # noqa: E402
 from guard.results import Pair  # noqa: E402
+from guard.rules import measure_until_decided  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,14 +77,16 @@ def sprt_decides(xs: Sequence[float], budget_pct: float, test: Sprt, at_cap: boo
 def simulate_sprt(pool: Sequence[Pair], profile: Profile, budget_pct: float, test: Sprt, trials: int,
                   rng: random.Random) -> tuple[float, float]:
     """Fail rate and mean pairs of ``test`` on runs drawn from ``pool`` with the profile's looks."""
-    st = profile.ab_statistics
-    first, batch, cap = profile.workload.requests, st.batch, st.max_requests
+    def draw(k: int) -> list[float]:
+        return [math.log(p.ratio) for p in rng.choices(pool, k=k)]
+
+    def undecided_in(xs: Sequence[float]) -> list[str]:
+        return ["p50"] if sprt_decides(xs, budget_pct, test, at_cap=False) is None else []
+
     fails = total = 0
     for _ in range(trials):
-        xs = [math.log(p.ratio) for p in rng.choices(pool, k=first)]
-        while (verdict := sprt_decides(xs, budget_pct, test, at_cap=len(xs) >= cap)) is None:
-            xs += [math.log(p.ratio) for p in rng.choices(pool, k=min(batch, cap - len(xs)))]
-        fails += verdict
+        xs = measure_until_decided({}, profile.ab_statistics, profile.workload.requests, draw, undecided_in=undecided_in)
+        fails += sprt_decides(xs, budget_pct, test, at_cap=True)  # a crossed bound wins over the cap's midpoint
         total += len(xs)
     return fails / trials, total / trials
 
