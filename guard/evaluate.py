@@ -16,7 +16,7 @@ from guard import format as fmt
 from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
 from guard.census import Baseline, CensusJudgement, judge, size_key
 from guard.contention import contention_problems
-from guard.speedref import speed_notice, speed_problems
+from guard.speedref import speed_notice, speed_problems, unsteady
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
                            UnmeasuredOpCheck, Verdict, ttft_definition)
@@ -231,8 +231,11 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     census_checks = census.checks if census is not None else ()
     valid = not reasons and not run.invalid_reasons
     not_judged = ttft_not_judged(profile, run.environment) if ttft else None
+    changed_speed = unsteady(run.environment.get("speed_reference"), profile.validity.max_slowdown_pct) if ttft else None
     if not_judged:
         notices.append(not_judged_notice(not_judged, run.thresholds_path, output))
+    elif changed_speed:  # its verdict stands (the speed gate judges failures); its numbers make no budget
+        notices.append(f"{changed_speed}: update-thresholds refuses it; re-run when two close readings show")
     elif valid:  # an invalid run (or another CPU's budget) is no basis for new budgets
         notices += stale_budget_notices(profile, ttft, output)
     if ttft and not not_judged:

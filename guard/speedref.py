@@ -151,6 +151,32 @@ def speed_problems(recorded: Mapping[str, Any] | None, reference_ms: float | Non
             "judged: re-run when it is back to speed, or compare against a baseline (A/B)"]
 
 
+def change_pct(recorded: Mapping[str, Any] | None) -> float | None:
+    """How much the reading after the measured requests differs from the one before, percent of the
+    faster one (+ slower after, - faster after); None without both readings of one workload."""
+    before, after = ((recorded or {}).get(side) or {} for side in ("before", "after"))
+    b, a = before.get("ms"), after.get("ms")
+    if not b or not a or before.get("workload") != after.get("workload"):
+        return None
+    return (a / b - 1.0) * 100.0 if a >= b else -(b / a - 1.0) * 100.0
+
+
+def unsteady(recorded: Mapping[str, Any] | None, max_slowdown_pct: float) -> str | None:
+    """Why the run is no basis for a TTFT budget: the machine changed speed while it measured. Its
+    readings before and after the requests differ by more than twice ``max_slowdown_pct``, so their
+    mean, the reference a budget written from the run would carry, is off from the machine's speed at
+    one end or the other by more than the drift the gate forgives, and the TTFT samples mix two
+    speeds. Seen in CI on 2 December: 194 then 311 ms, requests 13.0 then 17.4 s; a budget written
+    from that run failed a clean checkout on the same machine (exit 1)."""
+    pct = change_pct(recorded)
+    if pct is None or abs(pct) <= 2 * max_slowdown_pct:
+        return None
+    return (f"the machine changed speed while it measured: guard's speed reference took "
+            f"{recorded['before']['ms']:.0f} ms before the measured requests and {recorded['after']['ms']:.0f} ms "
+            f"after ({'slower' if pct > 0 else 'faster'} by {abs(pct):.0f} %, more than twice validity.max_slowdown_pct "
+            f"{max_slowdown_pct:g}); its TTFT mixes two speeds, so it is no basis for a TTFT budget")
+
+
 def speed_notice(recorded: Mapping[str, Any] | None, reference_ms: float | None, max_slowdown_pct: float) -> str | None:
     """A machine clearly faster than the budget's (twice the limit): the budget's headroom grows by that much."""
     pct = slowdown_pct(recorded, reference_ms)

@@ -30,6 +30,18 @@ def test_no_stale_notice_from_an_invalid_run(cpu):
     assert res.verdict == Verdict.INVALID and res.notices == ()
 
 
+def test_a_run_whose_machine_changed_speed_proposes_no_new_budget(cpu):
+    """Its verdict stands, but instead of the update command the notice says why its numbers make no budget."""
+    rec = record(spread(7.2, 15), rounds=3)
+    rec.environment["speed_reference"] = {"workload": "speedref-1", "ms": 252.5, "before": {"workload": "speedref-1", "ms": 194.0},
+                                          "after": {"workload": "speedref-1", "ms": 311.0}}
+    res = evaluate(budgeted(cpu, p50=20000), rec, output="out/dir")
+    assert res.verdict == Verdict.PASS
+    (notice,) = res.notices
+    assert notice.startswith("the machine changed speed while it measured") and "update-thresholds refuses it" in notice
+    assert "--from out/dir/results.json" not in notice
+
+
 def test_unbounded_intervals_are_never_called_stale(cpu):
     res = evaluate(budgeted(cpu, p99=50000), record(spread(7.2, 15), rounds=3))
     assert res.notices == ()

@@ -13,7 +13,8 @@ import pytest
 from guard import format as fmt
 from guard import speedref
 from guard.results import Status, TtftCheck
-from guard.speedref import WORKLOAD, SpeedReading, combined, slowdown_pct, speed_notice, speed_problems
+from guard.speedref import (WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, change_pct, combined, slowdown_pct,
+                            speed_notice, speed_problems, unsteady)
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 
@@ -78,6 +79,36 @@ def test_the_run_record_is_the_mean_of_the_readings_around_the_timing_pass():
     assert both["ms"] == 85.0 and both["before"]["ms"] == 80.0 and both["after"]["threads"] == 2
     assert combined(None, after)["ms"] == 90.0 and combined(before, None)["after"] is None
     assert combined(None, None) is None
+
+
+def _around(before_ms: float | None, after_ms: float | None, after_workload: str = WORKLOAD) -> dict:
+    return combined(SpeedReading(WORKLOAD, before_ms, 5.0, 5, 2) if before_ms else None,
+                    SpeedReading(after_workload, after_ms, 5.0, 5, 2) if after_ms else None)
+
+
+def test_the_change_across_the_measured_requests_is_a_percentage_of_the_faster_reading():
+    assert change_pct(_around(80.0, 100.0)) == pytest.approx(25.0)
+    assert change_pct(_around(100.0, 80.0)) == pytest.approx(-25.0)  # symmetric: faster after by as much
+    assert change_pct(_around(80.0, 80.0)) == 0.0
+    assert change_pct(_around(80.0, None)) is None and change_pct(_around(None, 80.0)) is None
+    assert change_pct(_around(80.0, 100.0, after_workload=WORKLOAD_FLOAT32)) is None and change_pct(None) is None
+
+
+@pytest.mark.parametrize(("before_ms", "after_ms", "max_slowdown_pct", "steady"), [
+    (194.0, 311.0, 10, False),  # CI, 2 December: the run a budget that failed a clean checkout came from
+    (80.0, 95.0, 10, True),  # +18.8 %: the mean is within 10 % of either end
+    (80.0, 95.0, 5, False),  # a stricter gate asks for a steadier budget run
+    (95.0, 80.0, 5, False),
+    (80.0, None, 10, True),  # one reading: nothing to compare
+])
+def test_a_run_is_unsteady_when_its_readings_differ_by_more_than_twice_the_gates_drift(
+        before_ms, after_ms, max_slowdown_pct, steady):
+    why = unsteady(_around(before_ms, after_ms), max_slowdown_pct)
+    assert (why is None) == steady
+    if not steady:
+        assert why.startswith(f"the machine changed speed while it measured: guard's speed reference took "
+                              f"{before_ms:.0f} ms before the measured requests and {after_ms:.0f} ms after")
+        assert f"validity.max_slowdown_pct {max_slowdown_pct}" in why and "no basis for a TTFT budget" in why
 
 
 def test_slowdown_is_measured_against_the_budget_reference_of_the_same_workload():

@@ -24,6 +24,7 @@ from guard.errors import ConfigError
 from guard.results import (
     OpCheck, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict, results_to_dict, write_json_atomic,
 )
+from guard.speedref import SpeedReading, combined
 
 FIXTURES = Path(__file__).parent / "fixtures" / "update"
 REAL = Path(__file__).parent.parent / "thresholds" / "deepseek-ocr-2.yaml"
@@ -396,6 +397,10 @@ REFUSALS = {
     "no such profile": (dict(profile="h100"), [], "no such hardware profile"),
     "other model": (dict(model="qwen2-vl"), [], "measured model 'qwen2-vl'; this thresholds file is for 'deepseek-ocr-2'"),
     "negative headroom": ({}, ["--headroom", "-5"], "--headroom must be a percentage"),
+    "machine changed speed": (dict(env={**ENV, "speed_reference": combined(SpeedReading("speedref-1", 194.0, 8.0, 5, 2),
+                                                                             SpeedReading("speedref-1", 311.0, 8.0, 5, 2))}), [],
+        "run.environment.speed_reference: the machine changed speed while it measured: guard's speed reference "
+        "took 194 ms before the measured requests and 311 ms after (slower by 60 %"),
 }
 
 
@@ -663,6 +668,41 @@ def test_a_budget_on_its_own_cpu_gets_the_reference_beside_its_binding(tmp_path,
     assert code == 0, err
     hw = load_thresholds(y).profile("cpu").ttft_hardware
     assert (hw.cpu_model_regex, hw.cpu_count, hw.speed_reference_ms) == ("^AMD EPYC$", (2, 2), 81.4)
+
+
+def _readings(before_ms: float, after_ms: float) -> dict:
+    return combined(SpeedReading("speedref-1", before_ms, 8.0, 5, 2), SpeedReading("speedref-1", after_ms, 8.0, 5, 2))
+
+
+@pytest.mark.parametrize(("before_ms", "after_ms", "refused"), [
+    (80.0, 95.9, False),  # +19.9 %: within twice validity.max_slowdown_pct (10 in the shipped file)
+    (80.0, 96.1, True),  # +20.1 %
+    (96.1, 80.0, True),  # faster after by as much: a machine that changed speed either way
+])
+def test_ttft_budgets_are_only_written_from_a_machine_that_held_its_speed(tmp_path, capsys, before_ms, after_ms,
+                                                                          refused):
+    y = _shipped_copy(tmp_path)
+    before = y.read_bytes()
+    env = {**ENV, **BUDGET_CPU, "speed_reference": _readings(before_ms, after_ms)}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 9000.0}, env=env)
+    code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
+    assert code == (2 if refused else 0), err
+    assert (y.read_bytes() == before) == refused
+    assert ("changed speed while it measured" in err) == refused
+    if refused:
+        assert "--only ops updates the op-count budgets alone" in err
+
+
+def test_op_counts_are_updated_from_a_run_whose_machine_changed_speed(tmp_path, capsys):
+    """Op counts do not depend on the machine's speed: --only ops still takes such a run."""
+    y = _shipped_copy(tmp_path)
+    env = {**ENV, **BUDGET_CPU, "speed_reference": _readings(194.0, 311.0)}
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 9000.0}, env=env,
+                     ops={("mask_path", (640, 480)): {"aten::_index_put_impl_": 0, "total_ops": 3},
+                          ("mask_path", (800, 400)): {"aten::_index_put_impl_": 0, "total_ops": 3}})
+    code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ops")
+    assert code == 0, err
+    assert load_thresholds(y).profile("cpu").ops[0].total_ops.count == 3
 
 
 @pytest.mark.parametrize("case", ["kept budget", "ops only", "another workload"])

@@ -116,6 +116,12 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
         if not results.run.ttft_client_s():
             raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
                           hint="use --only ops to update the op-count budgets alone")
+        changed_speed = speedref.unsteady((results.run.environment or {}).get("speed_reference"),
+                                          profile.validity.max_slowdown_pct)
+        if changed_speed:
+            raise _refuse(results_path, "run.environment.speed_reference", changed_speed,
+                          hint="re-run `guard check` and update from a run whose `machine speed` line shows two "
+                               "close readings; --only ops updates the op-count budgets alone")
         ttft = {c.percentile: c.measured_ms for c in results.ttft_checks}
         for key in profile.ttft_ms:
             got = ttft.get(key)
