@@ -114,13 +114,6 @@ def combined(before: SpeedReading | None, after: SpeedReading | None) -> dict[st
 
 
 # ----------------------------------------------------------------------------- the gate (pure)
-def slowest_ms(recorded: Mapping[str, Any]) -> float:
-    """The slower of the run's two readings (its mean when it has fewer than two)."""
-    readings = [float(r["ms"]) for r in (recorded.get("before"), recorded.get("after"))
-                if r and r.get("ms") and r.get("workload", recorded.get("workload")) == recorded.get("workload")]
-    return max(readings) if len(readings) == 2 else float(recorded["ms"])
-
-
 def slowdown_pct(recorded: Mapping[str, Any] | None, reference_ms: float | None) -> float | None:
     """How much slower (+) or faster (-) this run's machine ran the reference than the budget's, in
     percent; None where either side is missing or they timed different workloads."""
@@ -135,6 +128,41 @@ def explained_by(check: TtftCheck, slowdown: float) -> float:
     low = check.interval_ms[0]
     low = low if math.isfinite(low) else check.measured_ms
     return low / (1.0 + slowdown / 100.0)
+
+
+def readings_ms(recorded: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    """The readings before and after the measured requests, ms; None without both of one workload."""
+    before, after = ((recorded or {}).get(side) or {} for side in ("before", "after"))
+    if not before.get("ms") or not after.get("ms") or before.get("workload") != after.get("workload"):
+        return None
+    return float(before["ms"]), float(after["ms"])
+
+
+def change_pct(recorded: Mapping[str, Any] | None) -> float | None:
+    """How much the reading after the measured requests differs from the one before, percent of the
+    faster one (+ slower after, - faster after); None without both readings of one workload."""
+    pair = readings_ms(recorded)
+    if pair is None:
+        return None
+    b, a = pair
+    return (a / b - 1.0) * 100.0 if a >= b else -(b / a - 1.0) * 100.0
+
+
+def unsteady(recorded: Mapping[str, Any] | None, max_slowdown_pct: float) -> str | None:
+    """Why the run is no basis for a TTFT budget: the machine changed speed while it measured. Its
+    readings before and after the requests differ by more than twice ``max_slowdown_pct``, so their
+    mean, the reference a budget written from the run would carry, is off from the machine's speed at
+    one end or the other by more than the drift the gate forgives, and the TTFT samples mix two
+    speeds. Seen in CI on 2 December: 194 then 311 ms, requests 13.0 then 17.4 s; a budget written
+    from that run failed a clean checkout on the same machine (exit 1)."""
+    pct = change_pct(recorded)
+    if pct is None or abs(pct) <= 2 * max_slowdown_pct:
+        return None
+    before_ms, after_ms = readings_ms(recorded)
+    return (f"the machine changed speed while it measured: guard's speed reference took "
+            f"{before_ms:.0f} ms before the measured requests and {after_ms:.0f} ms "
+            f"after ({'slower' if pct > 0 else 'faster'} by {abs(pct):.0f} %, more than twice validity.max_slowdown_pct "
+            f"{max_slowdown_pct:g}); its TTFT mixes two speeds, so it is no basis for a TTFT budget")
 
 
 def speed_problems(recorded: Mapping[str, Any] | None, reference_ms: float | None, max_slowdown_pct: float,
@@ -152,10 +180,11 @@ def speed_problems(recorded: Mapping[str, Any] | None, reference_ms: float | Non
         # reading's speed, which the mean dilutes. Seen live (a Zen 5 EPYC, a CPU quota of 0.8
         # cores set after the second measured request): 46 then 120 ms, a mean of 83 ms, +4.5 %
         # against the budget's 79 ms, p50 28 % over budget: judged on the mean, exit 1.
-        slowest = slowest_ms(recorded)
+        before_ms, after_ms = readings_ms(recorded)
+        slowest = max(before_ms, after_ms)
         pct = (slowest / reference_ms - 1.0) * 100.0
-        took = (f"{slowest:.0f} ms at the slower of its readings ({recorded['before']['ms']:.0f} before the "
-                f"measured requests, {recorded['after']['ms']:.0f} after)")
+        took = (f"{slowest:.0f} ms at the slower of its readings ({before_ms:.0f} before the measured "
+                f"requests, {after_ms:.0f} after)")
     if not failed or pct is None or pct <= max_slowdown_pct:
         return []
     if any(explained_by(c, pct) > c.budget_ms for c in failed):
@@ -167,32 +196,6 @@ def speed_problems(recorded: Mapping[str, Any] | None, reference_ms: float | Non
             f"{worst.budget_ms:.0f} ms; {explained_by(worst, pct):.0f} ms with the slowdown taken out). Something "
             "/proc does not show (a VM's host, a CPU quota, power saving) slows this machine, so its TTFT is not "
             "judged: re-run when it is back to speed, or compare against a baseline (A/B)"]
-
-
-def change_pct(recorded: Mapping[str, Any] | None) -> float | None:
-    """How much the reading after the measured requests differs from the one before, percent of the
-    faster one (+ slower after, - faster after); None without both readings of one workload."""
-    before, after = ((recorded or {}).get(side) or {} for side in ("before", "after"))
-    b, a = before.get("ms"), after.get("ms")
-    if not b or not a or before.get("workload") != after.get("workload"):
-        return None
-    return (a / b - 1.0) * 100.0 if a >= b else -(b / a - 1.0) * 100.0
-
-
-def unsteady(recorded: Mapping[str, Any] | None, max_slowdown_pct: float) -> str | None:
-    """Why the run is no basis for a TTFT budget: the machine changed speed while it measured. Its
-    readings before and after the requests differ by more than twice ``max_slowdown_pct``, so their
-    mean, the reference a budget written from the run would carry, is off from the machine's speed at
-    one end or the other by more than the drift the gate forgives, and the TTFT samples mix two
-    speeds. Seen in CI on 2 December: 194 then 311 ms, requests 13.0 then 17.4 s; a budget written
-    from that run failed a clean checkout on the same machine (exit 1)."""
-    pct = change_pct(recorded)
-    if pct is None or abs(pct) <= 2 * max_slowdown_pct:
-        return None
-    return (f"the machine changed speed while it measured: guard's speed reference took "
-            f"{recorded['before']['ms']:.0f} ms before the measured requests and {recorded['after']['ms']:.0f} ms "
-            f"after ({'slower' if pct > 0 else 'faster'} by {abs(pct):.0f} %, more than twice validity.max_slowdown_pct "
-            f"{max_slowdown_pct:g}); its TTFT mixes two speeds, so it is no basis for a TTFT budget")
 
 
 def speed_notice(recorded: Mapping[str, Any] | None, reference_ms: float | None, max_slowdown_pct: float) -> str | None:

@@ -279,8 +279,9 @@ def steady_clean_run(tmp_path: Path, passing_run, attempts: int = 2) -> dict:
     validity.max_slowdown_pct, 10 in small_cpu_yaml). In CI on 2 December this VM slowed inside
     the shared clean run (readings 194 then 311 ms, requests 13.0 then 17.4 s): a budget and
     reference averaged across such a phase describe no machine, and the 1.3-core run after it read
-    the same reference (231, 276 ms) while its TTFT went over the budget: exit 1. The premise, the budget's machine and then the same machine
-    under a quota, needs a machine that held its speed while the budget was measured."""
+    the same reference (231, 276 ms) while its TTFT went over the budget: exit 1. The premise, the
+    budget's machine and then the same machine under a quota, needs a machine that held its speed
+    while the budget was measured."""
     out = passing_run[1]
     for attempt in range(attempts + 1):
         res = results_of(out)
