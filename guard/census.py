@@ -196,44 +196,83 @@ def _op_deltas(base: Mapping[str, int], got: Mapping[str, int]) -> tuple[tuple[s
     return tuple(sorted(((op, d) for op, d in deltas if d), key=lambda od: (-od[1], od[0])))
 
 
+def request_deltas(baseline: FunctionCounts, measured: FunctionCounts) -> dict[str, int]:
+    """Per op, how much the whole request's calls changed (summed over every judged function)."""
+    total: Counter[str] = Counter()
+    for fn, ops in measured.items():
+        total.update(ops)
+    for fn, ops in baseline.items():
+        total.subtract(ops)
+    return {op: d for op, d in total.items() if d}
+
+
+def _moved_in(deltas: tuple[tuple[str, int], ...], request: Mapping[str, int]) -> dict[str, int]:
+    """Of a function's growth per op, the part the rest of the request gave up: the request's
+    total of that op grew by less than this function did, so the difference moved here."""
+    return {op: d - min(d, max(request.get(op, 0), 0)) for op, d in deltas if d > 0 and request.get(op, 0) < d}
+
+
+def _donors(op_moves: Mapping[str, int], baseline: FunctionCounts, measured: FunctionCounts) -> tuple[str, ...]:
+    """The functions that gave up calls of the moved ops (shrank or vanished), most first."""
+    given: Counter[str] = Counter()
+    for fn in set(baseline) | set(measured):
+        before, after = baseline.get(fn, {}), measured.get(fn, {})
+        for op in op_moves:
+            lost = before.get(op, 0) - after.get(op, 0)
+            if lost > 0:
+                given[fn] += lost
+    return tuple(fn for fn, _ in sorted(given.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCounts,
             measured: FunctionCounts) -> list[CensusCheck]:
     """A check per function whose counts differ, failures first, by growth. Excluded functions are skipped.
 
+    Growth is judged after taking out what merely moved: calls of an op that this function gained
+    while the request as a whole did not (a refactor moved them into a new helper, or renamed the
+    function) are ``moved_calls``, a notice, never a failure. What is left:
+
     - in both, grown: fails when the growth exceeds both ``max_growth_pct`` of the baseline and
-      ``min_growth_calls``; or when a watched op grew at all;
-    - new: fails above ``new_function_max_calls``, or with any watched op;
+      ``min_growth_calls``; or when a watched op grew here and in the whole request;
+    - new: fails above ``new_function_max_calls``, or with any watched op that grew in the request;
     - shrunk or vanished: passes (a notice: the baseline can be ratcheted down).
     """
     watch = set(rule.watch)
+    judged_base = {fn: ops for fn, ops in baseline.items() if fn not in rule.exclude}
+    judged_got = {fn: ops for fn, ops in measured.items() if fn not in rule.exclude}
+    request = request_deltas(judged_base, judged_got)
     out = []
-    for fn in sorted(set(baseline) | set(measured)):
-        if fn in rule.exclude:
-            continue
-        base, got = baseline.get(fn), measured.get(fn)
+    for fn in sorted(set(judged_base) | set(judged_got)):
+        base, got = judged_base.get(fn), judged_got.get(fn)
         if base == got:
             continue
         deltas = _op_deltas(base or {}, got or {})
         if not deltas:
             continue
-        grew_watched = tuple(op for op, d in deltas if d > 0 and op in watch)
+        moved_ops = _moved_in(deltas, request)
+        moved = total_calls(moved_ops)
+        grew_watched = tuple(op for op, d in deltas if d > 0 and op in watch and request.get(op, 0) > 0)
         b = total_calls(base) if base is not None else None
         m = total_calls(got) if got is not None else None
         reason = ""
         if b is None:
-            if m > rule.new_function_max_calls:
-                reason = f"new function with {m} op calls > new_function_max_calls {rule.new_function_max_calls}"
-        elif m is not None and m > b:
-            growth = m - b
+            if m - moved > rule.new_function_max_calls:
+                reason = (f"new function with {m} op calls > new_function_max_calls {rule.new_function_max_calls}"
+                          + (f" ({moved} of them moved from elsewhere in the request)" if moved else ""))
+        elif m is not None and m - moved > b:
+            growth = m - moved - b
             if growth > b * rule.max_growth_pct / 100.0 and growth > rule.min_growth_calls:
                 reason = (f"+{growth} op calls: more than {rule.max_growth_pct:g} % of {b} and more than "
-                          f"min_growth_calls {rule.min_growth_calls}")
+                          f"min_growth_calls {rule.min_growth_calls}"
+                          + (f" (besides {moved} that moved here from elsewhere in the request)" if moved else ""))
         if grew_watched:
-            why = "watched op(s) grew: " + ", ".join(f"{dict(deltas)[op]:+d} {op}" for op in grew_watched)
+            why = "watched op(s) grew in the request: " + ", ".join(f"{dict(deltas)[op]:+d} {op}" for op in grew_watched)
             reason = f"{reason}; {why}" if reason else why
         out.append(CensusCheck(function=fn, image_size=tuple(image_size), baseline_calls=b, measured_calls=m,
                                op_deltas=tuple(CensusOpDelta(op, d) for op, d in deltas),
-                               status=Status.FAIL if reason else Status.PASS, reason=reason, watched_ops=grew_watched))
+                               status=Status.FAIL if reason else Status.PASS, reason=reason, watched_ops=grew_watched,
+                               moved_calls=moved,
+                               moved_from=_donors(moved_ops, judged_base, judged_got) if moved else ()))
     out.sort(key=_check_order)
     return out
 

@@ -154,8 +154,12 @@ def census_calls(c: CensusCheck) -> str:
 
 
 def census_change(c: CensusCheck) -> str:
-    """One line for a census change within the rule (a notice)."""
-    return f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls ({census_ops(c)})"
+    """One line for a census change within the rule (a notice); calls that only moved say from where."""
+    line = f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls ({census_ops(c)})"
+    if c.moved_calls:
+        donors = ", ".join(c.moved_from[:3]) + (f" and {len(c.moved_from) - 3} more" if len(c.moved_from) > 3 else "")
+        line = f"moved: {c.moved_calls} op calls from {donors or 'elsewhere in the request'} to {line}"
+    return line
 
 
 @singledispatch

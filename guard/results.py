@@ -280,6 +280,10 @@ class CensusCheck:
     status: Status  # FAIL: beyond the rule; PASS: a change within it (shrinkage, small growth)
     reason: str = ""  # why it failed
     watched_ops: tuple[str, ...] = ()  # watched ops that grew (any growth fails)
+    # calls this function gained that the rest of the request gave up (a refactor moved them here):
+    # a notice, never growth; ``moved_from`` names the functions that gave them up, most first
+    moved_calls: int = 0
+    moved_from: tuple[str, ...] = ()
 
     @property
     def growth_calls(self) -> int:
@@ -396,7 +400,8 @@ def _op_from_dict(d: dict[str, Any]) -> OpCheck:
 def _census_from_dict(d: dict[str, Any]) -> CensusCheck:
     return CensusCheck(**{**d, "image_size": tuple(d["image_size"]), "status": Status(d["status"]),
                           "op_deltas": tuple(CensusOpDelta(**o) for o in d["op_deltas"]),
-                          "watched_ops": tuple(d.get("watched_ops", ()))})
+                          "watched_ops": tuple(d.get("watched_ops", ())),
+                          "moved_from": tuple(d.get("moved_from", ()))})
 
 
 def results_to_dict(res: Results) -> dict[str, Any]:

@@ -128,6 +128,62 @@ def test_diff_names_the_ops_that_grew_largest_first_and_failures_first() -> None
     assert [d.status for d in diffs] == [Status.FAIL, Status.PASS, Status.PASS]
 
 
+def _moved(base: dict, got: dict, rule: CensusRule = RULE) -> dict:
+    return {d.function: d for d in compare(rule, (640, 480), base, got)}
+
+
+def test_calls_moved_into_a_new_helper_are_a_notice_not_growth() -> None:
+    # a refactor: 64 muls and their index writes leave forward() for a new helper
+    base = {"vllm/a.py:Enc.forward": {"aten::mul": 100, "aten::_index_put_impl_": 4, "aten::add": 3}}
+    got = {"vllm/a.py:Enc.forward": {"aten::mul": 36, "aten::add": 3},
+           "vllm/a.py:Enc._scale": {"aten::mul": 64, "aten::_index_put_impl_": 4}}
+    d = _moved(base, got)
+    helper = d["vllm/a.py:Enc._scale"]
+    assert helper.status == Status.PASS and helper.moved_calls == 68 and helper.watched_ops == ()
+    assert helper.moved_from == ("vllm/a.py:Enc.forward",)
+    assert fmt.census_change(helper).startswith("moved: 68 op calls from vllm/a.py:Enc.forward to vllm/a.py:Enc._scale")
+    assert d["vllm/a.py:Enc.forward"].status == Status.PASS
+
+
+def test_a_renamed_function_is_a_move() -> None:
+    base = {"vllm/a.py:old_name": {"aten::mul": 300, "aten::nonzero": 2}}
+    got = {"vllm/b.py:new_name": {"aten::mul": 300, "aten::nonzero": 2}}
+    d = _moved(base, got)
+    assert d["vllm/b.py:new_name"].status == Status.PASS and d["vllm/b.py:new_name"].moved_calls == 302
+    assert d["vllm/a.py:old_name"].measured_calls is None
+
+
+def test_a_loop_in_a_new_function_still_fails_beside_a_move() -> None:
+    base = {"vllm/a.py:f": {"aten::mul": 100}}
+    # 100 muls moved into g, plus a new loop of 200 copies: only the loop is growth
+    got = {"vllm/a.py:g": {"aten::mul": 100, "aten::copy_": 200}}
+    g = _moved(base, got)["vllm/a.py:g"]
+    assert g.status == Status.FAIL and g.moved_calls == 100
+    assert "new function with 300 op calls" in g.reason and "100 of them moved" in g.reason
+
+
+def test_growth_beyond_what_moved_is_judged_by_the_rule() -> None:
+    base = {"vllm/a.py:f": {"aten::mul": 200}, "vllm/a.py:g": {"aten::mul": 200}}
+    # g takes f's 200 muls and adds a per-token loop of 150 more: the request grew by 150
+    got = {"vllm/a.py:g": {"aten::mul": 550}}
+    g = _moved(base, got)["vllm/a.py:g"]
+    assert g.status == Status.FAIL and g.moved_calls == 200 and g.reason.startswith("+150 op calls")
+
+
+def test_a_watched_op_that_grew_in_the_request_fails_even_where_others_moved() -> None:
+    base = {"vllm/a.py:f": {"aten::_local_scalar_dense": 2}}
+    got = {"vllm/a.py:f": {}, "vllm/a.py:g": {"aten::_local_scalar_dense": 4}}
+    g = _moved(base, got)["vllm/a.py:g"]
+    assert g.status == Status.FAIL and g.watched_ops == ("aten::_local_scalar_dense",) and g.moved_calls == 2
+
+
+def test_an_unrelated_shrink_elsewhere_does_not_hide_a_watched_op() -> None:
+    # the request lost 500 adds elsewhere; the new function's nonzero is still new to the request
+    base = {"vllm/a.py:f": {"aten::add": 500}}
+    got = {"vllm/a.py:g": {"aten::nonzero": 1}}
+    assert _moved(base, got)["vllm/a.py:g"].status == Status.FAIL
+
+
 def test_excluded_functions_are_not_judged() -> None:
     rule = CensusRule(baseline=Path("x"), exclude={"vllm/m.py:noisy": "scheduler bookkeeping varies per step"})
     got = {**BASE, "vllm/m.py:noisy": {"aten::add": 5000}}
