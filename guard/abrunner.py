@@ -84,7 +84,8 @@ def _counts(d: dict[str, Any]) -> ScopeCounts:
 
 class ABRun:
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
-                 progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False) -> None:
+                 progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
+                 candidate_python: str | None = None) -> None:
         self.thresholds, self.profile, self.output = thresholds, profile, output
         self.progress = progress
         self.inject = inject
@@ -98,7 +99,7 @@ class ABRun:
                                    injected=inject if side == CANDIDATE else None) for side in SIDES}
         records[BASELINE].environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
         self.record = ABRecord(candidate=records[CANDIDATE], baseline=records[BASELINE], baseline_python=baseline_python)
-        self.pythons = {CANDIDATE: sys.executable, BASELINE: baseline_python}
+        self.pythons = {CANDIDATE: candidate_python or sys.executable, BASELINE: baseline_python}
         self.workers: dict[str, WorkerClient] = {}
         self._buffer: dict[str, list[RequestOutcome]] = {s: [] for s in SIDES}
         self._label = ""
@@ -364,10 +365,13 @@ class ABRun:
 
 
 def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
-           progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False) -> ABRecord:
+           progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
+           candidate_python: str | None = None) -> ABRecord:
     """The whole A/B run stage. A worker that fails makes the record invalid (its reason is kept),
-    never raises past here: evaluation turns the record into the verdict."""
-    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline) as run:
+    never raises past here: evaluation turns the record into the verdict. ``candidate_python``:
+    the candidate side's interpreter (default guard's own; ``guard pr`` passes head's)."""
+    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline,
+               candidate_python) as run:
         try:
             run.start()
             run.warm_up()

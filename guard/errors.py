@@ -15,6 +15,7 @@ class ExitCode(enum.IntEnum):
     INVALID = 3  # the run itself cannot be trusted: engine died, request errored, no samples
     GITHUB = 4  # guard comment: GitHub kept failing after retries; says nothing about performance
     INTERNAL = 5  # a bug in guard or a library it drives: an unexpected exception, never a verdict
+    NOT_MEASURABLE = 6  # guard pr: the pull request changed compiled code or dependencies, which this runner cannot measure
 
 
 class GuardError(Exception):

@@ -18,8 +18,8 @@ from guard.census import Baseline, CensusJudgement, judge, size_key
 from guard.contention import contention_problems
 from guard.speedref import speed_notice, speed_problems, unsteady
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
-from guard.results import (TOTAL_OPS, ABComparison, OpCheck, Results, RunRecord, ScopeCounts, Status, TtftCheck,
-                           UnmeasuredOpCheck, Verdict, ttft_definition)
+from guard.results import (TOTAL_OPS, ABComparison, OpCheck, PullRequestDiff, Results, RunRecord, ScopeCounts, Status,
+                           TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.rules import judge_ttft
 
 if TYPE_CHECKING:
@@ -363,3 +363,37 @@ def _changes_within_the_rule(census: CensusJudgement) -> list[str]:
     if len(moved) > 10:
         lines.append(f"census: ... and {len(moved) - 10} more changed function(s) within the rule (results.json)")
     return lines
+
+
+def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_only: bool, guard_version: str = "",
+                output: str | Path = DEFAULT_OUTPUT) -> Results:
+    """``guard pr``: head is the candidate, base the baseline side (evaluate_ab), so the census and
+    the op budgets are judged side against side and no committed file is needed. An op budget
+    that base already exceeded by as much fails nobody's pull request: a notice. What the pull
+    request changed that this engine stack cannot measure (compiled code, dependencies) turns a
+    pass into ``not_measurable``; a regression it could measure stays one."""
+    judged = dataclasses.replace(profile, ttft_ms={}, ttft_vs_baseline_pct={}) if ops_only else profile
+    res = evaluate_ab(judged, rec, guard_version=guard_version, output=output)
+    base_calls = {(c.scope, tuple(c.image_size)): c for c in rec.baseline.op_counts}
+    ops, notices = [], list(res.notices)
+    for c in res.op_checks:
+        base = base_calls.get((c.scope, tuple(c.image_size)))
+        before = None if base is None else (base.total_calls if c.op == TOTAL_OPS else base.calls_by_op.get(c.op, 0))
+        if c.status == Status.FAIL and before is not None and before >= c.measured_calls:
+            notices.append(f"{fmt.label(c)}: {c.measured_calls} calls, over its budget of {c.budget_calls} on base "
+                           f"({before}) already; this pull request did not add to it")
+            c = dataclasses.replace(c, status=Status.PASS)
+        ops.append(c)
+    if not pr.measured:
+        notices.insert(0, "not measured: base and head have the same vllm/ Python sources"
+                          + (", and what differs is not measurable here" if pr.unmeasured_files else ""))
+    if pr.unmeasured_files:
+        notices.insert(0, f"not measurable on this engine stack: {len(pr.unmeasured_files)} changed file(s) of compiled "
+                          f"code or dependencies ({', '.join(pr.unmeasured_files[:5])}"
+                          + (", ..." if len(pr.unmeasured_files) > 5 else "")
+                          + "); the census covers the Python part only. A GPU job that builds them decides the rest")
+    res = dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr)
+    verdict = res.verdict
+    if verdict != Verdict.INVALID:
+        verdict = Verdict.REGRESSION if res.failed else (Verdict.NOT_MEASURABLE if pr.unmeasured_files else Verdict.PASS)
+    return dataclasses.replace(res, verdict=verdict)

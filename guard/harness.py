@@ -43,15 +43,18 @@ def suite_dir() -> Path:
 
 def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str | None = None,
               traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
-              server_url: str | None = None) -> tuple[int, str | None]:
+              server_url: str | None = None, python: str | None = None) -> tuple[int, str | None]:
     """The suite in a child pytest, which writes ``output/run.json`` (checkpoints during the run,
     the full record at the end). Returns (pytest's exit status, why it was interrupted or None).
+    ``python``: the interpreter to run it with (default: guard's own; ``guard pr`` passes a
+    revision's, guard.revisions.overlay), started in ``output`` so that no ``vllm/`` folder in the
+    working directory can shadow the one it should import.
 
     A negative status is the signal that killed the child (``-9``: SIGKILL, e.g. the OOM killer).
     On Ctrl-C or SIGTERM the child gets the signal too and ``GRACE_S`` to write its run.json; a
     second Ctrl-C kills it. The engine is never left running behind guard."""
     suite = suite_dir()
-    cmd = [sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
+    cmd = [python or sys.executable, "-m", "pytest", str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
            "-q", "--guard-record-only", "--guard-profile", profile_name, "--guard-thresholds", str(thresholds),
            "--guard-output", str(output), "--guard-traces", traces]
     if only == OPS_ONLY:
@@ -69,7 +72,7 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, *, inject: str 
         raise Interrupted(f"guard received {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, stop)
-    child = subprocess.Popen(cmd)
+    child = subprocess.Popen(cmd, cwd=output if python else None)
     try:
         try:
             return child.wait(), None

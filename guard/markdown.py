@@ -20,7 +20,7 @@ from guard.stats import percentile
 
 MAX_SITES = 10  # offending code sites listed per failed op check
 
-_ICON = {"pass": "✅", "regression": "❌", "invalid": "⚠️"}
+_ICON = {"pass": "✅", "regression": "❌", "invalid": "⚠️", "not_measurable": "➖"}
 _STATUS = {Status.PASS: "✅ pass", Status.FAIL: "❌ fail", Status.INCONCLUSIVE: "⚠️ inconclusive",
            Status.NOT_JUDGED: "➖ not judged", Status.NOT_MEASURED: "➖ not measured in this mode"}
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -110,6 +110,24 @@ def _summary(results: Results) -> list[str]:
                      "so it was judged on the point estimate.")
         return [line]
     return [f"**{len(failed)} of {n} budgets exceeded:**", ""] + [f"- {text(fmt.failure(c))}" for c in failed]
+
+
+def _pull_request(results: Results) -> list[str]:
+    """guard pr: what was compared, what could not be measured, and the added lines per function."""
+    pr = results.pr
+    if pr is None:
+        return []
+    lines = ["", "### Pull request", "",
+             f"Base {code(pr.base.sha[:12])} {text(pr.base.subject)} → head {code(pr.head.sha[:12])} "
+             f"{text(pr.head.subject)}: {len(pr.changed_files)} file(s) changed."]
+    if pr.unmeasured_files:
+        lines += ["", "Not measurable on this engine stack (compiled code, dependencies): "
+                  + ", ".join(code(f) for f in pr.unmeasured_files[:20])
+                  + (f" and {len(pr.unmeasured_files) - 20} more" if len(pr.unmeasured_files) > 20 else "") + "."]
+    for change in pr.function_changes:
+        body = "\n".join(f"{n:>5} + {t.rstrip()}" for n, t in change.lines)
+        lines += ["", f"Lines this pull request added inside {code(change.function)}:"] + _indented_block(body)
+    return lines
 
 
 def _indented_block(body: str) -> list[str]:
@@ -370,6 +388,7 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
     census = _census(results)
     if census:
         lines += ["", "### Operator census per function", ""] + census
+    lines += _pull_request(results)
 
     if results.verdict == Verdict.INVALID and results.checks:
         lines += ["", "_The tables above are for information only: an invalid run has no verdict._"]

@@ -117,6 +117,9 @@ def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
     elif results.verdict == Verdict.REGRESSION:
         names = ", ".join(fmt.label(c) for c in results.failed)
         state, desc = "failure", f"{len(results.failed)} of {n} budgets exceeded: {names}"
+    elif results.verdict == Verdict.NOT_MEASURABLE:  # neutral: the GPU job, not this runner, judges compiled code
+        files = len(results.pr.unmeasured_files) if results.pr else 0
+        state, desc = "success", f"not measurable here: {files} file(s) of compiled code or dependencies changed; {n} measured budgets held"
     else:  # invalid, or a verdict this guard does not know: never report it as a pass
         first = results.invalid_reasons[0] if results.invalid_reasons else f"verdict {results.verdict!r}"
         state, desc = "error", f"invalid run: {first}"

@@ -64,11 +64,12 @@ class Verdict(StrEnum):
     PASS = "pass"
     REGRESSION = "regression"
     INVALID = "invalid"
+    NOT_MEASURABLE = "not_measurable"  # guard pr: what changed cannot be measured here, and nothing else failed
 
     @property
     def exit_code(self) -> ExitCode:
         return {Verdict.PASS: ExitCode.PASS, Verdict.REGRESSION: ExitCode.REGRESSION,
-                Verdict.INVALID: ExitCode.INVALID}[self]
+                Verdict.INVALID: ExitCode.INVALID, Verdict.NOT_MEASURABLE: ExitCode.NOT_MEASURABLE}[self]
 
 
 ImageSize = tuple[int, int]
@@ -294,6 +295,36 @@ Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
 
 
 @dataclass(frozen=True)
+class RevisionInfo:
+    """One side of a pull request (``guard pr``)."""
+
+    rev: str  # as named on the command line
+    sha: str
+    subject: str
+
+
+@dataclass(frozen=True)
+class FunctionChange:
+    """The lines a pull request added inside a census function that moved: the code to look at."""
+
+    function: str  # "file:qualname", as the census names it
+    lines: tuple[tuple[int, str], ...]  # (line in head, text)
+
+
+@dataclass(frozen=True)
+class PullRequestDiff:
+    """What ``guard pr`` compared: two revisions of a vLLM repository, base measured as the baseline."""
+
+    repository: str
+    base: RevisionInfo
+    head: RevisionInfo
+    changed_files: tuple[str, ...] = ()  # git diff --name-only base head
+    unmeasured_files: tuple[str, ...] = ()  # compiled code or dependencies: not measurable on this engine stack
+    measured: bool = True  # False: base and head have the same vllm/ Python, so there was nothing to measure
+    function_changes: tuple[FunctionChange, ...] = ()
+
+
+@dataclass(frozen=True)
 class Results:
     """The verdict with everything needed to explain it: the content of results.json."""
 
@@ -310,6 +341,7 @@ class Results:
     guard_version: str = ""
     ttft_definition: str = TTFT_DEFINITION
     profile_config: dict[str, Any] = field(default_factory=dict)  # engine, workload, statistics used
+    pr: PullRequestDiff | None = None  # guard pr only: the two revisions and what changed
 
     @property
     def checks(self) -> tuple[Check, ...]:
@@ -420,7 +452,25 @@ def results_to_dict(res: Results) -> dict[str, Any]:
         "profile_config": res.profile_config,
         "ttft_definition": res.ttft_definition,
         "run": run_to_dict(res.run),
+        **({"pr": _pr_to_dict(res.pr)} if res.pr is not None else {}),
     }
+
+
+def _pr_to_dict(pr: PullRequestDiff) -> dict[str, Any]:
+    d = asdict(pr)
+    d["function_changes"] = [{"function": f.function, "lines": [{"line": n, "text": t} for n, t in f.lines]}
+                             for f in pr.function_changes]
+    return d
+
+
+def _pr_from_dict(d: dict[str, Any] | None) -> PullRequestDiff | None:
+    if d is None:
+        return None
+    return PullRequestDiff(
+        repository=d["repository"], base=RevisionInfo(**d["base"]), head=RevisionInfo(**d["head"]),
+        changed_files=tuple(d["changed_files"]), unmeasured_files=tuple(d["unmeasured_files"]), measured=d["measured"],
+        function_changes=tuple(FunctionChange(f["function"], tuple((x["line"], x["text"]) for x in f["lines"]))
+                               for f in d["function_changes"]))
 
 
 def results_from_dict(d: dict[str, Any]) -> Results:
@@ -440,6 +490,7 @@ def results_from_dict(d: dict[str, Any]) -> Results:
         guard_version=d.get("guard_version", ""),
         ttft_definition=d.get("ttft_definition", TTFT_DEFINITION),
         profile_config=d.get("profile_config", {}),
+        pr=_pr_from_dict(d.get("pr")),
     )
 
 

@@ -130,15 +130,38 @@ def render_terminal(results: Results) -> str:
     if speed:
         lines.append(f"machine speed: guard's speed reference {fmt.speed_reference(speed, results.profile_config.get('speed_reference_ms'))}")
     lines += census_lines(results)
+    lines += pr_lines(results)
     lines += [f"invalid: {reason}" for reason in results.invalid_reasons]
     lines += [f"notice: {notice}" for notice in results.notices]
     lines.append(verdict_line(results))
     return "\n".join(lines)
 
 
+def pr_lines(results: Results) -> list[str]:
+    """guard pr: the two revisions, and the lines head added inside each function that moved."""
+    pr = results.pr
+    if pr is None:
+        return []
+    lines = [f"pull request: base {pr.base.sha[:12]} ({pr.base.subject[:60]}) -> head {pr.head.sha[:12]} "
+             f"({pr.head.subject[:60]}); {len(pr.changed_files)} file(s) changed"]
+    for change in pr.function_changes:
+        lines.append(f"  added inside {change.function}:")
+        lines += [f"    {n:>5} + {text.rstrip()}" for n, text in change.lines]
+    lines.append("")
+    return lines
+
+
 def verdict_line(results: Results) -> str:
     where = f"{results.run.model} on profile '{results.run.profile}'"
+    if results.verdict == Verdict.NOT_MEASURABLE:
+        files = len(results.pr.unmeasured_files) if results.pr else 0
+        held = (f"all {len(results.judged)} measured budgets held" if results.pr is None or results.pr.measured
+                else "its vLLM Python is the same on both sides")
+        return (f"NOT MEASURABLE: {where}: the pull request changed {files} file(s) of compiled code or dependencies, "
+                f"which this engine stack cannot measure; {held}")
     if results.verdict == Verdict.PASS:
+        if results.pr is not None and not results.pr.measured:
+            return f"PASS: {where}: not measured: the pull request changed nothing under vllm/"
         if results.unmeasured_op_checks:
             return (f"PASS: {where}: all {len(results.judged)} measured budgets held; "
                     f"{len(results.unmeasured_op_checks)} op-count budget(s) not measured in this mode")

@@ -18,7 +18,7 @@ from guard.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
 from guard.mutants import INJECTABLE
 from guard.evaluate import DEFAULT_OUTPUT
-from guard.harness import run_and_judge
+from guard.harness import OPS_ONLY, run_and_judge
 from guard.hardware import detect, select_profile
 from guard.markdown import render_markdown
 from guard.opnames import check_op_names
@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "engine; default: the profile's engine.mode (docs/server-mode.md)")
     parser.add_argument("--server-url", default=None, metavar="URL",
                         help="measure an already running vLLM server (TTFT only; op budgets are not measured)")
+    parser.add_argument("--only", choices=[OPS_ONLY], default=None,
+                        help="ops: the op budgets and the census only, no TTFT (one engine start, one profiled request "
+                             "per image size): the fast local check")
     parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",
                         help="save Chrome traces of the profiled requests only when an op budget fails (default), or always")
 
@@ -59,6 +62,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         if args.baseline is None:
             raise UsageError(f"--inject {args.inject} slows the candidate against a baseline: it needs --baseline PYTHON",
                              hint=f"guard check --baseline /path/to/baseline-venv/bin/python --inject {args.inject}")
+    if args.only is not None and (args.baseline is not None or args.server_url or args.engine_mode == "server"):
+        raise UsageError("--only ops counts the in-process engine's operators alone: it cannot be combined with "
+                         "--baseline, --server-url or --engine-mode server",
+                         hint="to compare two vLLM revisions' op counts, use `guard pr --only ops`")
     if args.fresh_baseline and args.baseline is None:
         raise UsageError("--fresh-baseline re-profiles the baseline side of an A/B check: it needs --baseline PYTHON")
     if args.baseline is not None:
@@ -97,14 +104,20 @@ def run(args: argparse.Namespace) -> int:
     say_dtype(profile, "guard check")
     how = {"in-process": "the in-process engine", "server": f"the server at {args.server_url}" if args.server_url
            else "a `vllm serve` started by guard"}[profile.engine.mode]
-    print(f"guard check: {profile.workload.warmup_requests} warm-up + {profile.workload.requests} measured "
-          f"requests at concurrency {profile.workload.concurrency} through {how}, then "
-          + ("no op-count pass (a remote server's frames cannot be profiled)" if args.server_url
-             else "the op-count profile pass"), flush=True)
+    if args.only == OPS_ONLY:
+        if not profile.has_op_count_pass:
+            raise UsageError(f"profile '{profile.name}' has no op budgets and no census: --only ops would judge nothing")
+        print(f"guard check: op counts only: one profiled request per image size "
+              f"({', '.join(f'{w}x{h}' for w, h in profile.workload.profile_image_sizes)}), no TTFT", flush=True)
+    else:
+        print(f"guard check: {profile.workload.warmup_requests} warm-up + {profile.workload.requests} measured "
+              f"requests at concurrency {profile.workload.concurrency} through {how}, then "
+              + ("no op-count pass (a remote server's frames cannot be profiled)" if args.server_url
+                 else "the op-count profile pass"), flush=True)
 
     t0 = time.perf_counter()
     results = run_and_judge(thresholds, profile, output, inject=args.inject, traces=args.traces,
-                            engine_mode=args.engine_mode, server_url=args.server_url)
+                            engine_mode=args.engine_mode, server_url=args.server_url, only=args.only)
     write_report(results, output)
     print()
     print(render_terminal(results))

@@ -1,0 +1,106 @@
+"""The git side of ``guard pr``: revisions, changed files, added lines. Read-only on the repository."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from guard.errors import UsageError
+
+PACKAGE = "vllm"  # the folder of a vLLM checkout whose Python sources are measured
+
+# Changes the locked engine stack cannot show: compiled code is the wheel's, dependencies the lock's.
+COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hip", ".s")
+COMPILED_PATHS = ("csrc/", "cmake/", "CMakeLists.txt", "setup.py")
+DEPENDENCY_PATHS = ("requirements/", "requirements.txt", "requirements-")
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One side of a pull request."""
+
+    rev: str  # as the user named it
+    sha: str
+    subject: str
+    package_tree: str | None  # git's hash of the vllm/ tree: the content hash of the side's Python; None: no vllm/
+
+
+def git(repo: Path, *args: str, check: bool = True, text: bool = True) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, check=False)
+    except FileNotFoundError:
+        raise UsageError("git is not installed: guard pr reads the vLLM repository with git") from None
+    if check and done.returncode != 0:
+        err = done.stderr if text else done.stderr.decode("utf-8", "replace")
+        raise UsageError(f"git -C {repo} {' '.join(args)}: {err.strip() or f'exit {done.returncode}'}")
+    return done
+
+
+def open_repository(path: str | Path) -> Path:
+    """The repository's top folder; UsageError when ``path`` is not a git repository with vllm/."""
+    repo = Path(path).expanduser()
+    if not repo.is_dir():
+        raise UsageError(f"--vllm-repo {path}: no such folder", hint="give a clone of vLLM, e.g. --vllm-repo ~/src/vllm")
+    done = git(repo, "rev-parse", "--show-toplevel", check=False)
+    if done.returncode != 0:
+        raise UsageError(f"--vllm-repo {path}: not a git repository", hint="git clone https://github.com/vllm-project/vllm")
+    return Path(done.stdout.strip())
+
+
+def resolve(repo: Path, rev: str, flag: str) -> Revision:
+    done = git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise UsageError(f"{flag} {rev}: no such commit in {repo}",
+                         hint="fetch it first, e.g. `git fetch origin pull/NUMBER/head`")
+    sha = done.stdout.strip()
+    subject = git(repo, "log", "-1", "--format=%s", sha).stdout.strip()
+    tree = git(repo, "rev-parse", "--verify", "--quiet", f"{sha}:{PACKAGE}", check=False).stdout.strip() or None
+    return Revision(rev=rev, sha=sha, subject=subject, package_tree=tree)
+
+
+def changed_files(repo: Path, base: Revision, head: Revision) -> list[str]:
+    """What head changed against base (both sides' trees, not their history: ``git diff base head``)."""
+    out = git(repo, "diff", "--name-only", "--no-renames", base.sha, head.sha).stdout
+    return sorted(line for line in out.splitlines() if line)
+
+
+def unmeasurable(path: str) -> str | None:
+    """Why a CPU run of the locked engine stack cannot measure a change to ``path``; None: it can
+    (Python, Triton kernels included, and data files) or it is outside what runs (tests, docs)."""
+    p = PurePosixPath(path)
+    if path.startswith(COMPILED_PATHS) or p.name == "CMakeLists.txt" or p.suffix.lower() in COMPILED_SUFFIXES:
+        return "compiled code"
+    if path.startswith(DEPENDENCY_PATHS) and p.suffix == ".txt":
+        return "dependencies"
+    return None
+
+
+def runtime_files(paths: list[str]) -> list[str]:
+    """The changed files that run in vLLM: those under vllm/."""
+    return [p for p in paths if p.startswith(PACKAGE + "/")]
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(?P<start>\d+)(?:,(?P<count>\d+))? @@")
+
+
+def added_lines(repo: Path, base: Revision, head: Revision, path: str) -> list[tuple[int, str]]:
+    """(line number in head, text) of every line head added or changed in ``path``."""
+    out = git(repo, "diff", "--unified=0", "--no-color", "--no-renames", base.sha, head.sha, "--", path).stdout
+    lines: list[tuple[int, str]] = []
+    number = 0
+    for raw in out.splitlines():
+        m = _HUNK.match(raw)
+        if m:
+            number = int(m.group("start"))
+            continue
+        if raw.startswith("+") and not raw.startswith("+++"):
+            lines.append((number, raw[1:]))
+            number += 1
+    return lines
+
+
+def file_at(repo: Path, rev: Revision, path: str) -> str | None:
+    done = git(repo, "show", f"{rev.sha}:{path}", check=False)
+    return done.stdout if done.returncode == 0 else None

