@@ -9,7 +9,7 @@ and POST /stop_profile, and reports:
   deepencoder2.py's `_update_causal_mask`, and any python_function events at all);
 - how many `aten::_index_put_impl_` calls it holds (all of them: without frames they cannot be
   attributed to a code path).
-The in-process profile pass's cost is in the README ("What guard costs": ~17 s for two requests).
+The in-process profile pass's cost is in docs/measurements.md ("What guard costs": ~17 s for two requests).
 
     flock /tmp/guard-engine.lock uv run --extra cpu python benchmarks/server_profiler.py
     uv run --extra cpu python benchmarks/server_profiler.py --trace PATH.pt.trace.json.gz   # no server

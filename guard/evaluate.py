@@ -326,7 +326,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
 def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> list[str]:
     """A machine busy enough to invalidate an absolute check: said, never a reason here. Both
     members of every pair were measured under it, seconds apart, so it cancels in the ratio
-    (README, "One busy core")."""
+    (docs/ab-campaigns.md, "One busy core")."""
     if not recorded or not contention_problems(recorded, profile.validity.max_other_cpu_pct):
         return []
     limit = profile.validity.max_other_cpu_pct

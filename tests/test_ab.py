@@ -431,7 +431,7 @@ def test_a_run_stage_that_stopped_is_reported_by_its_own_reason_alone(ab_profile
 
 
 def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
-    """One busy core (0.81 of 2 cores, measured live: README "One busy core") would make an absolute
+    """One busy core (0.81 of 2 cores, measured live: docs/ab-campaigns.md, "One busy core") would make an absolute
     check invalid; in A/B mode both members of every pair ran under it, so it is said, and the ratio
     verdict stands either way."""
     from guard.contention import ContentionReading
@@ -711,7 +711,7 @@ def test_between_run_floor_is_the_normal_tail_at_the_budget(ab_between_runs):
 def test_between_runs_splits_a_committed_pool_into_its_recorded_runs(ab_between_runs, capsys):
     pool = GUARD_ROOT / "benchmarks" / "ab-pool-identical-retained.json"
     runs = ab_between_runs.runs_in_pool(pool)
-    assert len(runs) == 10 and sum(map(len, runs)) == 102  # the campaign of 1 December, as the README says
+    assert len(runs) == 10 and sum(map(len, runs)) == 102  # the campaign of 1 December, as docs/ab.md says
     assert ab_between_runs.main([str(pool), "--shuffles", "50"]) == 0
     row = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].split("|")[1:-1]]
     assert row[:3] == ["ab-pool-identical-retained.json", "10", "102"]

@@ -242,7 +242,7 @@ def _busy_loop_outside_our_tree() -> int:
 
 def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
     """A clean checkout measured while a busy loop holds one of the cores: pass or invalid, never 1.
-    The budget is the shipped p50, which the busy loop's slowdown exceeds (measured: README), so
+    The budget is the shipped p50, which the busy loop's slowdown exceeds (measured: docs/reliability.md, the CPU contention gate), so
     without the gate this run would report a regression."""
     import os
     import signal

@@ -83,7 +83,7 @@ def test_frame_matching_needs_file_and_function() -> None:
 
 def test_cuda_copies_and_syncs_are_counted_in_scope() -> None:
     # Shape of a CUDA profile after from_profiler(): device memcpys hang off the op that launched
-    # them, runtime calls inherit their op's stack. Hand-built (no GPU here), see README.
+    # them, runtime calls inherit their op's stack. Hand-built (no GPU here), see docs/limitations.md.
     scope = "m/deepencoder2.py(118): _update_causal_mask"
     other = "m/other.py(1): elsewhere"
     ev = [
