@@ -97,6 +97,12 @@ def _summary(results: Results) -> list[str]:
         return lines if results.invalid_reasons else lines + ["- (no reason recorded)"]
     failed = results.failed
     not_judged = [c for c in results.checks if c.status == Status.NOT_JUDGED]
+    pr = results.pr
+    if pr is not None and not failed and (pr.unmeasured_files or not pr.measured):
+        what = (f"**Not measurable here:** the pull request changed {len(pr.unmeasured_files)} file(s) of compiled "
+                "code or dependencies, which this engine stack cannot measure" if pr.unmeasured_files
+                else "**Not measured:** the pull request changed nothing under `vllm/`")
+        return [what + (f"; all {n} measured budgets held." if pr.measured else ".")]
     if not failed:
         inconclusive = [c for c in results.checks if c.status == Status.INCONCLUSIVE]
         line = f"**All {n} budgets held.**"
@@ -354,7 +360,7 @@ def _folded(summary: str, body: list[str]) -> list[str]:
 def render_markdown(results: Results, *, run_url: str | None = None) -> str:
     run = results.run
     icon = _ICON.get(results.verdict, "❔")
-    lines = [f"## {icon} guard: {text(results.verdict)} — {text(run.model)} on {code(run.profile)}", ""]
+    lines = [f"## {icon} guard: {text(results.verdict.replace('_', ' '))} — {text(run.model)} on {code(run.profile)}", ""]
     lines += _summary(results)
     lines += _ab_section(results)
 

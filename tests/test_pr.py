@@ -1,0 +1,240 @@
+"""guard pr without the engine: a real vLLM git repository built at test time (tests/vllm_repo.py),
+its revisions, changed files and added lines; each side's environment and its import check; the
+outcomes that need no measurement (nothing under vllm/ changed, compiled code only, a head that does
+not import, bad input); and the pull-request verdict re-derived from a recorded real run.
+tests/test_e2e_pr.py runs the same command on the real engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from guard.abrunner import ABRecord
+from guard.budgets import load_thresholds
+from guard.evaluate import evaluate_pr
+from guard.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, results_from_dict,
+                           results_to_dict, validate)
+from guard.revisions import git, overlay
+from guard.revisions.functions import function_spans, lines_inside
+from tests.conftest import SHIPPED_THRESHOLDS, run_guard
+from tests.pr_heads import ENC2, HEADS, MASK_FN
+from tests.vllm_repo import build, commit
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pr"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("pr"))
+
+
+@pytest.fixture(scope="module")
+def heads(repo: Path) -> dict[str, str]:
+    return {name: commit(repo, h.message, edits=h.edits, files=h.files, renames=h.renames) for name, h in HEADS.items()}
+
+
+def pr_command(repo: Path, head: str, out: Path, cache: Path, *extra: str):
+    return run_guard("pr", "--vllm-repo", str(repo), "--base", "main", "--head", head, "--only", "ops",
+                     "--output", str(out), "--cache-dir", str(cache), *extra, timeout=600)
+
+
+# ----------------------------------------------------------------------------- git
+def test_revisions_name_their_commit_subject_and_vllm_tree(repo: Path, heads: dict[str, str]) -> None:
+    base = git.resolve(repo, "main", "--base")
+    head = git.resolve(repo, heads["mask-loop"], "--head")
+    assert base.subject == "base: the installed vLLM" and head.subject.startswith("deepencoder2: build")
+    assert base.package_tree and head.package_tree and base.package_tree != head.package_tree
+    csrc = git.resolve(repo, heads["csrc-only"], "--head")
+    assert csrc.package_tree == base.package_tree  # same vllm/ content, same hash: one environment serves both
+    assert git.changed_files(repo, base, head) == [ENC2]
+
+
+def test_an_unknown_revision_or_folder_is_a_usage_error(repo: Path, tmp_path: Path) -> None:
+    done = run_guard("pr", "--vllm-repo", str(repo), "--base", "main", "--head", "no-such-branch", "--only", "ops",
+                     "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+    assert done.returncode == 2 and "--head no-such-branch: no such commit" in done.stderr
+    done = run_guard("pr", "--vllm-repo", str(tmp_path), "--base", "a", "--head", "b", "--only", "ops")
+    assert done.returncode == 2 and "not a git repository" in done.stderr
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("csrc/attention/attention_kernels.cu", "compiled code"),
+    ("csrc/cpu/utils.cpp", "compiled code"),
+    ("CMakeLists.txt", "compiled code"),
+    ("cmake/utils.cmake", "compiled code"),
+    ("setup.py", "compiled code"),
+    ("vllm/third_party/kernel.h", "compiled code"),
+    ("requirements/cpu.txt", "dependencies"),
+    ("vllm/model_executor/layers/fused_moe/fused_moe.py", None),  # Triton kernels are Python: measured
+    ("vllm/model_executor/layers/fused_moe/configs/E=8,N=14336.json", None),
+    ("tests/models/test_ocr.py", None),
+    ("docs/README.md", None),
+])
+def test_what_a_cpu_runner_cannot_measure(path: str, why: str | None) -> None:
+    assert git.unmeasurable(path) == why
+
+
+def test_added_lines_carry_heads_line_numbers(repo: Path, heads: dict[str, str]) -> None:
+    base = git.resolve(repo, "main", "--base")
+    head = git.resolve(repo, heads["item-loop"], "--head")
+    (added,) = git.added_lines(repo, base, head, ENC2)
+    number, text = added
+    source = git.file_at(repo, head, ENC2)
+    assert source.splitlines()[number - 1] == text and ".item()" in text
+
+
+# ----------------------------------------------------------------------------- functions
+SOURCE = '''\
+import functools
+
+
+class Outer:
+    @functools.lru_cache
+    def method(self, x):
+        def inner(y):
+            return y + 1
+
+        return inner(x)
+
+    class Nested:
+        def deep(self):
+            pass
+
+
+def free(a):
+    return [a * i for i in range(3)]
+'''
+
+
+def test_function_spans_use_pythons_qualified_names() -> None:
+    spans = function_spans(SOURCE)
+    assert spans["Outer.method"] == (5, 10)  # the decorator's line starts it, as co_firstlineno does
+    assert spans["Outer.method.<locals>.inner"] == (7, 8)
+    assert spans["Outer.Nested.deep"] == (13, 14)
+    assert spans["free"] == (17, 18)
+    assert function_spans("def broken(:\n") == {}
+
+
+def test_lines_inside_a_function_only() -> None:
+    added = [(2, "x"), (8, "return y + 1"), (18, "return [...]")]
+    assert lines_inside(SOURCE, "Outer.method.<locals>.inner", added) == [(8, "return y + 1")]
+    assert lines_inside(SOURCE, "Outer.method", added) == [(8, "return y + 1")]
+    assert lines_inside(SOURCE, "nowhere", added) == []
+
+
+# ----------------------------------------------------------------------------- environments
+def test_a_sides_environment_imports_its_own_vllm_over_the_installed_extensions(repo: Path, heads: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    stack = overlay.engine_stack()
+    head = git.resolve(repo, heads["item-loop"], "--head")
+    env = overlay.prepare(repo, head, tmp_path, stack)
+    assert not env.reused and env.linked >= 1
+    package = env.root / "vllm"
+    links = [p for p in package.rglob("*") if p.is_symlink()]
+    assert links and all(p.resolve().is_relative_to(stack.package_dir) for p in links)
+    assert all(p.suffix == ".so" or p.name == "_version.py" or not (repo / "vllm" / p.relative_to(package).parent).exists()
+               for p in links)
+    assert ".item()" in (package / "model_executor/models/deepencoder2.py").read_text()  # head's source, not the wheel's
+    again = overlay.prepare(repo, head, tmp_path, stack)
+    assert again.reused and again.root == env.root
+    overlay.check_imports([env], ["vllm._custom_ops", "vllm.model_executor.models.deepencoder2"])  # raises if not
+
+
+def test_the_cache_drops_the_least_recently_used_entries_first(tmp_path: Path) -> None:
+    entries = []
+    for i, name in enumerate(("old", "mid", "new")):
+        e = tmp_path / name
+        (e / "vllm").mkdir(parents=True)
+        (e / "vllm" / "big.py").write_bytes(b"x" * 1000)
+        (e / overlay.ENTRY_META).write_text("{}")
+        (e / overlay.LAST_USED).touch()
+        os.utime(e / overlay.LAST_USED, (1000 + i, 1000 + i))
+        entries.append(e)
+    dropped = overlay.evict(tmp_path, max_bytes=2100, keep={entries[0]})
+    assert dropped == [entries[1]]  # "old" is in use, so "mid" goes; then the cache fits
+    assert entries[0].exists() and entries[2].exists()
+
+
+# ----------------------------------------------------------------------------- outcomes without measurement
+def test_a_head_that_changes_only_compiled_code_is_not_measurable_here(repo: Path, heads: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    done = pr_command(repo, heads["csrc-only"], tmp_path / "out", tmp_path / "cache")
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert "NOT MEASURABLE" in done.stdout and "csrc/cache_kernels.cu" in done.stdout
+    res = load_results(tmp_path / "out" / "results.json")  # validated against the schema
+    assert res.verdict == Verdict.NOT_MEASURABLE and res.pr.unmeasured_files == ("csrc/cache_kernels.cu",)
+    assert not res.pr.measured and not (tmp_path / "cache").exists()  # nothing was built: nothing to measure
+    assert "## ➖ guard: not measurable" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_head_without_vllm_changes_passes_unmeasured(repo: Path, tmp_path: Path) -> None:
+    docs = commit(repo, "docs: a typo", files={"docs/usage.md": "fixed\n"})
+    done = pr_command(repo, docs, tmp_path / "out", tmp_path / "cache")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not measured: the pull request changed nothing under vllm/" in done.stdout
+
+
+def test_a_head_that_does_not_import_is_an_invalid_run_before_any_measurement(repo: Path, heads: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    done = pr_command(repo, heads["broken-import"], tmp_path / "out", tmp_path / "cache")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "ModuleNotFoundError: No module named 'vllm.no_such_module'" in done.stdout
+    assert "deepencoder2.py" in done.stdout and "profiling" not in done.stdout
+    res = load_results(tmp_path / "out" / "results.json")
+    assert res.verdict == Verdict.INVALID and res.pr.head.sha == heads["broken-import"]
+
+
+# ----------------------------------------------------------------------------- the verdict, from a recorded run
+def recorded(name: str):
+    """A real guard pr run's results.json (tests/fixtures/pr/README.md says how it was made)."""
+    res = load_results(FIXTURES / f"{name}.results.json")
+    rec = ABRecord(candidate=res.run, baseline=res.ab.baseline, baseline_python=res.ab.baseline_python)
+    return res, rec
+
+
+@pytest.fixture(scope="module")
+def cpu_profile():
+    from guard.hardware import detect, select_profile
+
+    return select_profile(load_thresholds(SHIPPED_THRESHOLDS), "cpu", detect(quick=True))
+
+
+def test_the_recorded_mask_loop_is_a_regression_naming_both_functions(cpu_profile) -> None:
+    res, rec = recorded("mask-loop")
+    fresh = evaluate_pr(cpu_profile, rec, res.pr, ops_only=True)
+    assert fresh.verdict == Verdict.REGRESSION
+    failed = {getattr(c, "function", getattr(c, "scope", None)) for c in fresh.failed}
+    assert MASK_FN in failed and "mask_path" in failed  # the census's function and the budgeted scope
+    (change,) = [f for f in res.pr.function_changes if f.function == MASK_FN]
+    assert any("mask[t, text_pos[: i + 1]] = 0" in text for _, text in change.lines)
+
+
+def test_compiled_changes_beside_a_regression_stay_a_regression_and_beside_a_pass_are_not_measurable(cpu_profile) -> None:
+    res, rec = recorded("mask-loop")
+    with_csrc = dataclasses.replace(res.pr, unmeasured_files=("csrc/cache_kernels.cu",))
+    assert evaluate_pr(cpu_profile, rec, with_csrc, ops_only=True).verdict == Verdict.REGRESSION
+    same = ABRecord(candidate=rec.baseline, baseline=rec.baseline, baseline_python="base")
+    quiet = evaluate_pr(cpu_profile, same, with_csrc, ops_only=True)
+    assert quiet.verdict == Verdict.NOT_MEASURABLE and quiet.exit_code == 6
+    assert quiet.notices[0].startswith("not measurable on this engine stack: 1 changed file(s)")
+
+
+def test_an_op_budget_base_already_broke_fails_nobodys_pull_request(cpu_profile) -> None:
+    res, rec = recorded("mask-loop")
+    both_loops = ABRecord(candidate=rec.candidate, baseline=rec.candidate, baseline_python="base")
+    fresh = evaluate_pr(cpu_profile, both_loops, res.pr, ops_only=True)
+    assert fresh.verdict == Verdict.PASS
+    assert all(c.status == Status.PASS for c in fresh.op_checks)
+    assert any("on base" in n and "did not add to it" in n for n in fresh.notices)
+
+
+def test_pr_results_round_trip_and_validate() -> None:
+    data = json.loads((FIXTURES / "mask-loop.results.json").read_text())
+    validate(data, Path("mask-loop.results.json"), "guard/results")
+    assert results_to_dict(results_from_dict(data))["pr"] == data["pr"]
+    pr = results_from_dict(data).pr
+    assert isinstance(pr, PullRequestDiff) and isinstance(pr.base, RevisionInfo)
