@@ -213,15 +213,25 @@ def _moved_in(deltas: tuple[tuple[str, int], ...], request: Mapping[str, int]) -
 
 
 def _donors(op_moves: Mapping[str, int], baseline: FunctionCounts, measured: FunctionCounts) -> tuple[str, ...]:
-    """The functions that gave up calls of the moved ops (shrank or vanished), most first."""
-    given: Counter[str] = Counter()
+    """The functions that gave up the moved calls: the one whose losses match them best first, then
+    each next one only while calls are left unexplained (ops like ``aten::view`` shrink in many)."""
+    lost: dict[str, dict[str, int]] = {}
     for fn in set(baseline) | set(measured):
         before, after = baseline.get(fn, {}), measured.get(fn, {})
-        for op in op_moves:
-            lost = before.get(op, 0) - after.get(op, 0)
-            if lost > 0:
-                given[fn] += lost
-    return tuple(fn for fn, _ in sorted(given.items(), key=lambda kv: (-kv[1], kv[0])))
+        gave = {op: before.get(op, 0) - after.get(op, 0) for op in op_moves}
+        gave = {op: n for op, n in gave.items() if n > 0}
+        if gave:
+            lost[fn] = gave
+    overlap = {fn: sum(min(n, op_moves[op]) for op, n in gave.items()) for fn, gave in lost.items()}
+    need = dict(op_moves)
+    out = []
+    for fn in sorted(lost, key=lambda f: (-overlap[f], f)):
+        if sum(min(n, need[op]) for op, n in lost[fn].items()) <= 0:
+            continue
+        out.append(fn)
+        for op, n in lost[fn].items():
+            need[op] = max(0, need[op] - n)
+    return tuple(out)
 
 
 def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCounts,

@@ -106,6 +106,91 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
             def compute_mask_base(""", """            @classmethod
             def compute_mask_base("""),),
     ),
+    # Refactors: the same operators, moved into a new helper. The census must call them moves, not growth.
+    Mutant(
+        name="move-rel-coords", module=_SAM, expect="pass",
+        function="vllm/model_executor/models/deepencoder.py:_relative_coords",
+        what="SAM's relative coordinates factored out of get_rel_pos into a new module-level helper",
+        edits=(Edit("""    # Scale the coords with short length if shapes for q and k are different.
+    q_coords = torch.arange(q_size, device=rel_pos.device)[:, None] * max(
+        k_size / q_size, 1.0
+    )
+    k_coords = torch.arange(k_size, device=rel_pos.device)[None, :] * max(
+        q_size / k_size, 1.0
+    )
+    relative_coords = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+
+    return rel_pos_resized[relative_coords.long()]
+""", """    return rel_pos_resized[_relative_coords(q_size, k_size, rel_pos.device)]
+
+
+def _relative_coords(q_size, k_size, device):  # mutant: a refactor, the same ops
+    q_coords = torch.arange(q_size, device=device)[:, None] * max(k_size / q_size, 1.0)
+    k_coords = torch.arange(k_size, device=device)[None, :] * max(q_size / k_size, 1.0)
+    relative_coords = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+    return relative_coords.long()
+"""),),
+    ),
+    Mutant(
+        name="move-query-tokens", module=_ENC2, expect="pass",
+        function="vllm/model_executor/models/deepencoder2.py:Qwen2Decoder2Encoder._with_queries",
+        what="the DeepEncoder-V2 query tokens and token types built in a new method instead of forward",
+        edits=(Edit("""        batch_query_imgs = param_img.unsqueeze(0).expand(
+            bs, -1, -1
+        )  # (batch_size, num_queries, hidden_size)
+
+        x_combined = torch.cat([x, batch_query_imgs], dim=1)
+
+        token_type_ids = torch.cat(
+            [
+                torch.zeros(bs, n_query, dtype=torch.long),
+                torch.ones(bs, n_query, dtype=torch.long),
+            ],
+            dim=1,
+        )
+
+        y = self.model(x_combined, token_type_ids)[0]
+""", """        x_combined, token_type_ids = self._with_queries(x, param_img, bs, n_query)
+        y = self.model(x_combined, token_type_ids)[0]
+"""), Edit("""        y = y[:, n_query:, :]  # causal flow query
+
+        return y
+""", """        y = y[:, n_query:, :]  # causal flow query
+
+        return y
+
+    def _with_queries(self, x, param_img, bs, n_query):  # mutant: a refactor, the same ops
+        batch_query_imgs = param_img.unsqueeze(0).expand(bs, -1, -1)
+        x_combined = torch.cat([x, batch_query_imgs], dim=1)
+        token_type_ids = torch.cat(
+            [torch.zeros(bs, n_query, dtype=torch.long), torch.ones(bs, n_query, dtype=torch.long)], dim=1
+        )
+        return x_combined, token_type_ids
+""")),
+    ),
+    Mutant(
+        name="move-tile-split", module=_OCR2, expect="pass",
+        function="vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._split_tiles",
+        what="the per-image tile split of the OCR-2 embedding factored out into a new method",
+        edits=(Edit("""        images_in_this_batch = []
+
+        is_tiled = (images_spatial_crop[:, 0] > 1) | (images_spatial_crop[:, 1] > 1)
+        patches_per_image = torch.where(is_tiled, images_spatial_crop.prod(dim=-1), 0)
+        images_crop = images_crop.split(patches_per_image.tolist())
+""", """        images_in_this_batch = []
+
+        images_crop = self._split_tiles(images_crop, images_spatial_crop)
+"""), Edit("""    def _process_image_input(
+        self, image_input: DeepseekOCRImagePixelInputs
+    ) -> torch.Tensor:""", """    def _split_tiles(self, images_crop, images_spatial_crop):  # mutant: a refactor, the same ops
+        is_tiled = (images_spatial_crop[:, 0] > 1) | (images_spatial_crop[:, 1] > 1)
+        patches_per_image = torch.where(is_tiled, images_spatial_crop.prod(dim=-1), 0)
+        return images_crop.split(patches_per_image.tolist())
+
+    def _process_image_input(
+        self, image_input: DeepseekOCRImagePixelInputs
+    ) -> torch.Tensor:""")),
+    ),
     Mutant(
         name="rewrite-clean", module=_OCR2, expect="pass",
         function="vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features",

@@ -1,0 +1,78 @@
+"""End to end: `guard pr --only ops` on the real engine, over a vLLM repository built at test time.
+
+One base and three heads (tests/pr_heads.py): the pre-#49531 mask loop and a per-token `.item()`
+loop must fail naming their functions and the lines that added them; a refactor that moves code
+into a new helper and renames a function must pass with a "moved" notice. The cache directory is
+shared, so base is profiled once (its op counts come from the cache after that): four profile
+passes of one 640x480 request each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guard.results import Status, Verdict, load_results
+from tests.conftest import run_guard
+from tests.pr_heads import HEADS, ITEM_FN, MASK_FN
+from tests.test_e2e import small_cpu_yaml
+from tests.vllm_repo import build, commit
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e-pr")
+    repo = build(root)
+    heads = {name: commit(repo, h.message, edits=h.edits, files=h.files, renames=h.renames)
+             for name, h in HEADS.items() if name in ("mask-loop", "item-loop", "refactor")}
+    return repo, heads, small_cpu_yaml(root), root / "cache"
+
+
+def judge(world, head: str, out: Path):
+    repo, heads, budget, cache = world
+    done = run_guard("pr", "--vllm-repo", str(repo), "--base", "main", "--head", heads[head], "--only", "ops",
+                     "--thresholds", str(budget), "--output", str(out), "--cache-dir", str(cache), timeout=1200)
+    return done, load_results(out / "results.json")
+
+
+def test_the_pre_49531_mask_loop_fails_naming_its_functions_and_lines(world, tmp_path: Path) -> None:
+    done, res = judge(world, "mask-loop", tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert res.verdict == Verdict.REGRESSION
+    failed_census = {c.function for c in res.census_checks if c.status == Status.FAIL}
+    assert MASK_FN in failed_census
+    grown = next(c for c in res.census_checks if c.function == MASK_FN)
+    assert any(d.op == "aten::_index_put_impl_" and d.delta_calls == 513 for d in grown.op_deltas)
+    scope = next(c for c in res.op_checks if c.op == "aten::_index_put_impl_")
+    assert scope.status == Status.FAIL and scope.measured_calls == 513  # mask_path: _update_causal_mask and below
+    assert "_update_causal_mask" in done.stdout and "_create_custom_4d_mask" in done.stdout
+    (change,) = [f for f in res.pr.function_changes if f.function == MASK_FN]
+    assert any("mask[t, text_pos[: i + 1]] = 0" in text for _, text in change.lines)
+    assert "+ " in done.stdout and "mask[t, text_pos[: i + 1]] = 0" in done.stdout
+
+
+def test_a_per_token_item_loop_in_an_unbudgeted_function_fails_naming_it(world, tmp_path: Path) -> None:
+    done, res = judge(world, "item-loop", tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (check,) = [c for c in res.census_checks if c.status == Status.FAIL]
+    assert check.function == ITEM_FN and "aten::_local_scalar_dense" in check.watched_ops
+    assert all(c.status == Status.PASS for c in res.op_checks)  # no scope budget covers it: the census caught it
+    (change,) = res.pr.function_changes
+    assert change.function == ITEM_FN and any(".item()" in text for _, text in change.lines)
+
+
+def test_a_refactor_that_moves_and_renames_passes_with_a_moved_notice(world, tmp_path: Path) -> None:
+    done, res = judge(world, "refactor", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert res.verdict == Verdict.PASS and not res.failed
+    moved = {c.function: c for c in res.census_checks if c.moved_calls}
+    helper = "vllm/model_executor/models/deepencoder.py:_relative_coords"
+    renamed = "vllm/model_executor/models/deepencoder.py:partition_windows"
+    assert helper in moved and renamed in moved
+    assert moved[helper].moved_from[0] == "vllm/model_executor/models/deepencoder.py:get_rel_pos"
+    assert moved[renamed].moved_from == ("vllm/model_executor/models/deepencoder.py:window_partition",)
+    assert any(n.startswith("census: moved: ") and "_relative_coords" in n for n in res.notices)
+    assert "base" in done.stdout and "op counts from the cache" in done.stdout  # base was profiled once
