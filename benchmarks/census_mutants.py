@@ -1,9 +1,11 @@
-"""Does the census catch each test mutant, and let the clean rewrite pass?
+"""Does the census catch each loop mutant, and let the clean rewrite and the refactors pass?
 
-For every mutant in guard/mutants.py, runs the real `guard check --inject mutant:NAME` (a fresh
-process and engine each) on a small copy of the CPU profile (1 warm-up + 2 requests, one profiled
-request per size, TTFT budgets out of the way), and prints its exit code, whether that is the
-expected one (1 for a mutant, 0 for the rewrite), and the census lines naming the function.
+For every mutant in guard/mutants.py, runs the real `guard check --only ops --inject mutant:NAME` (a
+fresh process and engine each; op counts only) on a small copy of the CPU profile (one profiled
+request per size), and prints its exit code, whether that is the expected one (1 for a loop
+mutant; 0 for the rewrite and for the `move-*` refactors, whose ops only move into a new helper),
+and the census lines naming the function. Detection = loop mutants at exit 1; false alarms =
+refactors and the rewrite not at exit 0.
 
     flock /tmp/guard-engine.lock uv run --extra cpu python benchmarks/census_mutants.py
     ... --only token-item,rewrite-clean
@@ -59,7 +61,7 @@ def main() -> int:
         print(f"[mutants] guard check --inject mutant:{name} ({m.what}) ...", flush=True)
         t = time.perf_counter()
         proc = subprocess.run([str(Path(sys.executable).parent / "guard"), "check", "--thresholds", str(thresholds),
-                               "--output", str(out), "--inject", f"mutant:{name}"],
+                               "--output", str(out), "--only", "ops", "--inject", f"mutant:{name}"],
                               capture_output=True, text=True, cwd=REPO)
         wall = time.perf_counter() - t
         expected = 1 if m.expect == "fail" else 0
@@ -82,6 +84,11 @@ def main() -> int:
         print(f"{name:<19} {expect:<7} {code:>4}  {'yes' if ok else 'NO ':<4} {', '.join(failures) or '-'}")
         for line in named[:3]:
             print(f"{'':<37}{line}")
+    loops = [r for r in rows if r[1] == "fail"]
+    clean = [r for r in rows if r[1] == "pass"]
+    print(f"\ndetection: {sum(r[3] for r in loops)} of {len(loops)} loop mutants failed naming their function; "
+          f"false alarms: {sum(not r[3] for r in clean)} of {len(clean)} refactors/rewrites; "
+          f"median {sorted(r[4] for r in rows)[len(rows) // 2]:.0f} s a run")
     return 0 if all(r[3] for r in rows) else 1
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from guard.mutants import MUTANTS
+
 ENC2 = "vllm/model_executor/models/deepencoder2.py"
 SAM = "vllm/model_executor/models/deepencoder.py"
 
 MASK_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model.<locals>."
            "CustomQwen2ModelInner._create_custom_4d_mask")
 ITEM_FN = "vllm/model_executor/models/deepencoder2.py:Qwen2Decoder2Encoder.forward"
+(_MOVE,) = MUTANTS["move-rel-coords"].edits
 
 
 @dataclass(frozen=True)
@@ -65,29 +68,10 @@ HEADS: dict[str, Head] = {
         """        y = y[:, n_query:, :]  # causal flow query
         self.token_scale = [y[0, i, 0].item() for i in range(n_query)]
 """)}),
-    # the same work, reorganised: coordinates moved into a new helper, a function renamed
-    "refactor": Head("deepencoder: factor out the relative coordinates, rename window_partition", 0, edits={SAM: (
-        """    # Scale the coords with short length if shapes for q and k are different.
-    q_coords = torch.arange(q_size, device=rel_pos.device)[:, None] * max(
-        k_size / q_size, 1.0
-    )
-    k_coords = torch.arange(k_size, device=rel_pos.device)[None, :] * max(
-        q_size / k_size, 1.0
-    )
-    relative_coords = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
-
-    return rel_pos_resized[relative_coords.long()]
-""",
-        """    return rel_pos_resized[_relative_coords(q_size, k_size, rel_pos.device)]
-
-
-def _relative_coords(q_size: int, k_size: int, device) -> torch.Tensor:
-    # Scale the coords with short length if shapes for q and k are different.
-    q_coords = torch.arange(q_size, device=device)[:, None] * max(k_size / q_size, 1.0)
-    k_coords = torch.arange(k_size, device=device)[None, :] * max(q_size / k_size, 1.0)
-    relative_coords = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
-    return relative_coords.long()
-""")}, renames={SAM: ("window_partition(", "partition_windows(")}),
+    # the same work, reorganised: coordinates moved into a new helper (the move-rel-coords mutant's
+    # edit, committed), and a function renamed
+    "refactor": Head("deepencoder: factor out the relative coordinates, rename window_partition", 0,
+                     edits={SAM: (_MOVE.old, _MOVE.new)}, renames={SAM: ("window_partition(", "partition_windows(")}),
     "csrc-only": Head("csrc: tune a kernel", 6, files={"csrc/cache_kernels.cu": "// a faster kernel\n"}),
     "broken-import": Head("deepencoder2: import a helper that does not exist", 3, edits={ENC2: (
         "\nimport torch\n", "\nimport torch\nfrom vllm.no_such_module import helper  # noqa: F401\n")}),
