@@ -11,9 +11,7 @@ results.json, report.md), as ``guard check`` writes them.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import sys
+import dataclasses
 import time
 from pathlib import Path
 
@@ -24,15 +22,13 @@ from guard.commands.check import prepare_output, say_dtype, write_report
 from guard.errors import InvalidRunError, UsageError
 from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.hardware import detect, select_profile
-from guard.harness import OPS_ONLY, read_record, run_suite
-from guard.opnames import check_op_names, vacuous_budgets
-from guard.results import (FunctionChange, PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict,
-                           load_run, run_file_dict, write_json_atomic)
+from guard.harness import OPS_ONLY
+from guard.opnames import check_op_names
+from guard.results import PullRequestDiff, Results, RevisionInfo, RunRecord, Verdict
 from guard.revisions import git, overlay
-from guard.revisions.functions import lines_inside
+from guard.revisions.sides import function_changes, profile_side, side_modules
 from guard.terminal import render_terminal
 
-MAX_LINES_PER_FUNCTION = 40
 SIDES = ("base", "head")
 
 
@@ -54,78 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-max-gb", type=float, default=overlay.DEFAULT_MAX_BYTES / 1024**3,
                         help="keep the cache below this size, least recently used entries out first (default: %(default)g)")
     parser.add_argument("--fresh", action="store_true", help="profile both sides again even when their op counts are cached")
-
-
-def side_modules(profile: Profile) -> list[str]:
-    """What the import check imports: the compiled ops' wrapper, the engine, and each budgeted scope's module."""
-    modules = ["vllm._custom_ops", "vllm.v1.engine.llm_engine"]
-    for sb in profile.ops:
-        file = getattr(sb.scope, "file", None)
-        if file and file.endswith(".py") and file.startswith(git.PACKAGE + "/"):
-            modules.append(file[:-3].replace("/", "."))
-    return list(dict.fromkeys(modules))
-
-
-def _guard_code_hash() -> str:
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    suite = root.parent / "tests" / "perf"
-    for p in sorted([*root.rglob("*.py"), *suite.glob("*")] if suite.is_dir() else root.rglob("*.py")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(root.parent)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
-
-
-def ops_cache_key(env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds) -> str:
-    """What an ops-only pass of this side depends on: its vLLM and engine stack, the profile as
-    written (engine, workload, scopes, census roots; dtype as this machine runs it), guard's code."""
-    material = {"env": env.key, "profile": profile.name, "thresholds": thresholds.path.read_text(encoding="utf-8"),
-                "dtype": profile.engine.dtype, "python": sys.version, "guard": _guard_code_hash()}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds, output: Path,
-                 fresh: bool) -> RunRecord:
-    """One side's op-count pass in a child pytest with the side's python; from the side's cache
-    entry when the same pass ran before (op counts are exact: the same inputs give the same counts)."""
-    key = ops_cache_key(env, profile, thresholds)
-    cached = env.root / "runs" / f"{key}.json"
-    rev = env.revision
-    if cached.is_file() and not fresh:
-        print(f"guard pr: {name} {rev.sha[:12]}: op counts from the cache ({cached})", flush=True)
-        return load_run(cached)
-    print(f"guard pr: {name} {rev.sha[:12]} ({rev.subject[:60]}): profiling one request per image size ...", flush=True)
-    side_out = output / name
-    side_out.mkdir(parents=True, exist_ok=True)
-    (side_out / "run.json").unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    code, interrupted = run_suite(profile.name, thresholds.path.resolve(), side_out, only=OPS_ONLY,
-                                  python=str(env.python))
-    fallback = RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
-                         environment={})
-    record = read_record(side_out / "run.json", code, interrupted, fallback)
-    record.invalid_reasons.extend(r for r in vacuous_budgets(profile, record.op_counts) if r not in record.invalid_reasons)
-    print(f"guard pr: {name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s", flush=True)
-    if not record.invalid_reasons and not interrupted:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(cached, run_file_dict(record))
-    return record
-
-
-def function_changes(repo: Path, base: git.Revision, head: git.Revision, results: Results) -> tuple[FunctionChange, ...]:
-    """For each census function that failed or took calls from elsewhere: the lines head added inside it."""
-    out: dict[str, FunctionChange] = {}
-    for c in results.census_checks:
-        if c.function in out or not (c.status == Status.FAIL or c.moved_calls) or c.measured_calls is None:
-            continue
-        file, _, qualname = c.function.partition(":")
-        source = git.file_at(repo, head, file)
-        if source is None:
-            continue
-        lines = lines_inside(source, qualname, git.added_lines(repo, base, head, file))
-        if lines:
-            out[c.function] = FunctionChange(c.function, tuple(lines[:MAX_LINES_PER_FUNCTION]))
-    return tuple(out.values())
 
 
 def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff, verdict: Verdict,
@@ -198,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     say_dtype(profile, "guard pr")
     if ops_only:
-        records = {name: profile_side(name, envs[name], profile, thresholds, output, args.fresh) for name in SIDES}
+        records = {name: profile_side(name, envs[name], profile, thresholds, output, args.fresh, say=say)[0]
+                   for name in SIDES}
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
         from guard.abrunner import run_ab
@@ -213,9 +138,11 @@ def run(args: argparse.Namespace) -> int:
     return finish(results, output, t0)
 
 
-def _with_function_changes(results: Results, repo: Path, base: git.Revision, head: git.Revision) -> Results:
-    import dataclasses
+def say(message: str) -> None:
+    print(f"guard pr: {message}", flush=True)
 
+
+def _with_function_changes(results: Results, repo: Path, base: git.Revision, head: git.Revision) -> Results:
     changes = function_changes(repo, base, head, results)
     return dataclasses.replace(results, pr=dataclasses.replace(results.pr, function_changes=changes))
 
