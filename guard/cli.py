@@ -27,6 +27,7 @@ from guard.sanitize import no_workflow_commands, one_line
 COMMANDS = {
     "check": ("check", "run the perf suite on this machine and judge it against the budgets"),
     "pr": ("pr", "judge a vLLM pull request: base and head of a vLLM git repository, side against side"),
+    "bisect": ("bisect", "find the commit that changed the census between a good and a bad vLLM revision"),
     "selftest": ("selftest", "prove the op-count probe still catches the pre-#49531 mask regression"),
     "update-thresholds": ("update_thresholds", "rewrite a profile's budgets from a results.json, as a minimal diff"),
     "comment": ("comment", "post the verdict on the pull request (sticky comment, status, summary)"),
