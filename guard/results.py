@@ -458,6 +458,7 @@ def results_to_dict(res: Results) -> dict[str, Any]:
 
 def _pr_to_dict(pr: PullRequestDiff) -> dict[str, Any]:
     d = asdict(pr)
+    d["changed_files"], d["unmeasured_files"] = list(pr.changed_files), list(pr.unmeasured_files)
     d["function_changes"] = [{"function": f.function, "lines": [{"line": n, "text": t} for n, t in f.lines]}
                              for f in pr.function_changes]
     return d

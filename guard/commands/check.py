@@ -62,7 +62,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         if args.baseline is None:
             raise UsageError(f"--inject {args.inject} slows the candidate against a baseline: it needs --baseline PYTHON",
                              hint=f"guard check --baseline /path/to/baseline-venv/bin/python --inject {args.inject}")
-    if args.only is not None and (args.baseline is not None or args.server_url or args.engine_mode == "server"):
+    if getattr(args, "only", None) is not None and (args.baseline is not None or args.server_url or args.engine_mode == "server"):
         raise UsageError("--only ops counts the in-process engine's operators alone: it cannot be combined with "
                          "--baseline, --server-url or --engine-mode server",
                          hint="to compare two vLLM revisions' op counts, use `guard pr --only ops`")
