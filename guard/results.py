@@ -5,15 +5,18 @@ module) is what every later stage reads: ``guard comment`` and ``guard update-th
 look at the engine, only at this file. Each fact is written once; seconds inside, and every number
 carries its unit in its name (``_s``, ``_ms``, ``_calls``).
 
-A check is a typed record (``TtftCheck``, ``OpCheck``): its identity is its fields (percentile;
-scope, image size and op), never a string to parse back. How a check reads to people is
-``guard.format``'s business.
+A check is a typed record (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``): its
+identity is its ``key`` (built from its fields: percentile; scope, image size and op; function and
+image size), never a string to parse back, and its ``label`` is the one short name every view shows.
+How the rest of a check reads to people is ``guard.format``'s business. ``verdict_of`` is the one
+roll-up from checks and invalid reasons to a verdict.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from functools import lru_cache
@@ -72,6 +75,10 @@ class Verdict(StrEnum):
 
 
 ImageSize = tuple[int, int]
+
+
+def _size(image_size: ImageSize) -> str:
+    return f"{int(image_size[0])}x{int(image_size[1])}"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -160,6 +167,16 @@ class TtftCheck:
     note: str | None = None  # how an undecided interval was settled
 
     @property
+    def key(self) -> tuple:
+        """The check's identity: the same budget in another run (or re-judged) has the same key."""
+        return ("ttft", self.percentile)
+
+    @property
+    def label(self) -> str:
+        """A short name for tables, status lines and messages (never parsed back)."""
+        return f"ttft {self.percentile}"
+
+    @property
     def excess_ms(self) -> float:
         return self.measured_ms - self.budget_ms
 
@@ -175,6 +192,14 @@ class OpCheck:
     budget_calls: int
     measured_calls: int
     status: Status
+
+    @property
+    def key(self) -> tuple:
+        return ("ops", self.scope, tuple(self.image_size), self.op)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scope} [{_size(self.image_size)}] {self.op}"
 
     @property
     def excess_calls(self) -> int:
@@ -214,10 +239,16 @@ class TtftRatioCheck:
     pair_spread_pct: float | None = None  # SD of the pairs' log ratio x 100: the machine's noise as A/B sees it
 
     @property
+    def key(self) -> tuple:
+        return ("ttft_vs_baseline", self.percentile)
+
+    @property
+    def label(self) -> str:
+        return f"ttft {self.percentile} vs baseline"
+
+    @property
     def excess_pct(self) -> float:
         return self.measured_pct - self.budget_pct
-
-
 
 
 @dataclass(frozen=True)
@@ -282,11 +313,30 @@ class CensusCheck:
     watched_ops: tuple[str, ...] = ()  # watched ops that grew (any growth fails)
 
     @property
+    def key(self) -> tuple:
+        return ("census", self.function, tuple(self.image_size))
+
+    @property
+    def label(self) -> str:
+        return f"census {self.function} [{_size(self.image_size)}]"
+
+    @property
     def growth_calls(self) -> int:
         return (self.measured_calls or 0) - (self.baseline_calls or 0)
 
 
 Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
+
+
+def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[str]) -> Verdict:
+    """The one roll-up from checks to a verdict: invalid when there is any reason to distrust the
+    run, else a regression when any check failed, else a pass. ``guard check``'s own verdict and
+    ``guard comment``'s re-judged one (guard.rejudge) are both this function's."""
+    if any(True for _ in invalid_reasons):
+        return Verdict.INVALID
+    if any(c.status == Status.FAIL for c in checks):
+        return Verdict.REGRESSION
+    return Verdict.PASS
 
 
 @dataclass(frozen=True)
