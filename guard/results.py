@@ -495,15 +495,35 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number guard writes")
+class _NotANumber:
+    """Where the text had NaN, Infinity or a number beyond a float: kept while parsing, so the
+    error can name the field's JSON path, then refused (guard writes strict JSON only)."""
+
+    def __init__(self, text: str, problem: str) -> None:
+        self.text, self.problem = text, problem
 
 
-def _finite_float(text: str) -> float:
+def _constant(name: str) -> _NotANumber:
+    return _NotANumber(name, f"{name} is not a number guard writes")
+
+
+def _finite_float(text: str) -> float | _NotANumber:
     value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
-    return value
+    return value if math.isfinite(value) else _NotANumber(text, f"{text} is out of range")
+
+
+def _first_not_a_number(data: Any) -> tuple[list[str | int], _NotANumber] | None:
+    """The first NaN/Infinity in document order and its path (iterative: a deep file is no recursion)."""
+    stack: list[tuple[list[str | int], Any]] = [([], data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, _NotANumber):
+            return where, node
+        if isinstance(node, dict):
+            stack += [([*where, k], v) for k, v in reversed(node.items())]
+        elif isinstance(node, list):
+            stack += [([*where, i], v) for i, v in reversed(list(enumerate(node)))]
+    return None
 
 
 @lru_cache(maxsize=1)
@@ -544,7 +564,7 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
     except OSError as exc:  # a folder, no permission, ...
         raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+        data = json.loads(raw.decode("utf-8"), parse_constant=_constant, parse_float=_finite_float)
     except UnicodeDecodeError:
         raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -553,6 +573,11 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
         raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
     except ValueError as exc:
         raise ConfigError(str(path), None, "(content)", f"not a results file guard can read: {exc}") from None
+    bad = _first_not_a_number(data)
+    if bad is not None:
+        where, value = bad
+        raise ConfigError(str(path), None, _json_path(where), f"not a results file guard can read: {value.problem}",
+                          hint="results files are written by `guard check`; re-run it rather than editing one")
     if not isinstance(data, dict) or data.get("schema") != schema_name:
         raise ConfigError(str(path), None, "schema", f"not a {schema_name} file")
     version = data.get("schema_version")
