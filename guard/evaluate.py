@@ -300,7 +300,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     verdict = verdict_of((*ratio, *cand.op_checks, *census_checks), (*rec.candidate.invalid_reasons, *reasons))
     ab = ABComparison(baseline_python=rec.baseline_python, baseline=rec.baseline, order=tuple(rec.order),
                       pairs=tuple(paired), op_diff=tuple(op_diff(rec.candidate.op_counts, rec.baseline.op_counts)))
-    config = {**cand.profile_config, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
+    # the census rule it was judged by (against the baseline side), as evaluate records it for its committed baseline
+    census_rule = {"census": profile.census.as_dict()} if profile.census is not None else {}
+    config = {**cand.profile_config, **census_rule, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization},
                                             "batch": stats.batch, "confidence": stats.confidence,
