@@ -223,7 +223,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     census = None
     if ops_measurable(run) and not run.invalid_reasons:  # a stopped run's missing census is no more news
         census = census_judgement(profile, run, census_baseline, output)
-    elif profile.census is not None:  # a remote server's frames cannot be profiled: neither scopes nor census
+    elif profile.census is not None and not ops_measurable(run):  # a remote server's frames cannot be profiled
         notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")
     if census is not None:
         reasons += census.invalid
