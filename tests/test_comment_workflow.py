@@ -239,6 +239,26 @@ def test_a_float32_run_is_judged_against_the_float32_census_baseline(github, che
     assert "no census baseline at thresholds/deepseek-ocr-2.cpu.float32.census.json" in status["description"]
 
 
+def test_census_changes_within_the_rule_against_the_default_branchs_baseline_are_posted(github, checkout, tmp_path,
+                                                                                       capsys):
+    """The default branch's float32 census baseline, not the one the run was judged by: one function
+    there counted 8 calls more than the clean run (it shrank: ratchet down), one 4 fewer (it grew
+    within the rule). Re-judging finds both, passes, and the comment carries the notices."""
+    path = checkout / "thresholds" / "deepseek-ocr-2.cpu.float32.census.json"
+    baseline = json.loads(path.read_text(encoding="utf-8"))
+    at = baseline["census"]["640x480"]
+    at["vllm/ir/ops/layernorm.py:fused_add_rms_norm"]["aten::to"] += 8
+    at["vllm/ir/ops/layernorm.py:rms_norm"]["aten::to"] -= 4
+    path.write_text(json.dumps(baseline), encoding="utf-8")
+    code, _, err = comment(capsys, artifact(tmp_path, fixture("cpu-float32-clean")))
+    assert code == 0, err
+    assert github.statuses[-1][1]["state"] == "success"
+    body = github.comments[7][0]["body"]
+    assert "1 function(s) shrank or vanished; ratchet the baseline down" in body
+    assert "| `vllm/ir/ops/layernorm.py:rms_norm` | 640×480 | 18 → 22 | `+4 aten::to` | ✅ pass |" in body
+    assert "| `vllm/ir/ops/layernorm.py:fused_add_rms_norm` | 640×480 | 108 → 100 | `-8 aten::to` | ✅ pass |" in body
+
+
 def test_a_bf16_run_is_judged_against_the_bf16_census_baseline(checkout):
     stored = load_results(fixture("cpu-bf16-busy"))
     profile = judged_profile(stored.run, load_thresholds(TH), source="x")
