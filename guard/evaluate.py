@@ -247,7 +247,8 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
     return Results(
-        verdict=verdict_of((*ttft, *ops, *census_checks), (*run.invalid_reasons, *reasons)), run=run, ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
+        verdict=verdict_of((*ttft, *ops, *census_checks), (*run.invalid_reasons, *reasons)), run=run,
+        ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
         ttft_definition=ttft_definition(run.environment.get("engine_mode", profile.engine.mode)),
