@@ -7,9 +7,10 @@ it (guard.rejudge). The results files were written by real `guard check` runs of
 has (tests/fixtures/runs/README.md says how each was made). Posting goes to the local GitHub of
 tests/fakes/github.py over real HTTP; ``--dry-run`` prints the same verdict without it.
 
-Issue #30: every test before this one passed `--check-pr-files off` or a hand-written a10 file, so
-re-judging never met a census, an A/B result or a server-mode run, and the comment workflow posted
-"invalid" for a clean run and crashed (exit 5) on a census regression and on A/B results.
+Issue #30: before these, the tests re-judged only one hand-kept a10 results file (no census, no
+A/B, in-process) and ran the rest with `--check-pr-files off`, so re-judging never met a census, an
+A/B result or a server-mode run, and the comment workflow posted "invalid" for a clean run and
+crashed (exit 5) on a census regression and on A/B results.
 """
 
 from __future__ import annotations
