@@ -531,6 +531,36 @@ def _check_tree(r: _Reader, root: yaml.Node) -> None:
                 stack += [(k, depth + 1, key or "(key)"), (v, depth + 1, f"{key}.{name}" if key else name)]
 
 
+def _check_depth(path: Path, text: str) -> None:
+    """Nesting bounded before the tree is built, naming the line and key path of the first node
+    past ``MAX_DEPTH``. yaml.compose recurses once per level, so a file thousands of levels deep
+    would exhaust Python's stack, which names nothing; the event stream is flat."""
+    frames: list[list[Any]] = []  # per open container: [key path, is a mapping, next index | key expected, key name]
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.CollectionEndEvent,)):
+            frames.pop()
+            continue
+        if not isinstance(event, (yaml.NodeEvent,)):
+            continue  # stream and document boundaries
+        key = ""
+        if frames:
+            frame = frames[-1]
+            if not frame[1]:  # a list item
+                key, frame[2] = f"{frame[0]}[{frame[2]}]", frame[2] + 1
+            elif frame[2]:  # a mapping's key
+                key, frame[2] = frame[0] or "(key)", False
+                frame[3] = event.value if isinstance(event, yaml.ScalarEvent) else "?"
+            else:  # its value
+                key, frame[2] = f"{frame[0]}.{frame[3]}" if frame[0] else frame[3], True
+        if len(frames) + 1 > MAX_DEPTH:
+            raise ConfigError(str(path), event.start_mark.line + 1, key or "(structure)",
+                              f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(event, yaml.MappingStartEvent):
+            frames.append([key, True, True, ""])
+        elif isinstance(event, yaml.SequenceStartEvent):
+            frames.append([key, False, 0, ""])
+
+
 def _kind(node: yaml.Node) -> str:
     return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
 
@@ -550,6 +580,7 @@ def load_thresholds(path: str | Path, text: str | None = None) -> Thresholds:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), None, "(file)", f"cannot read: {exc}") from None
     try:
+        _check_depth(path, text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

@@ -19,7 +19,7 @@ from guard.contention import contention_problems
 from guard.speedref import speed_notice, speed_problems, unsteady
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, PullRequestDiff, Results, RunRecord, ScopeCounts, Status,
-                           TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
+                           TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
 from guard.rules import judge_ttft
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     census = None
     if ops_measurable(run) and not run.invalid_reasons:  # a stopped run's missing census is no more news
         census = census_judgement(profile, run, census_baseline, output)
-    elif profile.census is not None:  # a remote server's frames cannot be profiled: neither scopes nor census
+    elif profile.census is not None and not ops_measurable(run):  # a remote server's frames cannot be profiled
         notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")
     if census is not None:
         reasons += census.invalid
@@ -246,14 +246,9 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     if profile.match.cuda and not run.environment.get("gpu_state"):
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
-    if not valid:
-        verdict = Verdict.INVALID
-    elif any(c.status == Status.FAIL for c in (*ttft, *ops, *census_checks)):
-        verdict = Verdict.REGRESSION
-    else:
-        verdict = Verdict.PASS
     return Results(
-        verdict=verdict, run=run, ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
+        verdict=verdict_of((*ttft, *ops, *census_checks), (*run.invalid_reasons, *reasons)), run=run,
+        ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
         ttft_definition=ttft_definition(run.environment.get("engine_mode", profile.engine.mode)),
@@ -303,16 +298,12 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
         notices += tuple(ab_census_notices(census))
     notices += tuple(ab_contention_notices(profile, rec.candidate.environment.get("cpu_contention")))
     census_checks = census.checks if census is not None else ()
-    valid = not reasons and not rec.candidate.invalid_reasons
-    if not valid:
-        verdict = Verdict.INVALID
-    elif any(c.status == Status.FAIL for c in (*ratio, *cand.op_checks, *census_checks)):
-        verdict = Verdict.REGRESSION
-    else:
-        verdict = Verdict.PASS
+    verdict = verdict_of((*ratio, *cand.op_checks, *census_checks), (*rec.candidate.invalid_reasons, *reasons))
     ab = ABComparison(baseline_python=rec.baseline_python, baseline=rec.baseline, order=tuple(rec.order),
                       pairs=tuple(paired), op_diff=tuple(op_diff(rec.candidate.op_counts, rec.baseline.op_counts)))
-    config = {**cand.profile_config, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
+    # the census rule it was judged by (against the baseline side), as evaluate records it for its committed baseline
+    census_rule = {"census": profile.census.as_dict()} if profile.census is not None else {}
+    config = {**cand.profile_config, **census_rule, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization},
                                             "batch": stats.batch, "confidence": stats.confidence,
@@ -393,7 +384,5 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_onl
                           + (", ..." if len(pr.unmeasured_files) > 5 else "")
                           + "); the census covers the Python part only. A GPU job that builds them decides the rest")
     res = dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr)
-    verdict = res.verdict
-    if verdict != Verdict.INVALID:
-        verdict = Verdict.REGRESSION if res.failed else (Verdict.NOT_MEASURABLE if pr.unmeasured_files else Verdict.PASS)
-    return dataclasses.replace(res, verdict=verdict)
+    return dataclasses.replace(res, verdict=verdict_of(res.checks, res.invalid_reasons,
+                                                       unmeasurable=bool(pr.unmeasured_files)))

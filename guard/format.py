@@ -4,8 +4,8 @@ The terminal, report.md (the PR comment), the commit status, the workflow annota
 progress lines all call these, so a check reads the same everywhere. Plain text: views that need
 escaping (Markdown) escape what comes from the run, and only that.
 
-``label`` and ``failure`` dispatch on the check's type (``functools.singledispatch``): a new kind
-of check registers its own two functions here and every view shows it.
+``failure`` dispatches on the check's type (``functools.singledispatch``): a new kind of check
+registers its sentence here, and its ``label`` on its record (guard.results), and every view shows it.
 """
 
 from __future__ import annotations
@@ -162,30 +162,12 @@ def census_change(c: CensusCheck) -> str:
     return line
 
 
-@singledispatch
 def label(check: Check) -> str:
-    """A short name for a check, for tables and status lines (never parsed back)."""
-    raise TypeError(f"no label for {type(check).__name__}")
-
-
-@label.register
-def _(c: TtftCheck) -> str:
-    return f"ttft {c.percentile}"
-
-
-@label.register
-def _(c: OpCheck) -> str:
-    return f"{c.scope} [{size(c.image_size)}] {c.op}"
-
-
-@label.register
-def _(c: TtftRatioCheck) -> str:
-    return f"ttft {c.percentile} vs baseline"
-
-
-@label.register
-def _(c: CensusCheck) -> str:
-    return f"census {c.function} [{size(c.image_size)}]"
+    """A short name for a check, for tables and status lines (never parsed back): the record's own
+    ``label``, so a check is named the same wherever it is shown or compared."""
+    if not isinstance(check, Check):
+        raise TypeError(f"no label for {type(check).__name__}")
+    return check.label
 
 
 @singledispatch

@@ -2,41 +2,33 @@
 
 A results.json that reaches ``guard comment`` in the privileged workflow was written by the pull
 request's run, so its ``verdict`` and ``checks`` are claims. ``rejudge`` evaluates the recorded run
-(samples and op counts) again with the default branch's guard against the default branch's
-thresholds file, and refuses a file that contradicts itself or the recomputation: a verdict that
-its own checks do not support, or a measurement in a check that the run record does not hold.
-The commit status and the comment then come from the re-derived result.
+(samples, op counts, census; for A/B both sides) again with the default branch's guard against the
+default branch's thresholds file and the census baseline beside it, through the same functions
+``guard check`` judged it with (``guard.evaluate.evaluate`` / ``evaluate_ab``), the profile taken
+as the run ran it (engine mode, the float32 fallback). It refuses a file that contradicts itself or
+the recomputation: a verdict that its own checks do not support, or a measurement in a check that
+the run record does not hold. The commit status and the comment then come from the re-derived result.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from guard.budgets import Thresholds
+from guard.abrunner import ABRecord
+from guard.budgets import Profile, Thresholds
+from guard.census import read_baseline
 from guard.errors import UsageError
-from guard.evaluate import evaluate, ran_bf16_fallback
-from guard.results import Check, OpCheck, Results, Status, TtftCheck, Verdict
+from guard.evaluate import evaluate, evaluate_ab, ran_bf16_fallback
+from guard.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
+                           verdict_of)
 from guard.sanitize import one_line
 
 
 def implied_verdict(results: Results) -> Verdict:
-    if results.invalid_reasons:
-        return Verdict.INVALID
-    if any(c.status == Status.FAIL for c in results.checks):
-        return Verdict.REGRESSION
-    return Verdict.PASS
-
-
-def _key(c: Check) -> tuple:
-    if isinstance(c, TtftCheck):
-        return ("ttft", c.percentile)
-    return ("ops", c.scope, tuple(c.image_size), c.op)
-
-
-def _label(c: Check) -> str:
-    if isinstance(c, TtftCheck):
-        return f"ttft_ms.{c.percentile}"
-    return f"{c.scope}[{c.image_size[0]}x{c.image_size[1]}].{c.op}"
+    """The verdict a results file's own checks and reasons give (guard.results.verdict_of)."""
+    return verdict_of(results.checks, results.invalid_reasons,
+                      unmeasurable=results.pr is not None and bool(results.pr.unmeasured_files))
 
 
 def _same_number(a: float, b: float) -> bool:
@@ -44,11 +36,45 @@ def _same_number(a: float, b: float) -> bool:
     return a == b or (math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 0.05 + 1e-9 * max(abs(a), abs(b)))
 
 
-def _same_budget(a: Check, b: Check) -> bool:
-    if isinstance(a, TtftCheck) and isinstance(b, TtftCheck):
-        return _same_number(a.budget_ms, b.budget_ms) and a.confidence == b.confidence
-    if isinstance(a, OpCheck) and isinstance(b, OpCheck):
-        return a.budget_calls == b.budget_calls and a.rule == b.rule
+def _measurement_differs(c: Check, f: Check) -> str | None:
+    """How the stored check's measurement differs from the one its run record gives (None: it does not)."""
+    label = one_line(c.label, limit=120)
+    if isinstance(c, TtftCheck) and isinstance(f, TtftCheck):
+        if not (_same_number(c.measured_ms, f.measured_ms) and c.samples == f.samples):
+            return (f"{label} says {c.measured_ms:g} ms over {c.samples} samples; "
+                    f"its run record gives {f.measured_ms:g} ms over {f.samples}")
+    elif isinstance(c, TtftRatioCheck) and isinstance(f, TtftRatioCheck):
+        if not (_same_number(c.measured_pct, f.measured_pct) and c.pairs == f.pairs
+                and _same_number(c.candidate_ms, f.candidate_ms) and _same_number(c.baseline_ms, f.baseline_ms)):
+            return (f"{label} says {c.measured_pct:+g} % over {c.pairs} pairs; "
+                    f"its run record gives {f.measured_pct:+g} % over {f.pairs}")
+    elif isinstance(c, (OpCheck, CensusCheck)) and isinstance(f, (OpCheck, CensusCheck)):
+        if c.measured_calls != f.measured_calls:
+            return f"{label} says {c.measured_calls} calls; its run record gives {f.measured_calls}"
+    return None
+
+
+def _rule_of_census(results: Results) -> dict[str, Any] | None:
+    """The census rule a result was judged by, without the baseline's file names (a checkout's paths)."""
+    rule = results.profile_config.get("census")
+    if not isinstance(rule, dict):
+        return None
+    return {k: v for k, v in rule.items() if k not in ("baseline", "baseline_without_native_bf16")}
+
+
+def _same_budget(c: Check, f: Check, stored: Results, fresh: Results) -> bool:
+    """Both checks were judged by the same budget, so the same measurement must give the same status."""
+    if isinstance(c, TtftCheck) and isinstance(f, TtftCheck):
+        return _same_number(c.budget_ms, f.budget_ms) and c.confidence == f.confidence
+    if isinstance(c, TtftRatioCheck) and isinstance(f, TtftRatioCheck):
+        return (_same_number(c.budget_pct, f.budget_pct) and c.confidence == f.confidence
+                and c.fail_confidence == f.fail_confidence)
+    if isinstance(c, OpCheck) and isinstance(f, OpCheck):
+        return c.budget_calls == f.budget_calls and c.rule == f.rule
+    if isinstance(c, CensusCheck) and isinstance(f, CensusCheck):  # the same baseline counts, by the same rule
+        rule = _rule_of_census(stored)
+        return (c.baseline_calls == f.baseline_calls and c.op_deltas == f.op_deltas
+                and rule is not None and rule == _rule_of_census(fresh))
     return False
 
 
@@ -57,39 +83,62 @@ def contradictions(stored: Results, fresh: Results) -> list[str]:
     implied = implied_verdict(stored)
     if stored.verdict != implied:
         out.append(f"its verdict is '{stored.verdict}' but its own checks and reasons make it '{implied}'")
-    by_key = {_key(c): c for c in fresh.checks}
+    by_key = {f.key: f for f in fresh.checks}
     for c in stored.checks:
-        f = by_key.get(_key(c))
+        f = by_key.get(c.key)
         if f is None:
-            continue  # a budget the default branch does not have: not judged by it
-        label = one_line(_label(c), limit=120)
-        if isinstance(c, TtftCheck):
-            if not (_same_number(c.measured_ms, f.measured_ms) and c.samples == f.samples):
-                out.append(f"{label} says {c.measured_ms:g} ms over {c.samples} samples; "
-                           f"its run record gives {f.measured_ms:g} ms over {f.samples}")
-                continue
-        elif c.measured_calls != f.measured_calls:
-            out.append(f"{label} says {c.measured_calls} calls; its run record gives {f.measured_calls}")
-            continue
-        if _same_budget(c, f) and c.status != f.status:
-            out.append(f"{label} says '{c.status}' where the same budget and measurement give '{f.status}'")
+            continue  # a budget the default branch does not have (or a census function it does not differ in)
+        differs = _measurement_differs(c, f)
+        if differs:
+            out.append(differs)
+        elif _same_budget(c, f, stored, fresh) and c.status != f.status:
+            out.append(f"{one_line(c.label, limit=120)} says '{c.status}' where the same budget and measurement "
+                       f"give '{f.status}'")
+    if stored.ab is not None and fresh.ab is not None:
+        if stored.ab.pairs != fresh.ab.pairs:
+            out.append(f"its A/B pairs ({len(stored.ab.pairs)}) are not the ones its two sides' requests give "
+                       f"({len(fresh.ab.pairs)})")
+        if stored.ab.op_diff != fresh.ab.op_diff:
+            out.append("its A/B op-count diff is not the one its two sides' op counts give")
     return out
+
+
+def judged_profile(run: RunRecord, thresholds: Thresholds, *, source: str) -> Profile:
+    """The default branch's profile for ``run``, as it ran: in its engine mode (server
+    TTFT budgets for a server run) and, where the engine fell back from bfloat16, with that dtype and
+    its census baseline (``Profile.on_cpu``) — the same profile ``guard check`` judged it with."""
+    profile = thresholds.profiles.get(run.profile)
+    if profile is None:
+        raise UsageError(f"{source}: measured with profile '{one_line(run.profile, 60)}', which "
+                         f"{thresholds.path} (the default branch's thresholds) does not have: cannot re-judge it; "
+                         "refusing to post")
+    if run.model != thresholds.model:
+        raise UsageError(f"{source}: measured model '{one_line(run.model, 60)}', but {thresholds.path} is "
+                         f"for '{thresholds.model}'; refusing to post")
+    if ran_bf16_fallback(run.environment):  # judged as it ran: float32 and its census
+        profile = profile.on_cpu(native_bf16=False)
+    mode = run.environment.get("engine_mode")
+    if mode is not None and not isinstance(mode, str):
+        raise UsageError(f"{source}: run.environment.engine_mode is not a string; refusing to post")
+    return profile.with_engine_mode(mode)
+
+
+def recompute(stored: Results, profile: Profile) -> Results:
+    """``stored``'s run judged by ``profile`` exactly as ``guard check`` judges a run: A/B results
+    through evaluate_ab from their two recorded sides, the rest through evaluate with the census
+    baseline the profile names (resolved beside the thresholds file it was loaded from)."""
+    if stored.ab is not None:
+        rec = ABRecord(candidate=stored.run, baseline=stored.ab.baseline, baseline_python=stored.ab.baseline_python,
+                       order=list(stored.ab.order))
+        return evaluate_ab(profile, rec, guard_version=stored.guard_version)
+    return evaluate(profile, stored.run, guard_version=stored.guard_version,
+                    census_baseline=read_baseline(profile.census))
 
 
 def rejudge(stored: Results, thresholds: Thresholds, *, source: str) -> Results:
     """Re-derive ``stored``'s verdict against ``thresholds`` (the default branch's); UsageError (exit 2,
     nothing posted) when the file contradicts itself or its own run record."""
-    profile = thresholds.profiles.get(stored.run.profile)
-    if profile is None:
-        raise UsageError(f"{source}: measured with profile '{one_line(stored.run.profile, 60)}', which "
-                         f"{thresholds.path} (the default branch's thresholds) does not have: cannot re-judge it; "
-                         "refusing to post")
-    if stored.run.model != thresholds.model:
-        raise UsageError(f"{source}: measured model '{one_line(stored.run.model, 60)}', but {thresholds.path} is "
-                         f"for '{thresholds.model}'; refusing to post")
-    if ran_bf16_fallback(stored.run.environment):  # judged as it ran: float32 and its census
-        profile = profile.on_cpu(native_bf16=False)
-    fresh = evaluate(profile, stored.run, guard_version=stored.guard_version)
+    fresh = recompute(stored, judged_profile(stored.run, thresholds, source=source))
     found = contradictions(stored, fresh)
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""

@@ -5,15 +5,18 @@ module) is what every later stage reads: ``guard comment`` and ``guard update-th
 look at the engine, only at this file. Each fact is written once; seconds inside, and every number
 carries its unit in its name (``_s``, ``_ms``, ``_calls``).
 
-A check is a typed record (``TtftCheck``, ``OpCheck``): its identity is its fields (percentile;
-scope, image size and op), never a string to parse back. How a check reads to people is
-``guard.format``'s business.
+A check is a typed record (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``): its
+identity is its ``key`` (built from its fields: percentile; scope, image size and op; function and
+image size), never a string to parse back, and its ``label`` is the one short name every view shows.
+How the rest of a check reads to people is ``guard.format``'s business. ``verdict_of`` is the one
+roll-up from checks and invalid reasons to a verdict.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from functools import lru_cache
@@ -73,6 +76,10 @@ class Verdict(StrEnum):
 
 
 ImageSize = tuple[int, int]
+
+
+def _size(image_size: ImageSize) -> str:
+    return f"{int(image_size[0])}x{int(image_size[1])}"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -161,6 +168,16 @@ class TtftCheck:
     note: str | None = None  # how an undecided interval was settled
 
     @property
+    def key(self) -> tuple:
+        """The check's identity: the same budget in another run (or re-judged) has the same key."""
+        return ("ttft", self.percentile)
+
+    @property
+    def label(self) -> str:
+        """A short name for tables, status lines and messages (never parsed back)."""
+        return f"ttft {self.percentile}"
+
+    @property
     def excess_ms(self) -> float:
         return self.measured_ms - self.budget_ms
 
@@ -176,6 +193,14 @@ class OpCheck:
     budget_calls: int
     measured_calls: int
     status: Status
+
+    @property
+    def key(self) -> tuple:
+        return ("ops", self.scope, tuple(self.image_size), self.op)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scope} [{_size(self.image_size)}] {self.op}"
 
     @property
     def excess_calls(self) -> int:
@@ -215,10 +240,16 @@ class TtftRatioCheck:
     pair_spread_pct: float | None = None  # SD of the pairs' log ratio x 100: the machine's noise as A/B sees it
 
     @property
+    def key(self) -> tuple:
+        return ("ttft_vs_baseline", self.percentile)
+
+    @property
+    def label(self) -> str:
+        return f"ttft {self.percentile} vs baseline"
+
+    @property
     def excess_pct(self) -> float:
         return self.measured_pct - self.budget_pct
-
-
 
 
 @dataclass(frozen=True)
@@ -287,11 +318,31 @@ class CensusCheck:
     moved_from: tuple[str, ...] = ()
 
     @property
+    def key(self) -> tuple:
+        return ("census", self.function, tuple(self.image_size))
+
+    @property
+    def label(self) -> str:
+        return f"census {self.function} [{_size(self.image_size)}]"
+
+    @property
     def growth_calls(self) -> int:
         return (self.measured_calls or 0) - (self.baseline_calls or 0)
 
 
 Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
+
+
+def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[str], *, unmeasurable: bool = False) -> Verdict:
+    """The one roll-up from checks to a verdict: invalid when there is any reason to distrust the
+    run, else a regression when any check failed, else not measurable when ``guard pr`` saw changes
+    this engine stack cannot measure (``unmeasurable``), else a pass. ``guard check``'s, ``guard
+    pr``'s and ``guard comment``'s re-judged verdict (guard.rejudge) are all this function's."""
+    if any(True for _ in invalid_reasons):
+        return Verdict.INVALID
+    if any(c.status == Status.FAIL for c in checks):
+        return Verdict.REGRESSION
+    return Verdict.NOT_MEASURABLE if unmeasurable else Verdict.PASS
 
 
 @dataclass(frozen=True)
@@ -502,15 +553,35 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number guard writes")
+class _NotANumber:
+    """Where the text had NaN, Infinity or a number beyond a float: kept while parsing, so the
+    error can name the field's JSON path, then refused (guard writes strict JSON only)."""
+
+    def __init__(self, text: str, problem: str) -> None:
+        self.text, self.problem = text, problem
 
 
-def _finite_float(text: str) -> float:
+def _constant(name: str) -> _NotANumber:
+    return _NotANumber(name, f"{name} is not a number guard writes")
+
+
+def _finite_float(text: str) -> float | _NotANumber:
     value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
-    return value
+    return value if math.isfinite(value) else _NotANumber(text, f"{text} is out of range")
+
+
+def _first_not_a_number(data: Any) -> tuple[list[str | int], _NotANumber] | None:
+    """The first NaN/Infinity in document order and its path (iterative: a deep file is no recursion)."""
+    stack: list[tuple[list[str | int], Any]] = [([], data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, _NotANumber):
+            return where, node
+        if isinstance(node, dict):
+            stack += [([*where, k], v) for k, v in reversed(node.items())]
+        elif isinstance(node, list):
+            stack += [([*where, i], v) for i, v in reversed(list(enumerate(node)))]
+    return None
 
 
 @lru_cache(maxsize=1)
@@ -551,7 +622,7 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
     except OSError as exc:  # a folder, no permission, ...
         raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+        data = json.loads(raw.decode("utf-8"), parse_constant=_constant, parse_float=_finite_float)
     except UnicodeDecodeError:
         raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -560,6 +631,11 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
         raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
     except ValueError as exc:
         raise ConfigError(str(path), None, "(content)", f"not a results file guard can read: {exc}") from None
+    bad = _first_not_a_number(data)
+    if bad is not None:
+        where, value = bad
+        raise ConfigError(str(path), None, _json_path(where), f"not a results file guard can read: {value.problem}",
+                          hint="results files are written by `guard check`; re-run it rather than editing one")
     if not isinstance(data, dict) or data.get("schema") != schema_name:
         raise ConfigError(str(path), None, "schema", f"not a {schema_name} file")
     version = data.get("schema_version")

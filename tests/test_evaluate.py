@@ -47,3 +47,21 @@ def test_unbounded_intervals_are_never_called_stale(cpu):
     assert res.notices == ()
 
 
+
+
+def test_a_stopped_in_process_run_is_not_said_to_be_a_remote_server():
+    """A run the run stage stopped has no census to judge; that is its stated reason, not the
+    `--server-url` notice ("not measured in this mode"), which belongs to remote servers only."""
+    import copy
+    from pathlib import Path
+
+    from guard.budgets import load_thresholds
+    from guard.rejudge import judged_profile
+    from guard.results import load_results
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)
+    run.invalid_reasons.append("engine failed to start: ModuleNotFoundError: No module named 'vllm.x'")
+    res = evaluate(judged_profile(run, load_thresholds(SHIPPED_THRESHOLDS), source="x"), run)
+    assert res.verdict == Verdict.INVALID
+    assert not [n for n in res.notices if "not measured in this mode" in n]

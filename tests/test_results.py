@@ -121,6 +121,26 @@ def test_unreadable_files_are_config_errors(tmp_path, text, problem):
         load_results(path)
 
 
+@pytest.mark.parametrize("where, value, problem", [
+    (["checks", "ttft", 0, "measured_ms"], "NaN", "NaN is not a number guard writes"),
+    (["run", "outcomes", 3, "ttft_client_s"], "-Infinity", "-Infinity is not a number guard writes"),
+    (["run", "environment", "cpu_contention"], "1e999", "1e999 is out of range"),
+    (["profile_config", "headroom_pct"], "Infinity", "Infinity is not a number guard writes"),
+])
+def test_a_non_number_names_the_json_path_of_its_field(tmp_path, where, value, problem):
+    """NaN and friends are refused (guard writes strict JSON), and the error says which field held one."""
+    marker = 123456789.25
+    text = _mutated(tmp_path, _set(where, marker)).read_text()
+    assert text.count(repr(marker)) == 1
+    path = tmp_path / "results.json"
+    path.write_text(text.replace(repr(marker), value))
+    with pytest.raises(ConfigError) as exc:
+        load_results(path)
+    key = where[0] + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where[1:])
+    assert exc.value.key == key
+    assert problem in str(exc.value) and str(path) in str(exc.value)
+
+
 def test_binary_file_and_folder_are_config_errors(tmp_path):
     binary = tmp_path / "bin.json"
     binary.write_bytes(b"\xff\xfe\x00garbage")

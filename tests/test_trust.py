@@ -252,9 +252,9 @@ def _samples(d):
 
 @pytest.mark.parametrize("edit, message", [
     (_verdict_only, "its verdict is 'pass' but its own checks and reasons make it 'regression'"),
-    (_all_pass, "ttft_ms.p50 says 'pass' where the same budget and measurement give 'fail'"),
-    (_measured_ttft, "ttft_ms.p50 says 2400 ms over 100 samples; its run record gives 2619"),
-    (_measured_ops, "mask_path[1024x1024].aten::_index_put_impl_ says 0 calls; its run record gives 12"),
+    (_all_pass, "ttft p50 says 'pass' where the same budget and measurement give 'fail'"),
+    (_measured_ttft, "ttft p50 says 2400 ms over 100 samples; its run record gives 2619"),
+    (_measured_ops, "mask_path [1024x1024] aten::_index_put_impl_ says 0 calls; its run record gives 12"),
     (_samples, "over 500 samples"),
 ])
 def test_an_artifact_that_contradicts_itself_is_refused_and_nothing_posted(gh_env, guard, tmp_path, repo_root,

@@ -211,3 +211,43 @@ def test_perf_guard_runs_ab_when_a_baseline_vllm_is_given():
     check = by_name["guard check"]
     assert '${BASELINE_PYTHON:+--baseline "$BASELINE_PYTHON"}' in check["run"]
     assert "baseline-vllm != ''" in check["env"]["BASELINE_PYTHON"]
+
+
+def test_every_guard_command_a_workflow_runs_is_driven_by_a_test_with_the_workflows_own_arguments():
+    """Issue #30: perf-guard-comment runs `guard comment` with --pr-file/--sha-file/--expected-head-repo,
+    which switch its trust policy on (re-judging the artifact), and no test ever ran it that way, so
+    re-judging a census, an A/B or a server-mode result was never exercised. Each `guard ...` a workflow
+    runs must be run by a test with the arguments read from the workflow file
+    (tests/workflow_commands.workflow_argv), so the flags in the test are the workflow's by construction."""
+    from guard import cli
+    from tests.workflow_commands import guard_invocations
+
+    invocations = guard_invocations()
+    found = {(i.workflow, i.command) for i in invocations}
+    assert {("perf-guard-comment.yml", "comment"), ("perf-guard.yml", "check")} <= found, found
+    sources = {p.name: p.read_text(encoding="utf-8") for p in Path(__file__).parent.glob("test_*.py")
+               if p.name != Path(__file__).name}
+    for inv in invocations:
+        assert inv.command in cli.COMMANDS, f"{inv.workflow} '{inv.step}' runs an unknown `guard {inv.command}`"
+        call = f'workflow_argv("{inv.workflow}", "{inv.command}"'
+        drivers = sorted(name for name, text in sources.items() if call in text)
+        assert drivers, (f"no test runs `guard {inv.command}` as {inv.workflow} '{inv.step}' does: call "
+                         f"tests.workflow_commands.{call}, env) and run what it returns through guard.cli.main")
+
+
+@pytest.mark.parametrize("env", [
+    {"PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml", "BASELINE_PYTHON": ""},
+    {"PROFILE": "a10", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml", "BASELINE_PYTHON": ".baseline-venv/bin/python"},
+    {"ARTIFACT": "/tmp/a", "RUN_HEAD_SHA": "a" * 40, "RUN_HEAD_REPO": "o/r", "RUN_URL": "https://x"},
+])
+def test_every_workflow_guard_command_parses_with_guards_own_parser(env):
+    """Each command line a workflow runs, expanded, is accepted by guard's argument parser: no flag
+    the command does not know, none misspelt, none without its value."""
+    from guard import cli
+    from tests.workflow_commands import guard_invocations
+
+    parser = cli.build_parser()
+    for inv in guard_invocations():
+        if inv.variables <= set(env):
+            args = parser.parse_args(inv.argv(env))
+            assert args.command == inv.command
