@@ -12,6 +12,8 @@ the run record does not hold. The commit status and the comment then come from t
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from typing import Any
 
@@ -19,7 +21,7 @@ from guard.abrunner import ABRecord
 from guard.budgets import Profile, Thresholds
 from guard.census import read_baseline
 from guard.errors import UsageError
-from guard.evaluate import evaluate, evaluate_ab, ran_bf16_fallback
+from guard.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
 from guard.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
                            verdict_of)
 from guard.sanitize import one_line
@@ -127,9 +129,15 @@ def recompute(stored: Results, profile: Profile) -> Results:
     """``stored``'s run judged by ``profile`` exactly as ``guard check`` judges a run: A/B results
     through evaluate_ab from their two recorded sides, the rest through evaluate with the census
     baseline the profile names (resolved beside the thresholds file it was loaded from)."""
+    if stored.pr is not None and stored.ab is None:  # guard pr measured nothing (same Python, or a side did not import)
+        return dataclasses.replace(stored, verdict=verdict_of((), stored.invalid_reasons,
+                                                              unmeasurable=bool(stored.pr.unmeasured_files)))
     if stored.ab is not None:
         rec = ABRecord(candidate=stored.run, baseline=stored.ab.baseline, baseline_python=stored.ab.baseline_python,
                        order=list(stored.ab.order))
+        if stored.pr is not None:  # guard pr: base is the baseline side, judged as guard pr judges it
+            ops_only = not any(not o.warmup for o in stored.run.outcomes)
+            return evaluate_pr(profile, rec, stored.pr, ops_only=ops_only, guard_version=stored.guard_version)
         return evaluate_ab(profile, rec, guard_version=stored.guard_version)
     return evaluate(profile, stored.run, guard_version=stored.guard_version,
                     census_baseline=read_baseline(profile.census))

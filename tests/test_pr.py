@@ -238,3 +238,17 @@ def test_pr_results_round_trip_and_validate() -> None:
     assert results_to_dict(results_from_dict(data))["pr"] == data["pr"]
     pr = results_from_dict(data).pr
     assert isinstance(pr, PullRequestDiff) and isinstance(pr.base, RevisionInfo)
+
+
+def test_the_poster_re_judges_pr_results_as_guard_pr_judged_them(repo: Path, heads: dict[str, str], tmp_path: Path) -> None:
+    from guard.rejudge import rejudge
+
+    trusted = load_thresholds(SHIPPED_THRESHOLDS)
+    res, _ = recorded("mask-loop")
+    assert rejudge(res, trusted, source="mask-loop.results.json").verdict == Verdict.REGRESSION
+    done = pr_command(repo, heads["csrc-only"], tmp_path / "out", tmp_path / "cache")
+    unmeasured = load_results(tmp_path / "out" / "results.json")
+    assert rejudge(unmeasured, trusted, source="csrc").verdict == Verdict.NOT_MEASURABLE
+    forged = dataclasses.replace(unmeasured, verdict=Verdict.PASS)
+    with pytest.raises(Exception, match="inconsistent"):
+        rejudge(forged, trusted, source="forged")
