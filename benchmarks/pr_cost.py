@@ -30,14 +30,18 @@ sys.path.insert(0, str(REPO))
 
 
 def timed(label: str, cmd: list[str], expect: int) -> float:
+    """Wall seconds of one command. A plain check may come out invalid (exit 3) on a busy machine:
+    its time still counts, and the row says so; any other unexpected exit stops the measurement."""
     print(f"[pr_cost] {label}: {' '.join(cmd[1:])}", flush=True)
     t = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     wall = time.perf_counter() - t
     print(f"[pr_cost] {label}: exit {done.returncode} (expected {expect}) in {wall:.0f} s", flush=True)
-    if done.returncode != expect:
+    if done.returncode != expect and not (label == "check" and done.returncode == 3):
         print(done.stdout[-3000:], done.stderr[-2000:])
         raise SystemExit(f"{label}: unexpected exit {done.returncode}")
+    if done.returncode != expect:
+        print(f"[pr_cost] {label}: invalid run (busy machine?): the timing is kept, the verdict is not", flush=True)
     return wall
 
 
