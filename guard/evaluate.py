@@ -72,13 +72,20 @@ def dtype_notices(profile: Profile, env: dict[str, Any]) -> list[str]:
             f"engine.dtype_without_native_bf16). The op-count budgets hold in either dtype{census}"]
 
 
+def local_thresholds(thresholds: str | Path) -> Path:
+    """Where the local-budget recipe puts its copy: beside the original, so the census baselines
+    and anything else the file names by a relative path resolve for the copy too."""
+    return Path(thresholds).parent / "local.yaml"
+
+
 def not_judged_notice(why: str, thresholds: str, output: str | Path) -> str:
-    """How to get a TTFT verdict on this machine."""
+    """How to get a TTFT verdict on this machine (each step a command that works as printed)."""
     results = Path(output) / "results.json"
+    local = local_thresholds(thresholds)
     return (f"TTFT not judged: {why}; the verdict rests on the op counts. For a TTFT verdict on this machine, "
-            f"make a local budget from this run: copy {thresholds} to local.yaml, then "
-            f"`guard update-thresholds --from {results} --thresholds local.yaml --only ttft` and "
-            f"`guard check --thresholds local.yaml`; or compare against a baseline vLLM on this machine (A/B)")
+            f"make a local budget from this run: `cp {thresholds} {local}`, then "
+            f"`guard update-thresholds --from {results} --thresholds {local} --only ttft` and "
+            f"`guard check --thresholds {local}`; or compare against a baseline vLLM on this machine (A/B)")
 
 
 def stale_budget_notices(profile: Profile, checks: list[TtftCheck], output: str | Path) -> list[str]:

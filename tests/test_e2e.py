@@ -351,3 +351,36 @@ def test_ttft_budget_of_another_cpu_is_not_judged(tmp_path: Path) -> None:
     assert ops and all(c["status"] == "pass" for c in ops)
     assert "not judged" in proc.stdout and "guard update-thresholds --from" in proc.stdout
     assert "not judged" in (out / "report.md").read_text()
+
+
+def test_the_local_budget_recipe_guard_prints_works_when_followed_exactly(tmp_path: Path) -> None:
+    """On a CPU the shipped TTFT budget is not bound to, guard check prints a recipe for a local
+    budget. Followed to the letter (its commands, as printed) in a copy of the thresholds folder
+    (census baselines beside the YAML, by relative path, as shipped), it ends in a check whose TTFT
+    is judged and passes."""
+    import re
+    import shlex
+
+    folder = tmp_path / "thresholds"
+    shutil.copytree(SHIPPED_THRESHOLDS.parent, folder)
+    budget = folder / SHIPPED_THRESHOLDS.name
+    data = yaml.safe_load(budget.read_text())
+    cpu = data["profiles"]["cpu"]
+    cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=[[640, 480]])
+    cpu["statistics"] = {"confidence": 0.95}
+    cpu["validity"] = {"max_other_cpu_pct": 100}
+    cpu["budgets"]["ttft_hardware"] = {"cpu_model_regex": "^a CPU this test never runs on$", "cpu_count": 2}
+    budget.write_text(yaml.safe_dump(data, sort_keys=False))
+    first = run_guard("check", "--thresholds", str(budget), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    (notice,) = [line for line in first.stdout.splitlines() if line.startswith("notice: TTFT not judged")]
+    steps = re.findall(r"`([^`]+)`", notice)
+    assert [s.split()[0] for s in steps] == ["cp", "guard", "guard"], steps
+    subprocess.run(shlex.split(steps[0]), cwd=tmp_path, check=True)
+    update = run_guard(*shlex.split(steps[1])[1:], cwd=tmp_path)
+    assert update.returncode == 0, update.stdout[-2000:] + update.stderr[-2000:]
+    last = run_guard(*shlex.split(steps[2])[1:], cwd=tmp_path)  # as printed: results in ./guard-results
+    assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-2000:]
+    res = results_of(tmp_path / "guard-results")
+    assert res["verdict"] == "pass" and [c["status"] for c in res["checks"]["ttft"]] in (["pass"], ["inconclusive"])
+    assert not res["judged_invalid_reasons"]  # its census baselines were found beside the copy
