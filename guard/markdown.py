@@ -24,6 +24,7 @@ _ICON = {"pass": "✅", "regression": "❌", "invalid": "⚠️", "not_measurabl
 _STATUS = {Status.PASS: "✅ pass", Status.FAIL: "❌ fail", Status.INCONCLUSIVE: "⚠️ inconclusive",
            Status.NOT_JUDGED: "➖ not judged", Status.NOT_MEASURED: "➖ not measured in this mode"}
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9._/-]*")  # a relative or absolute path, no spaces or quotes
 _SAFE_URL = re.compile(r"https?://[^\s()<>\[\]`\"'\\]+")
 _BACKSLASHED = set("\\*_[]|~")  # Markdown punctuation that can start emphasis, links, cells
 _LINE_START = re.compile(r"([-+#]|\d{1,9}[.)])(?=\s|$)")  # would open a list or a heading
@@ -70,6 +71,12 @@ def _token(value: Any, placeholder: str) -> str:
     """A value that goes inside a shell code block: used only if it is a plain identifier."""
     s = str(value)
     return s if _SAFE_TOKEN.fullmatch(s) else placeholder
+
+
+def _path_token(value: Any, placeholder: str) -> str:
+    """A file path that goes inside a shell code block: used only if plain (no spaces, quotes, $)."""
+    s = str(value)
+    return s if _SAFE_PATH.fullmatch(s.lstrip("/")) and "//" not in s else placeholder
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -357,7 +364,10 @@ def _folded(summary: str, body: list[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the report
-def render_markdown(results: Results, *, run_url: str | None = None) -> str:
+def render_markdown(results: Results, *, run_url: str | None = None, thresholds: str | None = None) -> str:
+    """The PR comment's body. ``thresholds``: the budget file's path as the reader would name it
+    (repository-relative in the comment), for the recipes; results.json records where the run
+    read it, which is the runner's path."""
     run = results.run
     icon = _ICON.get(results.verdict, "❔")
     lines = [f"## {icon} guard: {text(results.verdict.replace('_', ' '))} — {text(run.model)} on {code(run.profile)}", ""]
@@ -402,14 +412,25 @@ def render_markdown(results: Results, *, run_url: str | None = None) -> str:
         lines += ["", "### Notices", ""] + [f"- {text(n)}" for n in results.notices]
 
     profile = _token(run.profile, "PROFILE")
-    lines += [""] + _folded("Reproduce locally", [
-        "On a machine that matches the profile (the profile pins the hardware):", "",
-        "```sh", f"guard check --profile {profile}" + (" --baseline /path/to/baseline-venv/bin/python" if results.ab else ""),
-        "```"])
-    lines += [""] + _folded("Accept these numbers as the new budgets", [
-        "If the change in performance is intended, re-baseline from this run's results "
-        "(the `guard-results` artifact) and commit the diff:", "",
-        "```sh", f"guard update-thresholds --from guard-results/results.json --profile {profile}", "```"])
+    with_thresholds = f" --thresholds {_path_token(thresholds, 'THRESHOLDS')}" if thresholds else ""
+    if results.pr is not None:  # both sides are measured: there are no numbers to accept
+        pr = results.pr
+        lines += [""] + _folded("Reproduce locally", [
+            "In a clone of vLLM that has both commits:", "",
+            "```sh", f"guard pr --vllm-repo PATH --base {_token(pr.base.sha, 'BASE')} --head {_token(pr.head.sha, 'HEAD')}"
+            f" --profile {profile}{with_thresholds}" + ("" if results.ttft_checks or results.ab_checks else " --only ops"),
+            "```"])
+    else:
+        lines += [""] + _folded("Reproduce locally", [
+            "On a machine that matches the profile (the profile pins the hardware):", "",
+            "```sh", f"guard check --profile {profile}{with_thresholds}"
+            + (" --baseline /path/to/baseline-venv/bin/python" if results.ab else ""), "```"])
+        lines += [""] + _folded("Accept these numbers as the new budgets", [
+            "If the change in performance is intended, re-baseline from this run's results "
+            "(the `guard-results` artifact, unpacked into `guard-results/` at the repository's root) and commit "
+            "the diff:", "",
+            "```sh", f"guard update-thresholds --from guard-results/results.json --profile {profile}{with_thresholds}",
+            "```"])
     lines += [""] + _folded("What TTFT means here", [text(results.ttft_definition)])
     env = _environment(run.environment)
     if env:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from guard import cli, publish
+from guard.budgets import DEFAULT_THRESHOLDS
+from guard.markdown import render_markdown
 from guard.errors import ExitCode, UsageError
 from guard.results import Results, Status, TtftCheck, Verdict, load_results, results_to_dict
 from tests.fakes.github import (  # noqa: F401 - constants the tests share
@@ -317,7 +319,8 @@ def test_dry_run_prints_body_and_status_and_makes_no_requests(gh_env, guard, reg
     code, out, _ = guard("--pr", "7", "--dry-run", "--run-url", "https://github.example/r/1")
     assert code == 0
     assert gh_env.log == []  # token and API URL were there; it still did not call
-    assert publish.comment_body(regression, run_url="https://github.example/r/1") in out
+    report = render_markdown(regression, run_url="https://github.example/r/1", thresholds=DEFAULT_THRESHOLDS)
+    assert publish.comment_body(regression, run_url="https://github.example/r/1", report=report) in out
     assert "  state: failure\n  context: guard/deepseek-ocr-2/a10\n" in out
     assert f"  description: {publish.commit_status(regression).description}\n" in out
 

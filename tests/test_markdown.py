@@ -207,3 +207,30 @@ def test_failed_op_sites_name_the_scope_code_path() -> None:
     res.run.op_counts = [dataclasses.replace(c, where=where) for c in res.run.op_counts]
     md = render_markdown(res)
     assert f"calls in `{where}`" in md
+
+
+def test_the_accept_these_numbers_recipe_works_off_the_runner(tmp_path):
+    """The comment's "Accept these numbers" command, run as printed at a repository's root with the
+    artifact unpacked into guard-results/, on a real run's results.json (recorded on another
+    machine: its thresholds path does not exist here)."""
+    import re
+    import shlex
+    import shutil
+
+    from guard.results import load_results
+    from tests.conftest import REPO, run_guard
+
+    source = REPO / "tests" / "fixtures" / "runs" / "cpu-float32-clean.json"
+    recorded_at = load_results(source).run.thresholds_path  # the runner's path, not this machine's
+    shutil.copytree(REPO / "thresholds", tmp_path / "thresholds")
+    (tmp_path / "guard-results").mkdir()
+    shutil.copyfile(source, tmp_path / "guard-results" / "results.json")
+    body = render_markdown(load_results(source), thresholds="thresholds/deepseek-ocr-2.yaml")
+    (command,) = [line for line in body.splitlines() if line.startswith("guard update-thresholds")]
+    assert "--thresholds thresholds/deepseek-ocr-2.yaml" in command
+    before = (tmp_path / "thresholds" / "deepseek-ocr-2.yaml").read_text()
+    done = run_guard(*shlex.split(command)[1:], cwd=tmp_path)  # exactly as printed
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert recorded_at not in done.stdout + done.stderr
+    after = (tmp_path / "thresholds" / "deepseek-ocr-2.yaml").read_text()
+    assert after != before or "no changes" in done.stdout  # it edited the copy at the repository's root

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     results = run_and_judge(thresholds, profile, output, inject=args.inject, traces=args.traces,
                             engine_mode=args.engine_mode, server_url=args.server_url, only=args.only)
-    write_report(results, output)
+    write_report(results, output, args.thresholds)
     print()
     print(render_terminal(results))
     print(f"guard check: {time.perf_counter() - t0:.0f} s; wrote {output / 'results.json'} and {output / 'report.md'}")
@@ -149,9 +149,11 @@ def prepare_output(output: Path) -> None:
                          hint="pass a writable folder with free space, e.g. --output guard-results") from None
 
 
-def write_report(results: Results, output: Path) -> None:
+def write_report(results: Results, output: Path, thresholds: str | None = None) -> None:
+    """results.json and report.md; ``thresholds``: the budget file as the user named it, for report.md's recipes."""
     for name, write in (("results.json", lambda p: write_json_atomic(p, results_to_dict(results))),
-                        ("report.md", lambda p: p.write_text(render_markdown(results), encoding="utf-8"))):
+                        ("report.md", lambda p: p.write_text(render_markdown(results, thresholds=thresholds),
+                                                             encoding="utf-8"))):
         try:
             write(output / name)
         except OSError as exc:  # the disk filled up during the run
@@ -183,7 +185,7 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
     record = run_ab(thresholds, profile, detect(), output, args.baseline, inject=args.inject,
                     progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh_baseline)
     results = evaluate_ab(profile, record, guard_version=__version__, output=output)
-    write_report(results, output)
+    write_report(results, output, args.thresholds)
     print()
     print(render_terminal(results))
     print(f"guard check (A/B): {time.perf_counter() - t0:.0f} s; wrote {output / 'results.json'} and {output / 'report.md'}")

@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"--report: cannot read {args.report}: {exc.strerror or exc}") from None
     run_url = args.run_url or None
-    report_text = report_md if report_md is not None else render_markdown(results, run_url=run_url)
+    report_text = report_md if report_md is not None else render_markdown(results, run_url=run_url,
+                                                                          thresholds=args.trusted_thresholds)
     body = publish.comment_body(results, run_url=run_url, report=report_text)
     mark = publish.marker(results.run.model, results.run.profile)
     status = publish.commit_status(results, run_url)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if not measured:
         results = unjudged(profile, thresholds, pr, Verdict.NOT_MEASURABLE if unmeasured else Verdict.PASS)
-        return finish(results, output, t0)
+        return finish(results, output, t0, thresholds=args.thresholds)
 
     stack = overlay.engine_stack()
     envs = {}
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         overlay.check_imports([envs[name] for name in SIDES], side_modules(profile))
     except InvalidRunError as exc:
         return finish(unjudged(profile, thresholds, pr, Verdict.INVALID, [exc.args[0]]), output, t0,
-                      hint=exc.hint)
+                      hint=exc.hint, thresholds=args.thresholds)
     finally:
         dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3), keep={e.root for e in envs.values()})
         if dropped:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                      candidate_python=str(envs["head"].python))
     results = evaluate_pr(profile, rec, pr, ops_only=ops_only, guard_version=__version__, output=output)
     results = _with_function_changes(results, repo, base, head)
-    return finish(results, output, t0)
+    return finish(results, output, t0, thresholds=args.thresholds)
 
 
 def say(message: str) -> None:
@@ -147,8 +147,8 @@ def _with_function_changes(results: Results, repo: Path, base: git.Revision, hea
     return dataclasses.replace(results, pr=dataclasses.replace(results.pr, function_changes=changes))
 
 
-def finish(results: Results, output: Path, t0: float, hint: str | None = None) -> int:
-    write_report(results, output)
+def finish(results: Results, output: Path, t0: float, hint: str | None = None, thresholds: str | None = None) -> int:
+    write_report(results, output, thresholds)
     print()
     print(render_terminal(results))
     if hint:
