@@ -363,6 +363,19 @@ def _changes_within_the_rule(census: CensusJudgement) -> list[str]:
     return lines
 
 
+def pr_notices(pr: PullRequestDiff) -> list[str]:
+    """What a pull request changed that this run did not measure, first among the notices."""
+    out = []
+    if pr.unmeasured_files:
+        shown = ", ".join(pr.unmeasured_files[:5]) + (", ..." if len(pr.unmeasured_files) > 5 else "")
+        out.append(f"not measurable on this engine stack: {len(pr.unmeasured_files)} changed file(s) of compiled "
+                   f"code or dependencies ({shown}); the census covers the Python part only. A GPU job that builds "
+                   "them decides the rest")
+    if not pr.measured:
+        out.append("not measured: base and head have the same vllm/ Python sources")
+    return out
+
+
 def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_only: bool, guard_version: str = "",
                 output: str | Path = DEFAULT_OUTPUT) -> Results:
     """``guard pr``: head is the candidate, base the baseline side (evaluate_ab), so the census and
@@ -382,14 +395,7 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_onl
                            f"({before}) already; this pull request did not add to it")
             c = dataclasses.replace(c, status=Status.PASS)
         ops.append(c)
-    if not pr.measured:
-        notices.insert(0, "not measured: base and head have the same vllm/ Python sources"
-                          + (", and what differs is not measurable here" if pr.unmeasured_files else ""))
-    if pr.unmeasured_files:
-        notices.insert(0, f"not measurable on this engine stack: {len(pr.unmeasured_files)} changed file(s) of compiled "
-                          f"code or dependencies ({', '.join(pr.unmeasured_files[:5])}"
-                          + (", ..." if len(pr.unmeasured_files) > 5 else "")
-                          + "); the census covers the Python part only. A GPU job that builds them decides the rest")
+    notices[:0] = pr_notices(pr)
     res = dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr)
     return dataclasses.replace(res, verdict=verdict_of(res.checks, res.invalid_reasons,
                                                        unmeasurable=bool(pr.unmeasured_files)))

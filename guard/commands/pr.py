@@ -20,7 +20,7 @@ from guard.abrunner import ABRecord
 from guard.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.commands.check import prepare_output, say_dtype, write_report
 from guard.errors import InvalidRunError, UsageError
-from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr
+from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr, pr_notices
 from guard.hardware import detect, select_profile
 from guard.harness import OPS_ONLY
 from guard.opnames import check_op_names
@@ -58,13 +58,7 @@ def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff, verd
     sides could not run: no run record beyond why."""
     run = RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
                     environment={}, invalid_reasons=list(reasons))
-    notices = []
-    if not pr.measured:
-        notices.append("not measured: base and head have the same vllm/ Python sources")
-    if pr.unmeasured_files:
-        notices.append(f"not measurable on this engine stack: {len(pr.unmeasured_files)} changed file(s) of compiled code "
-                       f"or dependencies ({', '.join(pr.unmeasured_files[:5])}{', ...' if len(pr.unmeasured_files) > 5 else ''})")
-    return Results(verdict=verdict, run=run, guard_version=__version__, notices=tuple(notices), pr=pr)
+    return Results(verdict=verdict, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)), pr=pr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,11 +86,11 @@ def run(args: argparse.Namespace) -> int:
     pr = PullRequestDiff(repository=str(repo), base=RevisionInfo(base.rev, base.sha, base.subject),
                          head=RevisionInfo(head.rev, head.sha, head.subject), changed_files=tuple(changed),
                          unmeasured_files=unmeasured, measured=measured)
-    print(f"guard pr: {thresholds.model}, profile '{profile.name}' on {hw.describe()}", flush=True)
-    print(f"guard pr: base {base.sha[:12]} {base.subject[:70]}", flush=True)
-    print(f"guard pr: head {head.sha[:12]} {head.subject[:70]}", flush=True)
-    print(f"guard pr: {len(changed)} file(s) changed, {len(git.runtime_files(changed))} under {git.PACKAGE}/, "
-          f"{len(unmeasured)} not measurable here (compiled code, dependencies)", flush=True)
+    say(f"{thresholds.model}, profile '{profile.name}' on {hw.describe()}")
+    say(f"base {base.sha[:12]} {base.subject[:70]}")
+    say(f"head {head.sha[:12]} {head.subject[:70]}")
+    say(f"{len(changed)} file(s) changed, {len(git.runtime_files(changed))} under {git.PACKAGE}/, "
+        f"{len(unmeasured)} not measurable here (compiled code, dependencies)")
     t0 = time.perf_counter()
     if not measured:
         results = unjudged(profile, thresholds, pr, Verdict.NOT_MEASURABLE if unmeasured else Verdict.PASS)
@@ -106,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
     envs = {}
     try:
         for name, rev in (("base", base), ("head", head)):
-            envs[name] = overlay.prepare(repo, rev, cache_dir, stack, progress=lambda m: print(f"guard pr: {m}", flush=True))
+            envs[name] = overlay.prepare(repo, rev, cache_dir, stack, progress=say)
             state = "cached" if envs[name].reused else f"built ({envs[name].linked} files linked from {stack.version})"
-            print(f"guard pr: {name} environment {envs[name].root} ({state})", flush=True)
-        print("guard pr: checking that both sides' vLLM import against the engine stack ...", flush=True)
+            say(f"{name} environment {envs[name].root} ({state})")
+        say("checking that both sides' vLLM import against the engine stack ...")
         overlay.check_imports([envs[name] for name in SIDES], side_modules(profile))
     except InvalidRunError as exc:
         return finish(unjudged(profile, thresholds, pr, Verdict.INVALID, [exc.args[0]]), output, t0,
@@ -117,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3), keep={e.root for e in envs.values()})
         if dropped:
-            print(f"guard pr: cache over {args.cache_max_gb:g} GB: dropped {len(dropped)} least recently used "
-                  "environment(s)", flush=True)
+            say(f"cache over {args.cache_max_gb:g} GB: dropped {len(dropped)} least recently used environment(s)")
 
     say_dtype(profile, "guard pr")
     if ops_only:
@@ -128,8 +121,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from guard.abrunner import run_ab
 
-        print("guard pr: A/B: head is the candidate, base the baseline; both engines on this machine in alternation",
-              flush=True)
+        say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
         rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
                      progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh,
                      candidate_python=str(envs["head"].python))
