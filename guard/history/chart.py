@@ -99,7 +99,7 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
     bottom.set_xticklabels([short(rows[i].record.commit) for i in ticks], rotation=90, fontsize=7, family="monospace")
     bottom.set_xlim(-0.7, len(rows) - 0.3)
     bottom.set_xlabel(f"commit of main, oldest first ({len(rows)} runs"
-                      + (f", every {step}th labelled" if step > 1 else "") + ")", fontsize=9)
+                      + (f", one in {step} labelled" if step > 1 else "") + ")", fontsize=9)
     fig.subplots_adjust(left=0.09, right=0.98, top=0.93, bottom=0.16)
 
     path = Path(os.path.realpath(path))

@@ -180,9 +180,11 @@ def _check_record(d: Any, path: str, line: int | None) -> None:
     """Schema, then what a schema cannot say: a date with its UTC offset, finite numbers."""
     import jsonschema
 
-    if isinstance(d, dict) and d.get("schema") == HISTORY_SCHEMA and d.get("schema_version") != HISTORY_SCHEMA_VERSION:
+    version = d.get("schema_version") if isinstance(d, dict) else None
+    if isinstance(d, dict) and d.get("schema") == HISTORY_SCHEMA and isinstance(version, int) \
+            and version != HISTORY_SCHEMA_VERSION:
         raise ConfigError(path, line, "schema_version",
-                          f"schema version {d.get('schema_version')!r}; this guard reads version {HISTORY_SCHEMA_VERSION}",
+                          f"schema version {version}; this guard reads version {HISTORY_SCHEMA_VERSION}",
                           hint="a newer guard wrote this history: run `guard history` with that guard")
     error = jsonschema.exceptions.best_match(_validator().iter_errors(d))
     if error is not None:
