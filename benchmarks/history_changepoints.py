@@ -64,6 +64,25 @@ def detection(series: list[tuple[str, list[float]]], method: Method, step_pct: f
     return exact, near, tried
 
 
+def demo_png(path: Path, method: Method) -> None:
+    import dataclasses
+
+    from guard.history.analysis import analyse
+    from guard.history.chart import write_png
+
+    records = history(next(m for m in MACHINES if m.name == "zen5"))
+    k = len(records) // 2
+    demo = [dataclasses.replace(r, **({f"ttft_p{p}_ms": getattr(r, f"ttft_p{p}_ms") * 1.10 for p in (50, 90, 99)}
+                                      if i >= k else {}),
+                                census_digest="0" * 16 if i >= k + 6 else r.census_digest,
+                                census=tuple(dataclasses.replace(c, calls=c.calls + 768) for c in r.census)
+                                if i >= k + 6 else r.census)
+            for i, r in enumerate(records)]
+    write_png(analyse("cpu", demo, method).rows, path,
+              title=f"Zen 5 identical runs; +10 % injected from run {k + 1}, census +768 calls from run {k + 7} (synthetic)")
+    print(f"wrote {path}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--min-segment", type=int, default=DEFAULT.min_segment)
@@ -72,10 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--both-directions", action="store_true", help="flag lasting speed-ups too")
     p.add_argument("--shuffles", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--demo-png", type=Path, default=None, metavar="FILE",
+                   help="also chart the Zen 5 history with +10 %% injected from its middle run and a census change "
+                        "6 runs later (docs/history.md's picture)")
     args = p.parse_args(argv)
     method = Method(min_segment=args.min_segment, min_shift_pct=args.min_shift,
                     penalty_per_log_n=args.penalty, slowdowns_only=not args.both_directions)
     series = histories()
+    if args.demo_png:
+        demo_png(args.demo_png, method)
     print(f"Method: ruptures PELT (l2) on log p50 / short-term noise, penalty {method.penalty_per_log_n:g} x ln(n), "
           f"segments >= {method.min_segment} runs, shift >= {method.min_shift_pct:g} % lasting to the newest run, "
           f"{'slowdowns only' if method.slowdowns_only else 'both directions'}.\n")

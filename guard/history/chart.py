@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from guard.files import _umask
 from guard.history.analysis import Row, short
 
 P50, P90, SHIFT, CENSUS, CENSUS_FILL = "#1F77B4", "#9ECAE9", "#D62728", "#7B3294", "#C2A5CF"
@@ -30,6 +31,7 @@ def _tick_step(n: int) -> int:
 def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
     """Write the chart (atomically: a temp file in the target's folder, then ``os.replace``)."""
     import os
+    import stat
     import tempfile
 
     import matplotlib
@@ -65,7 +67,8 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
             top.hlines(r.shift.after, i - 0.5, edges[k + 1] - 0.7, color=SHIFT, linewidth=2, alpha=0.55)
             top.annotate(f"{r.shift.shift_pct:+.0f} % from {short(r.record.commit)}", xy=(i - 0.5, 1.0),
                          xycoords=("data", "axes fraction"), xytext=(4, -14), textcoords="offset points",
-                         color=SHIFT, fontsize=9, fontweight="bold")
+                         color=SHIFT, fontsize=9, fontweight="bold",
+                         bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5})
 
     handles, labels = top.get_legend_handles_labels()
     from matplotlib.lines import Line2D
@@ -104,10 +107,12 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
 
     path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
     os.close(fd)
     try:
         fig.savefig(tmp, format="png")
+        os.chmod(tmp, mode)  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
