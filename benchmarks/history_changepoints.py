@@ -91,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--both-directions", action="store_true", help="flag lasting speed-ups too")
     p.add_argument("--shuffles", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--synthetic-noise", type=float, default=None, metavar="PCT",
+                   help="replace the recorded histories by 8 of 30 runs with normal noise of this SD (log, percent)")
     p.add_argument("--demo-png", type=Path, default=None, metavar="FILE",
                    help="also chart the Zen 5 history with +10 %% injected from its middle run and a census change "
                         "6 runs later (docs/history.md's picture)")
@@ -98,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     method = Method(min_segment=args.min_segment, min_shift_pct=args.min_shift,
                     penalty_per_log_n=args.penalty, slowdowns_only=not args.both_directions)
     series = histories()
+    if args.synthetic_noise is not None:
+        rng = random.Random(f"{args.seed}:synthetic")
+        series = [(f"synthetic {i + 1}, {args.synthetic_noise:g} % noise",
+                   [6000 * math.exp(rng.gauss(0, args.synthetic_noise / 100)) for _ in range(30)]) for i in range(8)]
     if args.demo_png:
         demo_png(args.demo_png, method)
     print(f"Method: ruptures PELT (l2) on log p50 / short-term noise, penalty {method.penalty_per_log_n:g} x ln(n), "
