@@ -260,10 +260,10 @@ def test_the_mermaid_chart_is_an_xychart_of_the_last_30_commits():
     lines = chart.mermaid(analyse("cpu", records).rows)
     assert lines[0] == "```mermaid" and lines[2] == "xychart-beta" and lines[-2] == "```"
     assert lines[1].startswith("%%{init: ") and lines[1].endswith("}%%")
-    json.loads(lines[1][len("%%{init: "):-len("}%%")])
+    assert json.loads(lines[1][len("%%{init: "):-len("}%%")])["xyChart"]["width"] == 36 * 30
     assert re.fullmatch(r'    title "TTFT of main, last 30 commits \(ms\)"', lines[3])
     x = re.fullmatch(r"    x-axis \[(.*)\]", lines[4]).group(1).split(", ")
-    assert x == [f'"{r.commit[:7]}"' for r in records[-30:]]
+    assert x == [f'"{r.commit[:5]}"' for r in records[-30:]]
     lo, hi = map(float, re.fullmatch(r'    y-axis "TTFT \(ms\)" (\d+) --> (\d+)', lines[5]).groups())
     p50, p90 = ([float(v) for v in re.fullmatch(r"    line \[(.*)\]", ln).group(1).split(", ")] for ln in lines[6:8])
     assert p50 == [round(r.ttft_p50_ms) for r in records[-30:]] and len(p90) == 30

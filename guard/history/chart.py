@@ -21,6 +21,7 @@ from guard.history.analysis import Row, short
 
 P50, P90, SHIFT, CENSUS, CENSUS_FILL = "#1F77B4", "#9ECAE9", "#D62728", "#7B3294", "#C2A5CF"
 MERMAID_LAST = 30
+AXIS_HEX = 5  # a Mermaid axis label: the commit's first hex digits
 MAX_TICKS = 40
 
 
@@ -130,19 +131,21 @@ def mermaid(rows: Sequence[Row], *, last: int = MERMAID_LAST) -> list[str]:
     p90 = [r.record.ttft_p90_ms for r in rows]
     lo, hi = min(p50), max(p90)
     pad = max((hi - lo) * 0.1, hi * 0.01)
-    init = {"themeVariables": {"xyChart": {"plotColorPalette": f"{P50}, {P90}"}}}
+    # xychart-beta cannot turn its labels: 5 hex digits per commit, 36 px each, keep them apart
+    init = {"xyChart": {"width": max(600, 36 * len(rows)), "height": 420, "xAxis": {"labelFontSize": 10}},
+            "themeVariables": {"xyChart": {"plotColorPalette": f"{P50}, {P90}"}}}
     lines = [
         "```mermaid",
         f"%%{{init: {json.dumps(init)}}}%%",
         "xychart-beta",
         f'    title "TTFT of main, last {len(rows)} commits (ms)"',
-        "    x-axis [" + ", ".join(f'"{short(r.record.commit)}"' for r in rows) + "]",
+        "    x-axis [" + ", ".join(f'"{r.record.commit[:AXIS_HEX]}"' for r in rows) + "]",
         f'    y-axis "TTFT (ms)" {max(0.0, lo - pad):.0f} --> {hi + pad:.0f}',
         "    line [" + ", ".join(f"{v:.0f}" for v in p50) + "]",
         "    line [" + ", ".join(f"{v:.0f}" for v in p90) + "]",
         "```",
     ]
-    notes = ["Dark line: p50; light line: p90."]
+    notes = [f"Dark line: p50; light line: p90; commits by their first {AXIS_HEX} hex digits, oldest first."]
     shifts = [f"{short(r.record.commit)} ({r.shift.shift_pct:+.1f} %)" for r in rows if r.shift is not None]
     census = [short(r.record.commit) for r in rows if r.census_changed]
     notes.append(f"Lasting TTFT shift from: {', '.join(shifts)}." if shifts else "No lasting TTFT shift.")
