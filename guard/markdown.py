@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from guard import format as fmt
 from guard.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict
 from guard.budgets import percentile_value
+from guard.history.analysis import short, standing
+from guard.history.store import HistoryRecord, census_totals, machine_summary
 from guard.stats import percentile
 
 MAX_SITES = 10  # offending code sites listed per failed op check
@@ -364,10 +367,54 @@ def _folded(summary: str, body: list[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the report
-def render_markdown(results: Results, *, run_url: str | None = None, thresholds: str | None = None) -> str:
+def _history(results: Results, history: Sequence[HistoryRecord] | None, base: str | None) -> list[str]:
+    """Where this run sits in main's recent history, when the pull request's base is in it."""
+    if not history:
+        return []
+    base = base or (results.pr.base.sha if results.pr is not None else None)
+    if not base:
+        return []
+    run = results.run
+    samples = run.ttft_client_s()
+    p50 = round(percentile(samples, 50) * 1000.0, 3) if samples else None  # as guard record keeps it
+    calls = sum(c.calls for c in census_totals(run.census)) if run.census else None
+    st = standing(history, profile=run.profile, base=base, p50_ms=p50, census_calls=calls)
+    if st is None:
+        return []
+    lo, mid, hi = st.p50_range_ms
+    b = st.base
+    n = len(st.window)
+    census_cell = "—"
+    if calls is not None and b.census:
+        delta = calls - b.census_calls
+        census_cell = f"{calls} ({'+' if delta >= 0 else '−'}{abs(delta)} vs base)"
+    elif calls is not None:
+        census_cell = str(calls)
+    lines = ["", "### Against main's recent history", "",
+             f"The base of this pull request, {code(short(b.commit))}, is in main's history (profile {code(b.profile)}).",
+             "", "| | TTFT p50 | census (op calls per request) |", "|---|---:|---:|",
+             f"| this run | {fmt.ms_unit(p50) if p50 is not None else '—'} | {census_cell} |",
+             f"| base {code(short(b.commit), in_table=True)} | {fmt.ms_unit(b.ttft_p50_ms)} | "
+             f"{b.census_calls if b.census else '—'} |",
+             f"| main, {n} commit(s) up to the base: min / median / max | {fmt.ms(lo)} / {fmt.ms(mid)} / "
+             f"{fmt.ms_unit(hi)} | |"]
+    if st.rank_pct is not None:
+        above = sum(r.ttft_p50_ms < p50 for r in st.window)
+        lines += ["", f"This run's p50 is above {above} of those {n} (percentile rank {st.rank_pct:.0f} %)."]
+        run_machine = machine_summary(run.environment)
+        if run_machine != b.machine:
+            lines[-1] += (f" main's history was measured on {text(b.machine)}, this run on {text(run_machine)}: "
+                          "absolute TTFT compares machines as much as code.")
+    return lines
+
+
+def render_markdown(results: Results, *, run_url: str | None = None, thresholds: str | None = None,
+                    history: Sequence[HistoryRecord] | None = None, history_base: str | None = None) -> str:
     """The PR comment's body. ``thresholds``: the budget file's path as the reader would name it
-    (repository-relative in the comment), for the recipes; results.json records where the run
-    read it, which is the runner's path."""
+    (repository-relative in the comment), for the recipes; results.json records where the run read
+    it, which is the runner's path. ``history``: main's history records (``guard comment
+    --history``); with the pull request's base in them (``history_base``, else the base ``guard pr``
+    measured), a section says where this run sits."""
     run = results.run
     icon = _ICON.get(results.verdict, "❔")
     lines = [f"## {icon} guard: {text(results.verdict.replace('_', ' '))} — {text(run.model)} on {code(run.profile)}", ""]
@@ -404,6 +451,7 @@ def render_markdown(results: Results, *, run_url: str | None = None, thresholds:
     census = _census(results)
     if census:
         lines += ["", "### Operator census per function", ""] + census
+    lines += _history(results, history, history_base)
     lines += _pull_request(results)
 
     if results.verdict == Verdict.INVALID and results.checks:

@@ -347,3 +347,37 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     art = artifact(tmp_path, checkout / "guard-results" / "results.json")
     assert comment(capsys, art)[0] == 0
     assert github.statuses[-1][1]["state"] == state
+
+
+# ----------------------------------------------------------------------------- guard-history: check -> record
+def test_the_history_workflows_check_and_record_steps_with_their_own_arguments(checkout, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """guard-history's `guard check` (engine replaced by a recorded clean run, as above) then its
+    `guard record` into a fresh store, each with the arguments read from the workflow file."""
+    from guard import harness, hardware
+    from guard.commands import check
+    from guard.history.store import load_history
+    from guard.results import run_file_dict, write_json_atomic
+
+    recorded = load_results(fixture("cpu-float32-clean"))
+    env = recorded.run.environment
+    here = hardware.Hardware(cuda=False, gpu_name=None, cpu_name=env["cpu"], cpu_count=env["cpu_count"],
+                             native_bf16=not ran_bf16_fallback(env))
+    monkeypatch.setattr(check, "detect", lambda quick=False: here)
+    monkeypatch.setattr(hardware, "detect", lambda quick=False: here)
+    monkeypatch.setattr(harness, "run_suite", lambda profile_name, thresholds, output, **kw: (
+        write_json_atomic(output / "run.json", run_file_dict(recorded.run)), (0, None))[1])
+    monkeypatch.setattr(cli, "COMMANDS", ALL_COMMANDS)
+    assert cli.main(workflow_argv("guard-history.yml", "check", {})) == recorded.exit_code
+    capsys.readouterr()
+    runner_temp = tmp_path / "runner"
+    (runner_temp / "guard-results").mkdir(parents=True)
+    (checkout / "guard-results" / "results.json").replace(runner_temp / "guard-results" / "results.json")
+    store = runner_temp / "store"
+    store.mkdir()
+    sha = "c" * 40
+    argv = workflow_argv("guard-history.yml", "record", {"RUNNER_TEMP": str(runner_temp), "COMMIT": sha, "store": str(store),
+                                                         "RUN_URL": "https://github.example/r/9"})
+    assert cli.main(argv) == 0, capsys.readouterr()
+    (rec,) = load_history(store / "history.jsonl")
+    assert rec.commit == sha and rec.profile == "cpu"

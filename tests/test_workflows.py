@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
-FILES = ["perf-guard.yml", "perf-guard-comment.yml", "ci.yml"]
+FILES = ["perf-guard.yml", "perf-guard-comment.yml", "ci.yml", "guard-history.yml"]
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+(\.\d+)*$")
 
 
@@ -251,3 +251,31 @@ def test_every_workflow_guard_command_parses_with_guards_own_parser(env):
         if inv.variables <= set(env):
             args = parser.parse_args(inv.argv(env))
             assert args.command == inv.command
+
+
+def test_history_workflow_measures_main_read_only_and_only_the_record_job_may_push():
+    wf = load("guard-history.yml")
+    assert wf["on"]["push"]["branches"] == ["main"] and wf["permissions"] == {}
+    assert wf["concurrency"]["cancel-in-progress"] is False  # every push of main is recorded, in order
+    measure, record = wf["jobs"]["measure"], wf["jobs"]["record"]
+    assert measure["permissions"] == {"contents": "read"} and measure["runs-on"] == "ubuntu-latest"
+    assert record["permissions"] == {"contents": "write"} and record["needs"] == "measure"
+    runs = "\n".join(s.get("run", "") for s in measure["steps"])
+    assert "uv sync --locked --extra cpu" in runs and "guard check --profile cpu" in runs
+    assert '[ "$code" -le 1 ]' in runs  # a regression is history; an invalid run is not
+    push = next(s for s in record["steps"] if "guard record" in s.get("run", ""))
+    assert push["env"]["GITHUB_TOKEN"] == "${{ github.token }}" and push["env"]["COMMIT"] == "${{ github.sha }}"
+    assert "HEAD:refs/heads/guard-history" in push["run"] and "--replace" in push["run"]
+    assert "guard check" not in "\n".join(s.get("run", "") for s in record["steps"])  # the writer runs no tests
+
+
+def test_history_workflow_flags_exist_in_guard_record():
+    from guard.commands import record
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    record.add_arguments(parser)
+    known = {opt for a in parser._actions for opt in a.option_strings}
+    cmd = next(s["run"] for s in steps(load("guard-history.yml")) if "guard record" in s.get("run", ""))
+    used = set(re.findall(r"guard record (.*?)\n\s*git ", cmd, re.S)[0].split())
+    assert {u for u in used if u.startswith("--")} <= known

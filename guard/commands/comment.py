@@ -16,6 +16,7 @@ from pathlib import Path
 from guard import publish
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
+from guard.history.store import load_history
 from guard.markdown import render_markdown
 from guard.rejudge import rejudge
 from guard.results import load_results
@@ -53,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--trusted-thresholds and check the PR's changed files before posting. auto = when "
                              "the PR comes from an artifact (--pr-file/--sha-file/--expected-head-repo), i.e. in "
                              "perf-guard-comment")
+    parser.add_argument("--history", default=None, metavar="PATH",
+                        help="main's history (guard record): when the PR's base is in it, the comment says where "
+                             "this run sits in main's recent range")
+    parser.add_argument("--history-base", default=None, metavar="SHA",
+                        help="the PR's base commit to look up in --history (default: the base `guard pr` measured)")
     parser.add_argument("--max-attempts", type=int, default=publish.RetryPolicy.attempts,
                         help="tries per GitHub request for 5xx/429/rate limits (default: %(default)s)")
     parser.add_argument("--backoff-base", type=float, default=publish.RetryPolicy.base_s,
@@ -154,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"--report: cannot read {args.report}: {exc.strerror or exc}") from None
     run_url = args.run_url or None
-    report_text = report_md if report_md is not None else render_markdown(results, run_url=run_url,
-                                                                          thresholds=args.trusted_thresholds)
+    history = load_history(args.history) if args.history else None
+    report_text = report_md if report_md is not None else render_markdown(
+        results, run_url=run_url, thresholds=args.trusted_thresholds, history=history, history_base=args.history_base)
     body = publish.comment_body(results, run_url=run_url, report=report_text)
     mark = publish.marker(results.run.model, results.run.profile)
     status = publish.commit_status(results, run_url)

@@ -1,0 +1,47 @@
+"""Append a `guard check` run of main to the history store (one JSON line per commit and profile).
+
+Reads results.json (validated as every guard reader does), computes TTFT p50/p90/p99 from its
+measured requests and the census totals, and appends one line to ``--history`` atomically. A
+commit already recorded for the profile is refused unless ``--replace``; an invalid run is not
+recorded (exit 3). Exit 0: recorded; 2: bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from guard import format as fmt
+from guard.errors import UsageError
+from guard.history.store import append, record_from_results
+from guard.results import load_results
+
+DEFAULT_RESULTS = "guard-results/results.json"
+SHA = re.compile(r"[0-9a-fA-F]{7,40}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="results", default=DEFAULT_RESULTS, metavar="RESULTS",
+                        help="results.json of a `guard check` run on main (default: %(default)s)")
+    parser.add_argument("--history", required=True, metavar="PATH", help="the history file (JSON lines; created if missing)")
+    parser.add_argument("--commit", default=None, metavar="SHA",
+                        help="the commit that was measured (default: the run's environment.git_commit)")
+    parser.add_argument("--date", default=None, metavar="ISO8601",
+                        help="when the run started (default: the run's started_at)")
+    parser.add_argument("--note", default="", help="free text kept with the record, e.g. the workflow run's URL")
+    parser.add_argument("--replace", action="store_true", help="replace the record of the same commit and profile")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.commit is not None and not SHA.fullmatch(args.commit):
+        raise UsageError(f"--commit {args.commit!r} is not a commit hash (7 to 40 hex digits)")
+    results = load_results(Path(args.results))
+    record = record_from_results(results, commit=args.commit, date=args.date, note=args.note)
+    records, replaced = append(args.history, record, replace=args.replace)
+    census = ", ".join(f"{fmt.size(c.image_size)} {fmt.calls(c.calls)} in {c.functions} functions"
+                       for c in record.census) or "no census"
+    print(f"guard record: {'replaced' if replaced else 'appended'} {record.commit[:12]} ({record.profile}) in "
+          f"{args.history}: TTFT p50 {fmt.ms_unit(record.ttft_p50_ms)}, p90 {fmt.ms_unit(record.ttft_p90_ms)} "
+          f"({record.samples} requests); census {census}; {len(records)} record(s)")
+    return 0

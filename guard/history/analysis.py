@@ -1,0 +1,98 @@
+"""One profile's history read as a whole: per commit, whether the census changed, whether the
+machine changed, and where a lasting TTFT shift starts (``guard.history.changepoints``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from guard.history.changepoints import DEFAULT, Method, Shift, change_points
+from guard.history.store import HistoryRecord
+
+
+@dataclass(frozen=True)
+class Row:
+    record: HistoryRecord
+    census_changed: bool  # against the previous record (the first record: False)
+    machine_changed: bool
+    shift: Shift | None  # a lasting TTFT shift that starts at this commit
+
+
+@dataclass(frozen=True)
+class Analysis:
+    profile: str
+    rows: tuple[Row, ...]
+    method: Method
+
+    @property
+    def shifts(self) -> list[Shift]:
+        return [r.shift for r in self.rows if r.shift is not None]
+
+    def last(self, n: int | None) -> tuple[Row, ...]:
+        return self.rows if n is None or n >= len(self.rows) else self.rows[-n:]
+
+
+def analyse(profile: str, records: Sequence[HistoryRecord], method: Method = DEFAULT) -> Analysis:
+    """Change points over every record of the profile (more history, surer segments)."""
+    shifts = {s.index: s for s in change_points([r.ttft_p50_ms for r in records], method)}
+    rows = []
+    for i, r in enumerate(records):
+        prev = records[i - 1] if i else None
+        rows.append(Row(record=r, census_changed=prev is not None and r.census_changed_from(prev),
+                        machine_changed=prev is not None and (r.machine, r.dtype) != (prev.machine, prev.dtype),
+                        shift=shifts.get(i)))
+    return Analysis(profile=profile, rows=tuple(rows), method=method)
+
+
+def short(commit: str) -> str:
+    return commit[:7]
+
+
+# ----------------------------------------------------------------------------- a pull request against main
+STANDING_WINDOW = 20  # main's commits up to the base that a pull request's run is set against
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a pull request's run sits in main's recent history, up to and including its base."""
+
+    base: HistoryRecord
+    window: tuple[HistoryRecord, ...]  # oldest first, ending at the base
+    p50_ms: float | None  # the run's TTFT p50 (None: the run measured no TTFT)
+    census_calls: int | None  # the run's census total over the profiled sizes (None: no census)
+
+    @property
+    def p50_range_ms(self) -> tuple[float, float, float]:
+        import statistics
+
+        values = [r.ttft_p50_ms for r in self.window]
+        return min(values), statistics.median(values), max(values)
+
+    @property
+    def rank_pct(self) -> float | None:
+        """Share of the window's p50s below the run's (ties count half), in percent."""
+        if self.p50_ms is None:
+            return None
+        below = sum(r.ttft_p50_ms < self.p50_ms for r in self.window)
+        ties = sum(r.ttft_p50_ms == self.p50_ms for r in self.window)
+        return (below + ties / 2) / len(self.window) * 100
+
+
+def find_commit(records: Sequence[HistoryRecord], commit: str) -> int | None:
+    """Index of the record of ``commit`` (full or abbreviated, 7+ hex digits), the newest if several."""
+    commit = commit.strip().lower()
+    if len(commit) < 7:
+        return None
+    hits = [i for i, r in enumerate(records) if r.commit.startswith(commit) or commit.startswith(r.commit)]
+    return hits[-1] if hits else None
+
+
+def standing(records: Sequence[HistoryRecord], *, profile: str, base: str, p50_ms: float | None,
+             census_calls: int | None, window: int = STANDING_WINDOW) -> Standing | None:
+    """None when the base is not in the profile's history."""
+    mine = [r for r in records if r.profile == profile]
+    at = find_commit(mine, base)
+    if at is None:
+        return None
+    return Standing(base=mine[at], window=tuple(mine[max(0, at + 1 - window):at + 1]), p50_ms=p50_ms,
+                    census_calls=census_calls)

@@ -1,0 +1,278 @@
+"""The history store: one JSON line per `guard check` run on main (``history.jsonl``).
+
+Each line is a ``HistoryRecord`` under a schema header (``guard/history``, version 1, described by
+``record.schema.json`` beside this module): the commit, when and where it ran, TTFT p50/p90/p99 in
+milliseconds (the percentiles of ``guard.stats``, the same estimate the budgets use), and the
+census totals per profiled image size with a digest of the whole census, so a change that moves
+calls between functions without changing a total is still seen. The file's order is the order main
+was measured in; ``append`` writes atomically (``guard.files``) and re-reads the new file before it
+replaces the old one. Errors name ``file:line`` and the field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from guard.errors import ConfigError, InvalidRunError, UsageError
+from guard.files import write_text_atomic
+from guard.results import ImageSize, Results, Verdict
+from guard.stats import percentile
+
+HISTORY_SCHEMA = "guard/history"
+HISTORY_SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).with_name("record.schema.json")
+PERCENTILES = (50, 90, 99)  # ttft_p50_ms, ttft_p90_ms, ttft_p99_ms
+DIGEST_HEX = 16
+
+
+@dataclass(frozen=True)
+class CensusTotal:
+    """All operator calls of one request at one image size, and how many functions issued them."""
+
+    image_size: ImageSize
+    calls: int
+    functions: int
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    commit: str  # hex, 7..40 digits
+    date: str  # ISO 8601 with a UTC offset: when the run started
+    profile: str
+    model: str
+    machine: str  # "AMD EPYC (2 cores, avx512_bf16)"
+    dtype: str | None
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    ttft_p99_ms: float
+    samples: int
+    census: tuple[CensusTotal, ...]
+    census_digest: str | None  # None: the run had no census
+    verdict: Verdict | None  # None: not known (a record made from a recorded pool)
+    guard_version: str
+    note: str = ""
+
+    @property
+    def census_calls(self) -> int:
+        """All operator calls over the profiled image sizes: the census total the chart shows."""
+        return sum(c.calls for c in self.census)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.commit, self.profile
+
+    def census_changed_from(self, previous: HistoryRecord) -> bool:
+        """The census of this commit differs from the previous record's (both measured one)."""
+        if self.census_digest is None or previous.census_digest is None:
+            return False
+        return self.census_digest != previous.census_digest or self.census != previous.census
+
+
+# ----------------------------------------------------------------------------- from a run
+def census_totals(census: dict[str, dict[str, dict[str, int]]]) -> tuple[CensusTotal, ...]:
+    """``RunRecord.census`` ("WxH" -> function -> op -> calls) as totals per size, smallest first."""
+    out = []
+    for size, functions in census.items():
+        w, h = (int(x) for x in size.split("x"))
+        out.append(CensusTotal((w, h), sum(sum(ops.values()) for ops in functions.values()), len(functions)))
+    return tuple(sorted(out, key=lambda c: (c.image_size[0] * c.image_size[1], c.image_size)))
+
+
+def census_digest(census: dict[str, dict[str, dict[str, int]]]) -> str | None:
+    if not census:
+        return None
+    text = json.dumps(census, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_HEX]
+
+
+def machine_summary(env: dict[str, Any]) -> str:
+    """What the run measured on, in words: the GPU if any, else the CPU with its cores and bf16 support."""
+    if env.get("gpu"):
+        return str(env["gpu"])
+    cpu = str(env.get("cpu") or "unknown CPU")
+    details = [f"{env['cpu_count']} cores"] if env.get("cpu_count") else []
+    isa = env.get("cpu_isa")
+    if isinstance(isa, list):
+        details.append("native bf16" if "avx512_bf16" in isa else "no native bf16")
+    return f"{cpu} ({', '.join(details)})" if details else cpu
+
+
+def record_from_results(results: Results, *, commit: str | None = None, date: str | None = None,
+                        note: str = "") -> HistoryRecord:
+    """One history line from a `guard check` results file. An invalid run is not history (exit 3)."""
+    run = results.run
+    if results.verdict == Verdict.INVALID:
+        reasons = "; ".join(results.invalid_reasons) or "no reason recorded"
+        raise InvalidRunError(f"the run is invalid ({reasons}): an invalid run is not recorded in the history")
+    samples = run.ttft_client_s()
+    if not samples:
+        raise UsageError("the results have no TTFT samples: the history keeps `guard check` runs that measured TTFT",
+                         hint="`guard pr --only ops` and census-only runs are not recorded")
+    commit = commit or run.environment.get("git_commit")
+    if not commit:
+        raise UsageError("the results do not say which commit was measured (environment.git_commit is empty)",
+                         hint="pass --commit SHA")
+    record = HistoryRecord(
+        commit=str(commit).lower(),
+        date=date or run.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        profile=run.profile, model=run.model, machine=machine_summary(run.environment),
+        dtype=(run.environment.get("engine_args") or {}).get("dtype"),
+        **{f"ttft_p{p}_ms": round(percentile(samples, p) * 1000.0, 3) for p in PERCENTILES},
+        samples=len(samples), census=census_totals(run.census), census_digest=census_digest(run.census),
+        verdict=results.verdict, guard_version=results.guard_version, note=note)
+    _check_record(record_to_dict(record), "the new record", None)
+    return record
+
+
+# ----------------------------------------------------------------------------- JSON lines
+def record_to_dict(r: HistoryRecord) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "schema": HISTORY_SCHEMA, "schema_version": HISTORY_SCHEMA_VERSION, "commit": r.commit, "date": r.date,
+        "profile": r.profile, "model": r.model, "machine": r.machine, "dtype": r.dtype,
+        "ttft_p50_ms": r.ttft_p50_ms, "ttft_p90_ms": r.ttft_p90_ms, "ttft_p99_ms": r.ttft_p99_ms,
+        "samples": r.samples,
+        "census": [{"image_size": list(c.image_size), "calls": c.calls, "functions": c.functions} for c in r.census],
+        "census_digest": r.census_digest, "verdict": None if r.verdict is None else str(r.verdict),
+        "guard_version": r.guard_version,
+    }
+    if r.note:
+        d["note"] = r.note
+    return d
+
+
+def record_from_dict(d: dict[str, Any]) -> HistoryRecord:
+    return HistoryRecord(
+        commit=d["commit"], date=d["date"], profile=d["profile"], model=d["model"], machine=d["machine"],
+        dtype=d["dtype"], ttft_p50_ms=float(d["ttft_p50_ms"]), ttft_p90_ms=float(d["ttft_p90_ms"]),
+        ttft_p99_ms=float(d["ttft_p99_ms"]), samples=d["samples"],
+        census=tuple(CensusTotal(tuple(c["image_size"]), c["calls"], c["functions"]) for c in d["census"]),
+        census_digest=d["census_digest"], verdict=None if d["verdict"] is None else Verdict(d["verdict"]),
+        guard_version=d["guard_version"], note=d.get("note", ""))
+
+
+def to_line(r: HistoryRecord) -> str:
+    return json.dumps(record_to_dict(r), separators=(",", ":"), allow_nan=False) + "\n"
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
+
+
+def _field(parts: Iterable[Any]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(record)"
+
+
+def _check_record(d: Any, path: str, line: int | None) -> None:
+    """Schema, then what a schema cannot say: a date with its UTC offset, finite numbers."""
+    import jsonschema
+
+    version = d.get("schema_version") if isinstance(d, dict) else None
+    if isinstance(d, dict) and d.get("schema") == HISTORY_SCHEMA and isinstance(version, int) \
+            and version != HISTORY_SCHEMA_VERSION:
+        raise ConfigError(path, line, "schema_version",
+                          f"schema version {version}; this guard reads version {HISTORY_SCHEMA_VERSION}",
+                          hint="a newer guard wrote this history: run `guard history` with that guard")
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(d))
+    if error is not None:
+        raise ConfigError(path, line, _field(error.absolute_path), f"not a {HISTORY_SCHEMA} record: {error.message}",
+                          hint="history lines are written by `guard record`; fix or remove this line")
+    try:
+        when = dt.datetime.fromisoformat(d["date"])
+    except ValueError:
+        raise ConfigError(path, line, "date", f"{d['date']!r} is not an ISO 8601 date and time") from None
+    if when.tzinfo is None:
+        raise ConfigError(path, line, "date", f"{d['date']!r} has no UTC offset", hint="write it as 2026-12-02T14:11:04+00:00")
+    for p in PERCENTILES:
+        if not math.isfinite(d[f"ttft_p{p}_ms"]):
+            raise ConfigError(path, line, f"ttft_p{p}_ms", "not a finite number")
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number guard writes")
+
+
+def parse_history(text: str, path: str) -> list[HistoryRecord]:
+    """Every line validated; a commit measured twice for one profile is an error at the second line."""
+    records: list[HistoryRecord] = []
+    seen: dict[tuple[str, str], int] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            raise ConfigError(path, n, "(line)", "an empty line", hint="each line of a history file is one record")
+        try:
+            d = json.loads(line, parse_constant=_reject_constant)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(path, n, "(syntax)", f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+        except (ValueError, RecursionError) as exc:
+            raise ConfigError(path, n, "(content)", f"not a record guard can read: {exc}") from None
+        if not isinstance(d, dict):
+            raise ConfigError(path, n, "(record)", "not a JSON object")
+        _check_record(d, path, n)
+        record = record_from_dict(d)
+        if record.key in seen:
+            raise ConfigError(path, n, "commit", f"{record.commit} ({record.profile}) is already on line {seen[record.key]}",
+                              hint="`guard record --replace` replaces a commit's record in place")
+        seen[record.key] = n
+        records.append(record)
+    return records
+
+
+def load_history(path: Path | str) -> list[HistoryRecord]:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "(file)", "no such file",
+                          hint="`guard record --history PATH` creates it; in CI it lives on the guard-history branch") from None
+    except OSError as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
+    return parse_history(text, str(path))
+
+
+def append(path: Path | str, record: HistoryRecord, *, replace: bool = False) -> tuple[list[HistoryRecord], bool]:
+    """Add ``record`` at the end (or, with ``replace``, in place of the same commit and profile).
+    Returns the new history and whether a record was replaced. Atomic: the new file is re-read
+    before it takes the old one's place."""
+    path = Path(path)
+    records = load_history(path) if path.exists() else []
+    at = next((i for i, r in enumerate(records) if r.key == record.key), None)
+    if at is not None and not replace:
+        raise UsageError(f"{path}: commit {record.commit} ({record.profile}) is already recorded (line {at + 1})",
+                         hint="pass --replace to replace that record with this run's")
+    records = [*records[:at], record, *records[at + 1:]] if at is not None else [*records, record]
+    write_text_atomic(path, "".join(to_line(r) for r in records), check=lambda tmp: parse_history(
+        tmp.read_text(encoding="utf-8"), str(path)))
+    return records, at is not None
+
+
+def for_profile(records: Sequence[HistoryRecord], profile: str | None) -> tuple[str, list[HistoryRecord]]:
+    """The records of one profile, in the file's order; with ``profile`` None the file must hold one."""
+    profiles = list(dict.fromkeys(r.profile for r in records))
+    if profile is None:
+        if len(profiles) > 1:
+            raise UsageError(f"the history holds several profiles ({', '.join(profiles)})", hint="pass --profile NAME")
+        if not profiles:
+            raise UsageError("the history is empty", hint="`guard record` adds a run to it")
+        profile = profiles[0]
+    chosen = [r for r in records if r.profile == profile]
+    if not chosen:
+        raise UsageError(f"no record of profile {profile!r} in the history",
+                         hint=f"profiles in it: {', '.join(profiles) or 'none'}")
+    return profile, chosen

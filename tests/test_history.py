@@ -1,0 +1,311 @@
+"""The history of main: the store (round trip, errors with file:line:field, duplicates), `guard record`
+and `guard history` through the real CLI on the committed stores of recorded identical runs, the
+change-point method (nothing on identical runs, an injected +10 % step at its commit), the PNG and
+Mermaid charts, and the PR comment's "Against main's recent history" section."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from guard.errors import ConfigError, InvalidRunError, UsageError
+from guard.history import chart
+from guard.history.analysis import analyse, standing
+from guard.history.changepoints import change_points
+from guard.history.store import (append, census_digest, load_history, parse_history,
+                                 record_from_results, record_to_dict, to_line)
+from guard.markdown import render_markdown
+from guard.results import Results, Verdict, load_results, write_json_atomic
+from guard.stats import percentile
+from tests.conftest import run_guard
+
+FIXTURES = Path(__file__).parent / "fixtures"
+STORES = sorted((FIXTURES / "history").glob("identical-*.jsonl"))
+ZEN5 = FIXTURES / "history" / "identical-zen5.jsonl"
+REAL_RUN = FIXTURES / "pr" / "mask-loop.results.json"  # a real run: its environment and census
+SHA = "0123456789abcdef0123456789abcdef01234567"
+TTFT_S = (6.10, 6.32, 5.98, 6.45, 6.21, 6.05)
+
+
+def check_results(tmp_path: Path, *, commit: str | None = SHA, verdict: str = "pass", ttft_s=TTFT_S) -> Path:
+    """A `guard check` results.json: the real run's environment and census, six measured requests."""
+    d = json.loads(REAL_RUN.read_text(encoding="utf-8"))
+    d.pop("pr")
+    d["ab"] = None
+    d["verdict"] = verdict
+    d["checks"] = {"ttft": [], "ops": [], "ops_not_measured": [], "ttft_vs_baseline": [], "census": []}
+    run = d["run"]
+    run["environment"]["git_commit"] = commit
+    run["outcomes"] += [{"index": 10 + i, "image_size": [640, 480], "warmup": False, "success": True,
+                         "ttft_client_s": t, "ttft_engine_s": t - 0.01, "prompt_tokens": 267, "error": None}
+                        for i, t in enumerate(ttft_s)]
+    if verdict == "invalid":
+        run["invalid_reasons"] = ["engine died"]
+    path = tmp_path / "results.json"
+    write_json_atomic(path, d)
+    return path
+
+
+@pytest.fixture
+def results(tmp_path) -> Results:
+    return load_results(check_results(tmp_path))
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    """A copy of the committed zen5 store (29 real runs), to append to."""
+    path = tmp_path / "history.jsonl"
+    shutil.copy(ZEN5, path)
+    return path
+
+
+# ----------------------------------------------------------------------------- the store
+def test_a_run_becomes_one_record_and_round_trips(results, tmp_path):
+    r = record_from_results(results)
+    assert r.commit == SHA and r.profile == "cpu" and r.model == "deepseek-ocr-2" and r.verdict == Verdict.PASS
+    assert r.ttft_p50_ms == pytest.approx(percentile(TTFT_S, 50) * 1000, abs=1e-3)
+    assert r.ttft_p90_ms == pytest.approx(percentile(TTFT_S, 90) * 1000, abs=1e-3)
+    assert r.samples == len(TTFT_S)
+    assert r.machine == "AMD EPYC (2 cores, native bf16)" and r.dtype == "bfloat16"
+    census = results.run.census
+    assert [(c.image_size, c.functions) for c in r.census] == [((640, 480), len(census["640x480"])),
+                                                                 ((800, 400), len(census["800x400"]))]
+    assert r.census_calls == sum(sum(ops.values()) for fns in census.values() for ops in fns.values())
+    assert r.census_digest == census_digest(census) and len(r.census_digest) == 16
+    line = to_line(r)
+    assert line == json.dumps(record_to_dict(r), separators=(",", ":")) + "\n"  # one compact line
+    assert parse_history(line, "h.jsonl") == [r]
+
+
+def test_the_committed_stores_read_back_and_hold_at_least_20_real_runs():
+    total = 0
+    for path in STORES:
+        records = load_history(path)
+        assert len({r.commit for r in records}) == len(records)
+        assert all(r.note and "synthetic commit" in r.note for r in records)
+        total += len(records)
+    assert len(load_history(ZEN5)) >= 20 and total >= 100
+
+
+GOOD = json.loads(ZEN5.read_text(encoding="utf-8").splitlines()[0])
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"ttft_p50_ms": "fast"}, "ttft_p50_ms"),
+    ({"ttft_p90_ms": -1}, "ttft_p90_ms"),
+    ({"commit": "not-a-sha"}, "commit"),
+    ({"samples": 0}, "samples"),
+    ({"census": [{"image_size": [640], "calls": 1, "functions": 1}]}, "census[0].image_size"),
+    ({"verdict": "invalid"}, "verdict"),
+    ({"date": "yesterday"}, "date"),
+    ({"date": "2026-12-02T14:11:04"}, "date"),
+    ({"extra": 1}, "(record)"),
+    ({"schema_version": 2}, "schema_version"),
+])
+def test_a_bad_record_is_named_by_file_line_and_field(change, field):
+    second = {**GOOD, "commit": "f" * 40, **change}
+    text = json.dumps(GOOD) + "\n" + json.dumps(second) + "\n"
+    with pytest.raises(ConfigError) as e:
+        parse_history(text, "main.jsonl")
+    assert str(e.value).startswith(f"main.jsonl:2: {field}: "), str(e.value)
+
+
+def test_a_missing_field_a_broken_line_and_an_empty_line_are_named_too():
+    missing = {k: v for k, v in GOOD.items() if k != "census_digest"}
+    for text, where in ((json.dumps(missing) + "\n", "h:1: (record): "), ('{"schema": \n', "h:1: (syntax): "),
+                        (json.dumps(GOOD) + "\n\n", "h:2: (line): "), ("[1]\n", "h:1: (record): "),
+                        (json.dumps({**GOOD, "ttft_p50_ms": float("nan")}) + "\n", "h:1: (content): ")):
+        with pytest.raises(ConfigError) as e:
+            parse_history(text, "h")
+        assert str(e.value).startswith(where), (where, str(e.value))
+    with pytest.raises(ConfigError, match="census_digest"):
+        parse_history(json.dumps(missing) + "\n", "h")
+
+
+def test_the_same_commit_twice_in_a_file_is_an_error_at_the_second_line():
+    text = json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "ttft_p50_ms": 1.0}) + "\n"
+    with pytest.raises(ConfigError, match=r"^h:2: commit: .* is already on line 1"):
+        parse_history(text, "h")
+    other_profile = json.dumps({**GOOD, "profile": "a10"})
+    assert len(parse_history(json.dumps(GOOD) + "\n" + other_profile + "\n", "h")) == 2
+
+
+def test_append_refuses_a_recorded_commit_unless_replace_and_replaces_in_place(results, store):
+    before = load_history(store)
+    r = record_from_results(results, commit=before[3].commit)
+    with pytest.raises(UsageError, match="already recorded \\(line 4\\)"):
+        append(store, r)
+    assert load_history(store) == before
+    records, replaced = append(store, r, replace=True)
+    assert replaced and len(records) == len(before) and records[3] == r and load_history(store) == records
+    new = record_from_results(results)
+    records, replaced = append(store, new)
+    assert not replaced and records[-1] == new and len(load_history(store)) == len(before) + 1
+
+
+def test_an_invalid_run_a_run_without_ttft_and_a_run_without_a_commit_are_not_recorded(tmp_path):
+    with pytest.raises(InvalidRunError, match="engine died"):
+        record_from_results(load_results(check_results(tmp_path, verdict="invalid")))
+    with pytest.raises(UsageError, match="no TTFT samples"):
+        record_from_results(load_results(check_results(tmp_path, ttft_s=())))
+    with pytest.raises(UsageError, match="--commit"):
+        record_from_results(load_results(check_results(tmp_path, commit=None)))
+
+
+# ----------------------------------------------------------------------------- the commands
+def test_guard_record_and_guard_history_through_the_cli(tmp_path, store):
+    res = check_results(tmp_path)
+    out = run_guard("record", "--from", str(res), "--history", str(store), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"appended 0123456789ab \(cpu\) .*TTFT p50 \d+ ms.*; 30 record\(s\)", out.stdout), out.stdout
+    again = run_guard("record", "--from", str(res), "--history", str(store), timeout=120)
+    assert again.returncode == 2 and "already recorded (line 30)" in again.stderr and "--replace" in again.stderr
+    replaced = run_guard("record", "--from", str(res), "--history", str(store), "--replace", "--note", "run 7",
+                         timeout=120)
+    assert replaced.returncode == 0 and "replaced" in replaced.stdout
+    assert load_history(store)[-1].note == "run 7" and len(load_history(store)) == 30
+    bad_sha = run_guard("record", "--from", str(res), "--history", str(store), "--commit", "HEAD", timeout=120)
+    assert bad_sha.returncode == 2 and "not a commit hash" in bad_sha.stderr
+
+    png, mmd = tmp_path / "h.png", tmp_path / "h.mmd"
+    shown = run_guard("history", "--history", str(store), "--last", "10", "--png", str(png), "--mermaid", str(mmd),
+                      timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"guard history: {store}, profile cpu: 10 of 30 commit(s) shown")
+    assert lines[1].split() == ["commit", "date", "p50", "p90", "n", "census", "calls"]
+    [row] = [ln for ln in lines if ln.startswith("0123456")]
+    assert lines.index(row) == 11 and "census changed" in row and "machine: AMD EPYC (2 cores" in row
+    assert "census changed at: 0123456" in shown.stdout
+    assert "lasting TTFT shifts" in shown.stdout and png.stat().st_size > 10_000 and "xychart-beta" in mmd.read_text()
+
+
+def test_guard_history_names_a_bad_store_line_and_an_unknown_profile(tmp_path, store):
+    store.write_text(store.read_text() + '{"schema": "guard/history"}\n')
+    out = run_guard("history", "--history", str(store), timeout=120)
+    assert out.returncode == 2 and f"{store}:30: (record): " in out.stderr
+    shutil.copy(ZEN5, store)
+    out = run_guard("history", "--history", str(store), "--profile", "a10", timeout=120)
+    assert out.returncode == 2 and "no record of profile 'a10'" in out.stderr and "profiles in it: cpu" in out.stderr
+
+
+# ----------------------------------------------------------------------------- change points
+@pytest.mark.parametrize("path", STORES, ids=lambda p: p.stem)
+def test_nothing_is_flagged_on_a_recorded_history_of_identical_runs(path):
+    assert change_points([r.ttft_p50_ms for r in load_history(path)]) == []
+
+
+@pytest.mark.parametrize("name", ["identical-zen5", "identical-zen4-1dec"])
+def test_a_ten_percent_step_in_the_later_half_is_flagged_at_its_commit(name):
+    records = load_history(FIXTURES / "history" / f"{name}.jsonl")
+    k = len(records) // 2
+    stepped = [dataclasses.replace(r, ttft_p50_ms=r.ttft_p50_ms * (1.10 if i >= k else 1)) for i, r in enumerate(records)]
+    analysis = analyse("cpu", stepped)
+    [shift] = analysis.shifts
+    assert shift.index == k and analysis.rows[k].shift == shift
+    assert 5 < shift.shift_pct < 15 and shift.lasting_pct >= 6
+
+
+def test_a_single_outlier_or_a_speed_up_is_never_flagged():
+    values = [r.ttft_p50_ms for r in load_history(ZEN5)]
+    for i in range(len(values)):
+        assert change_points([*values[:i], values[i] * 3, *values[i + 1:]]) == [], i
+    k = len(values) // 2
+    assert change_points([v * (0.8 if i >= k else 1) for i, v in enumerate(values)]) == []
+    assert change_points([4000.0] * 8) == [] and change_points([4000.0] * 20) == []
+    with pytest.raises(ValueError):
+        change_points([1.0, 0.0] * 10)
+
+
+def test_census_and_machine_changes_are_marked_against_the_previous_commit():
+    records = load_history(ZEN5)
+    moved = dataclasses.replace(records[5], census_digest="0" * 16)
+    other = dataclasses.replace(records[9], machine="Intel Xeon (2 cores, no native bf16)")
+    rows = analyse("cpu", [*records[:5], moved, *records[6:9], other, *records[10:]]).rows
+    assert [i for i, r in enumerate(rows) if r.census_changed] == [5, 6]  # changed, then back
+    assert [i for i, r in enumerate(rows) if r.machine_changed] == [9, 10]
+    assert not any(r.census_changed for r in analyse("cpu", records).rows)
+
+
+# ----------------------------------------------------------------------------- charts
+def test_the_png_is_written_and_is_a_real_chart(tmp_path):
+    from PIL import Image
+
+    records = load_history(ZEN5)
+    k = len(records) // 2
+    stepped = [dataclasses.replace(r, ttft_p50_ms=r.ttft_p50_ms * (1.10 if i >= k else 1),
+                                   census_digest="0" * 16 if i >= 20 else r.census_digest) for i, r in enumerate(records)]
+    rows = analyse("cpu", stepped).rows
+    path = tmp_path / "out" / "history.png"
+    chart.write_png(rows, path, title="test")
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.width >= 800 and img.height >= 600
+        small = img.convert("RGB").resize((200, 120))
+        colours = len({small.getpixel((x, y)) for x in range(200) for y in range(120)})
+    assert path.stat().st_size > 20_000 and colours > 50
+    assert not list(path.parent.glob(".*.png"))  # no temp file left
+
+
+def test_the_mermaid_chart_is_an_xychart_of_the_last_30_commits():
+    records = load_history(FIXTURES / "history" / "identical-zen4-30nov.jsonl")
+    lines = chart.mermaid(analyse("cpu", records).rows)
+    assert lines[0] == "```mermaid" and lines[2] == "xychart-beta" and lines[-2] == "```"
+    assert lines[1].startswith("%%{init: ") and lines[1].endswith("}%%")
+    assert json.loads(lines[1][len("%%{init: "):-len("}%%")])["xyChart"]["width"] == 36 * 30
+    assert re.fullmatch(r'    title "TTFT of main, last 30 commits \(ms\)"', lines[3])
+    x = re.fullmatch(r"    x-axis \[(.*)\]", lines[4]).group(1).split(", ")
+    assert x == [f'"{r.commit[:5]}"' for r in records[-30:]]
+    lo, hi = map(float, re.fullmatch(r'    y-axis "TTFT \(ms\)" (\d+) --> (\d+)', lines[5]).groups())
+    p50, p90 = ([float(v) for v in re.fullmatch(r"    line \[(.*)\]", ln).group(1).split(", ")] for ln in lines[6:8])
+    assert p50 == [round(r.ttft_p50_ms) for r in records[-30:]] and len(p90) == 30
+    assert lo <= min(p50) and hi >= max(p90)
+    assert lines[-1].startswith("Dark line: p50") and "No lasting TTFT shift." in lines[-1]
+
+
+# ----------------------------------------------------------------------------- the PR comment
+def test_the_comment_places_the_run_in_mains_range_only_when_its_base_is_in_the_history(results):
+    records = load_history(ZEN5)
+    plain = render_markdown(results)
+    assert render_markdown(results, history=None) == plain
+    assert render_markdown(results, history=records) == plain  # no base known
+    assert render_markdown(results, history=records, history_base="f" * 40) == plain  # base not in the history
+
+    base = records[24]
+    md = render_markdown(results, history=records, history_base=base.commit[:10])
+    assert md != plain and "### Against main's recent history" in md
+    section = md.split("### Against main's recent history", 1)[1].split("\n### ", 1)[0]
+    assert f"`{base.commit[:7]}`" in section
+    window = records[5:25]
+    lo, hi = min(r.ttft_p50_ms for r in window), max(r.ttft_p50_ms for r in window)
+    assert f"| main, 20 commit(s) up to the base: min / median / max | {lo:.0f} / " in section
+    assert f" / {hi:.0f} ms | |" in section
+    p50 = percentile(TTFT_S, 50) * 1000
+    assert f"| this run | {p50:.0f} ms | {record_from_results(results).census_calls} (" in section
+    assert "above 20 of those 20 (percentile rank 100 %)" in section  # ~6.2 s on a ~3.7 s history
+    assert "main's history was measured on AMD EPYC Zen 5" in section
+
+    st = standing(records, profile="cpu", base=base.commit, p50_ms=base.ttft_p50_ms, census_calls=None)
+    assert st.base == base and len(st.window) == 20 and 0 < st.rank_pct < 100
+    assert standing(records, profile="a10", base=base.commit, p50_ms=1.0, census_calls=None) is None
+
+
+def test_guard_pr_results_use_the_measured_base_and_guard_comment_passes_the_history_through(tmp_path):
+    pr = load_results(REAL_RUN)  # guard pr --only ops: no TTFT, a census, the base it measured
+    record = dataclasses.replace(record_from_results(load_results(check_results(tmp_path))), commit=pr.pr.base.sha)
+    history = tmp_path / "main.jsonl"
+    history.write_text(to_line(record))
+    md = render_markdown(pr, history=load_history(history))
+    assert "| this run | — | " in md and "### Against main's recent history" in md
+
+    res = check_results(tmp_path)
+    out = run_guard("comment", "--results", str(res), "--dry-run", "--history", str(history),
+                    "--history-base", pr.pr.base.sha, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "### Against main's recent history" in out.stdout and "percentile rank 50 %" in out.stdout
+    out = run_guard("comment", "--results", str(res), "--dry-run", timeout=120)
+    assert out.returncode == 0 and "Against main's recent history" not in out.stdout
