@@ -381,3 +381,10 @@ def test_the_history_workflows_check_and_record_steps_with_their_own_arguments(c
     assert cli.main(argv) == 0, capsys.readouterr()
     (rec,) = load_history(store / "history.jsonl")
     assert rec.commit == sha and rec.profile == "cpu"
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    argv = workflow_argv("guard-history.yml", "history", {"store": str(store)}, nth=0)
+    assert cli.main(argv) == 0
+    assert "xychart-beta" in capsys.readouterr().out  # the job summary's Mermaid chart
+    assert cli.main(workflow_argv("guard-history.yml", "history", {"store": str(store)}, nth=1)) == 0
+    assert (tmp_path / "guard-history.png").stat().st_size > 1000  # the chart it uploads
