@@ -140,9 +140,15 @@ class EngineArgs:
     # On a CPU without native bf16 (NATIVE_BF16_EXTENSIONS) a ``bfloat16`` engine runs this dtype
     # instead: oneDNN emulates bf16 there (an AVX2-only EPYC: ~80 s a request, ~16 s in float32).
     dtype_without_native_bf16: str | None = None
+    # guard.weights.pin: the moving revision (``main``) the file named, when ``revision`` is the
+    # commit it was resolved to for this run; None when the file pinned a commit itself.
+    requested_revision: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        if d["requested_revision"] is None:
+            del d["requested_revision"]  # results written before #32 stay byte-identical
+        return d
 
     @property
     def bf16_replaced(self) -> bool:

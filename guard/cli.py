@@ -31,6 +31,7 @@ COMMANDS = {
     "selftest": ("selftest", "prove the op-count probe still catches the pre-#49531 mask regression"),
     "update-thresholds": ("update_thresholds", "rewrite a profile's budgets from a results.json, as a minimal diff"),
     "comment": ("comment", "post the verdict on the pull request (sticky comment, status, summary)"),
+    "weights": ("weights", "download a profile's model weights, resolving a moving revision to its commit"),
 }
 CRASH_LOG_ENV = "GUARD_CRASH_LOG"  # where the traceback of an internal error goes (default: a temp file)
 
