@@ -18,7 +18,7 @@ from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,
 )
 
-FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -89,7 +89,7 @@ def test_first_run_creates_the_comment_and_sets_the_status_on_the_head_sha(gh_en
     assert sha == HEAD and sha != MERGE
     assert status == {"state": "failure", "context": "guard/deepseek-ocr-2/a10",
                       "description": status["description"], "target_url": "https://github.example/acme/guarded/actions/runs/9"}
-    assert status["description"].startswith("4 of 6 budgets exceeded: ttft p50, mask_path [1024x1024] aten::")
+    assert status["description"].startswith("5 of 6 budgets exceeded: ttft p50, ttft p99, mask_path [1024x1024] aten::")
     assert "comment created" in out and f"status failure 'guard/deepseek-ocr-2/a10' on {HEAD}" in out
 
 
@@ -297,7 +297,7 @@ def test_annotations_escape_as_the_runner_requires(regression):
 def test_annotations_one_error_per_failed_check(gh_env, guard, regression):
     code, out, _ = guard("--pr", "7")
     errors = [ln for ln in out.splitlines() if ln.startswith("::error ")]
-    assert len(errors) == len(regression.failed) == 4
+    assert len(errors) == len(regression.failed) == 5
     assert errors[0].startswith("::error title=guard%3A ttft p50 over budget::TTFT p50 2619 ms is over its budget")
     assert any(ln.startswith("::notice title=guard notice::") for ln in out.splitlines())
 
