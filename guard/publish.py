@@ -129,11 +129,15 @@ def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
                         description=_clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
-def no_results_status(model: str, profile: str, reason: str, run_url: str | None = None) -> CommitStatus:
-    """The status of a model x profile whose measuring run left no results (cancelled, timed out,
-    failed before writing results.json): ``error``, never a missing status a branch rule waits on."""
-    return CommitStatus(state="error", context=f"guard/{_slug(model)}/{_slug(profile)}",
-                        description=_clip(f"no results: {reason}", STATUS_DESCRIPTION_LIMIT), target_url=run_url)
+def no_results_status(model: str, profile: str, reason: str, run_url: str | None = None, *,
+                      requested: bool = True) -> CommitStatus:
+    """The status of a model x profile with no results. ``requested``: its measuring run was asked
+    for and left nothing (cancelled, timed out, failed before writing results.json): ``error``,
+    never a missing status a branch rule waits on. Not requested (the A10 run without its label):
+    ``success`` saying it did not run."""
+    state, desc = ("error", f"no results: {reason}") if requested else ("success", f"not run: {reason}")
+    return CommitStatus(state=state, context=f"guard/{_slug(model)}/{_slug(profile)}",
+                        description=_clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
 # ----------------------------------------------------------------------------- job summary, annotations

@@ -68,7 +68,12 @@ def guard_invocations() -> list[Invocation]:
     return found
 
 
-def workflow_argv(workflow: str, command: str, env: Mapping[str, str]) -> list[str]:
-    """``guard <command>``'s arguments as ``workflow`` runs them, expanded with ``env``."""
-    [inv] = [i for i in guard_invocations() if i.workflow == workflow and i.command == command]
+def workflow_argv(workflow: str, command: str, env: Mapping[str, str], nth: int | None = None) -> list[str]:
+    """``guard <command>``'s arguments as ``workflow`` runs them, expanded with ``env``. ``nth``: which
+    of several invocations of that command, in file order (required when there is more than one)."""
+    found = [i for i in guard_invocations() if i.workflow == workflow and i.command == command]
+    if nth is None:
+        [inv] = found
+    else:
+        inv = found[nth]
     return inv.argv(env)

@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-results", default=None, metavar="REASON",
                         help="the measuring run left no results.json (cancelled, timed out, failed first): post only "
                              "an `error` commit status with this reason on --sha, for --model and --profile")
+    parser.add_argument("--not-run", default=None, metavar="REASON",
+                        help="the measuring run was not requested (e.g. the A10 run without its label): post only a "
+                             "`success` status 'not run: REASON' on --sha, for --model and --profile")
     parser.add_argument("--model", default=None, help="with --no-results: the model of the missing results")
     parser.add_argument("--profile", default=None, help="with --no-results: the hardware profile of the missing results")
     parser.add_argument("--max-attempts", type=int, default=publish.RetryPolicy.attempts,
@@ -144,12 +147,16 @@ def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha:
 
 def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
     """--no-results: an ``error`` status for the model x profile whose run left nothing to judge."""
+    if args.no_results is not None and args.not_run is not None:
+        raise UsageError("give --no-results or --not-run, not both")
+    flag = "--no-results" if args.no_results is not None else "--not-run"
     if not (args.model and args.profile and args.sha):
-        raise UsageError("--no-results needs --model, --profile and --sha (the triggering run's head commit)")
+        raise UsageError(f"{flag} needs --model, --profile and --sha (the triggering run's head commit)")
     if args.pr_file or args.sha_file or args.pr:
-        raise UsageError("--no-results posts only a status on --sha: give no PR number or artifact files")
+        raise UsageError(f"{flag} posts only a status on --sha: give no PR number or artifact files")
     sha = publish.parse_sha(args.sha, source="--sha")
-    status = publish.no_results_status(args.model, args.profile, args.no_results, args.run_url or None)
+    status = publish.no_results_status(args.model, args.profile, args.no_results or args.not_run, args.run_url or None,
+                                       requested=args.no_results is not None)
     if args.dry_run:
         say(f"guard comment: dry run: would set the commit status on {sha}:")
         say(f"  state: {status.state}")
@@ -174,7 +181,7 @@ def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
-    if args.no_results is not None:
+    if args.no_results is not None or args.not_run is not None:
         return run_without_results(args, env)
     results = load_results(Path(args.results))
     policy = _trust_policy(args, verify=bool(args.pr_file or args.sha_file or args.expected_head_repo))
