@@ -414,3 +414,31 @@ def test_workflow_run_event_verifies_the_artifact_even_without_flags(gh_env, gua
     monkeypatch.setenv("GITHUB_EVENT_PATH", workflow_run_event(tmp_path))
     assert guard(*artifact(tmp_path, "7\n", HEAD + "\n"))[0] == 0
     assert len(gh_env.comments[7]) == 1
+
+
+# ----------------------------------------------------------------------------- no results (#32)
+def test_no_results_posts_only_an_error_status_on_the_trusted_sha(gh_env, guard):
+    code, out, _ = guard("--no-results", "the measuring run ended cancelled before writing results",
+                         "--model", "deepseek-ocr-2", "--profile", "a10", "--sha", HEAD, results="/nonexistent")
+    assert code == 0
+    assert gh_env.statuses == [(HEAD, {"state": "error", "context": "guard/deepseek-ocr-2/a10",
+                                       "description": "no results: the measuring run ended cancelled before writing results"})]
+    assert gh_env.comments[7] == []
+
+
+def test_not_run_is_a_success_saying_so(gh_env, guard):
+    assert guard("--not-run", "label perf-a10 absent", "--model", "deepseek-ocr-2", "--profile", "a10",
+                 "--sha", HEAD)[0] == 0
+    [(sha, status)] = gh_env.statuses
+    assert (status["state"], status["description"]) == ("success", "not run: label perf-a10 absent")
+
+
+@pytest.mark.parametrize("argv", [
+    ("--no-results", "x", "--model", "m", "--profile", "p"),  # no --sha
+    ("--no-results", "x", "--model", "m", "--profile", "p", "--sha", HEAD, "--pr", "7"),  # a PR without results
+    ("--no-results", "x", "--not-run", "y", "--model", "m", "--profile", "p", "--sha", HEAD),
+    ("--not-run", "y", "--profile", "p", "--sha", HEAD),  # no --model
+])
+def test_no_results_refuses_incomplete_or_contradictory_arguments(gh_env, guard, argv):
+    code, _, err = guard(*argv)
+    assert code == 2 and gh_env.statuses == [], err

@@ -442,3 +442,35 @@ def test_each_command_line_parses_with_guards_parser(workflow, command, n):
         else:
             argv = workflow_argv("guard-comment.yml", "comment", ENV, nth)
         assert parser.parse_args(argv).command == command
+
+
+# ----------------------------------------------------------------------------- the caller example (README, docs/github.md)
+EXAMPLES = REPO / "docs" / "examples"
+
+
+def test_the_caller_examples_are_valid_and_pass_exactly_the_inputs_the_workflows_declare():
+    """docs/examples/ is what a vLLM repository copies: GitHub's schema, actionlint and zizmor accept
+    it, every input it passes is declared by the called workflow, and every required one is passed."""
+    files = sorted(EXAMPLES.glob("*.yml"))
+    assert [f.name for f in files] == ["vllm-guard-comment.yml", "vllm-guard.yml"]
+    for cmd in ([shutil.which("check-jsonschema", path=str(BIN)), "--builtin-schema", "vendor.github-workflows"],
+                [shutil.which("actionlint", path=str(BIN))],
+                [shutil.which("zizmor", path=str(BIN)), "--offline", "--no-progress", "--min-severity", "medium"]):
+        proc = subprocess.run([*cmd, *map(str, files)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for f in files:
+        for job in yaml.safe_load(f.read_text(encoding="utf-8"))["jobs"].values():
+            called = job["uses"].split("/.github/workflows/")[1].split("@")[0]
+            declared = load(called)[True]["workflow_call"]["inputs"]
+            given = set(job["with"])
+            assert given <= set(declared), (f.name, given - set(declared))
+            assert {k for k, v in declared.items() if v.get("required")} <= given, f.name
+            assert job["with"]["guard-ref"] in job["uses"]  # the workflow and the guard it runs: one commit
+
+
+def test_the_readme_shows_the_caller_example_as_committed():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    example = (EXAMPLES / "vllm-guard.yml").read_text(encoding="utf-8")
+    cpu = example[: example.index("  a10:\n")]
+    assert cpu in readme
+    assert len(readme.splitlines()) <= 250
