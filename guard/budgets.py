@@ -580,7 +580,7 @@ def load_thresholds(path: str | Path, text: str | None = None, *, require_decida
     ``require_decidable=False`` admits TTFT budgets no run within the cap can decide: only for
     guard's pinned decision-rule test data, which predates the rule and exercises the runtime's
     point-estimate fallback."""
-    path = Path(path)
+    path = packaged_default(Path(path))
     r = _Reader(path)
     r.require_decidable = require_decidable
     try:
@@ -1020,6 +1020,16 @@ def _op_budget(r: _Reader, key: str, node: yaml.Node) -> OpBudget:
         raise r.error(node, key, "give exactly one of `exact: N` or `max: N`")
     (rule, (_, vnode)), = m.items()
     return OpBudget(rule=Rule(rule), count=r.integer(vnode, f"{key}.{rule}", minimum=0), line=vnode.start_mark.line + 1)
+
+
+def packaged_default(path: Path) -> Path:
+    """The default thresholds path, when the working directory has no ``thresholds/`` (an installed
+    guard run outside a checkout): the copy the wheel carries in guard/_thresholds."""
+    if path == Path(DEFAULT_THRESHOLDS) and not path.exists():
+        packaged = Path(__file__).parent / "_thresholds" / path.name
+        if packaged.is_file():
+            return packaged
+    return path
 
 
 def resolve_model(model: str) -> str:
