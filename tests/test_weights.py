@@ -9,6 +9,7 @@ download itself), see docs/limitations.md."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,15 @@ def test_the_workflows_download_step_resolves_main_where_it_used_to_refuse_it(wo
     argv = workflow_argv("perf-guard.yml", "weights", {"PROFILE": "a10", "THRESHOLDS": str(SHIPPED_THRESHOLDS)})
     assert cli.main(argv) == 0
     assert SHA in capsys.readouterr().out
+
+
+def test_ab_mode_pins_both_sides_to_one_commit(tmp_path, monkeypatch) -> None:
+    """A/B starts two engines from the thresholds file: both get the commit resolved once, and the
+    run records name it, so a push to the Hub between the two starts cannot split the sides."""
+    from guard import abrunner, weights
+
+    monkeypatch.setattr(weights, "hub_resolver", lambda download: (lambda m, r: SHA))
+    run = abrunner.ABRun(load_thresholds(SHIPPED_THRESHOLDS), A10, detect(quick=True), tmp_path, sys.executable)
+    assert run.profile.engine.revision == SHA
+    assert run.record.candidate.environment["model_revision"] == SHA
+    assert run.record.candidate.environment["model_revision_requested"] == "main"
