@@ -23,7 +23,7 @@ def wheel(tmp_path_factory):
     if uv is None:
         pytest.skip("uv is not on PATH")
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([uv, "build", "--wheel", "--offline", "-o", str(out), str(REPO)],
+    proc = subprocess.run([uv, "build", "--wheel", "-o", str(out), str(REPO)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [whl] = out.glob("guard-*.whl")
