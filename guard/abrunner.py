@@ -92,6 +92,10 @@ class ABRun:
         self.fresh_baseline = fresh_baseline  # profile the baseline side even when its pass is cached
         self._cache_key: str | None = None
         self._cache_covers = ""
+        from guard.weights import hub_resolver, pin
+
+        # a moving engine.revision (main): both sides load, and the records name, the same commit
+        self.profile = profile = pin(profile, hub_resolver(download=False))
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         env = fingerprint(hw, profile)
         records = {side: RunRecord(profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
@@ -145,7 +149,8 @@ class ABRun:
                                         gpu_memory_utilization=self.profile.ab.gpu_memory_utilization(side),
                                         inject=self.inject if side == CANDIDATE else None,
                                         cache_key=side == BASELINE and self.profile.has_op_count_pass,
-                                        dtype=self.profile.engine.dtype)
+                                        dtype=self.profile.engine.dtype,
+                                        revision=self.profile.engine.revision)
             self._wait_until_both_ready()
         except WorkerError as exc:
             never_said_hello = BASELINE not in self.workers

@@ -140,9 +140,15 @@ class EngineArgs:
     # On a CPU without native bf16 (NATIVE_BF16_EXTENSIONS) a ``bfloat16`` engine runs this dtype
     # instead: oneDNN emulates bf16 there (an AVX2-only EPYC: ~80 s a request, ~16 s in float32).
     dtype_without_native_bf16: str | None = None
+    # guard.weights.pin: the moving revision (``main``) the file named, when ``revision`` is the
+    # commit it was resolved to for this run; None when the file pinned a commit itself.
+    requested_revision: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        if d["requested_revision"] is None:
+            del d["requested_revision"]  # results written before #32 stay byte-identical
+        return d
 
     @property
     def bf16_replaced(self) -> bool:
@@ -426,6 +432,8 @@ DEFAULT_HEADROOM_PCT = 10.0
 class _Reader:
     """Walks a composed YAML node tree, so every value keeps its line number."""
 
+    require_decidable = True  # see load_thresholds
+
     def __init__(self, path: Path) -> None:
         self.path = path
 
@@ -566,11 +574,15 @@ def _kind(node: yaml.Node) -> str:
 
 
 # ----------------------------------------------------------------------------- loader
-def load_thresholds(path: str | Path, text: str | None = None) -> Thresholds:
+def load_thresholds(path: str | Path, text: str | None = None, *, require_decidable: bool = True) -> Thresholds:
     """Load and validate a thresholds file; ``text``: its content, already read (``path`` then
-    only names it in errors, e.g. the pull request's version of the file read through the API)."""
-    path = Path(path)
+    only names it in errors, e.g. the pull request's version of the file read through the API).
+    ``require_decidable=False`` admits TTFT budgets no run within the cap can decide: only for
+    guard's pinned decision-rule test data, which predates the rule and exercises the runtime's
+    point-estimate fallback."""
+    path = packaged_default(Path(path))
     r = _Reader(path)
+    r.require_decidable = require_decidable
     try:
         if text is None:
             text = path.read_text(encoding="utf-8")
@@ -635,6 +647,12 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
                 raise r.error(knode, mk, f"'{mode}' is this profile's engine.mode: its budgets are budgets.ttft_ms")
             mm = r.mapping(vnode, mk, MODE_BUDGETS_KEYS)
             by_mode[mode] = _ttft(r, f"{mk}.ttft_ms", mm["ttft_ms"][1])
+    statistics = _statistics(r, f"{key}.statistics", m["statistics"][1]) if "statistics" in m else Statistics()
+    _check_decidable(r, f"{key}.budgets.ttft_ms", budgets["ttft_ms"][1] if "ttft_ms" in budgets else None, statistics)
+    if "modes" in budgets:
+        for mode, (_, vnode) in r.mapping(budgets["modes"][1], f"{key}.budgets.modes", None).items():
+            mm = r.mapping(vnode, f"{key}.budgets.modes.{mode}", MODE_BUDGETS_KEYS)
+            _check_decidable(r, f"{key}.budgets.modes.{mode}.ttft_ms", mm["ttft_ms"][1], statistics)
     ttft_hw = None
     if "ttft_hardware" in budgets:
         hw_node = budgets["ttft_hardware"][1]
@@ -647,7 +665,7 @@ def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
         match=_match(r, f"{key}.match", m["match"][1]),
         engine=engine,
         workload=_workload(r, f"{key}.workload", m["workload"][1]),
-        statistics=_statistics(r, f"{key}.statistics", m["statistics"][1]) if "statistics" in m else Statistics(),
+        statistics=statistics,
         headroom_pct=headroom,
         ttft_ms=ttft,
         ops=ops,
@@ -866,6 +884,31 @@ def _statistics(r: _Reader, key: str, node: yaml.Node) -> Statistics:
     return Statistics(confidence=conf, max_requests=cap, batch=batch)
 
 
+def _check_decidable(r: _Reader, key: str, node: yaml.Node | None, statistics: Statistics) -> None:
+    """Refuse a TTFT percentile budget that no run within ``statistics.max_requests`` can decide.
+
+    Below ``min_samples_for_upper_bound`` samples a percentile's distribution-free interval has no
+    upper end, so the budget could never be shown to hold: every run would end at the cap on the
+    point estimate (p99 at 95 % needs 368 requests). Without ``max_requests`` nothing is capped
+    and the run's own request count decides (guard.rules explains it then, in the verdict).
+    ``ttft_vs_baseline_pct`` is not checked here: A/B judges the per-pair ratio's median with
+    ``ab`` statistics, whose interval exists from a handful of pairs."""
+    if node is None or statistics.max_requests is None or not r.require_decidable:
+        return
+    from guard.rules import min_samples_for_upper_bound  # guard.rules imports this module
+
+    for name, (knode, _) in r.mapping(node, key, None).items():
+        if not PERCENTILE_RE.match(name):
+            continue  # _ttft names it
+        need = min_samples_for_upper_bound(name, statistics.confidence)
+        if need > statistics.max_requests:
+            raise r.error(knode, f"{key}.{name}",
+                          f"cannot be decided within statistics.max_requests {statistics.max_requests}: an upper bound "
+                          f"for {name} at {statistics.confidence:g} confidence needs >= {need} samples",
+                          hint=f"raise statistics.max_requests to {need} or more, or drop the {name} budget "
+                               "(it is still measured and reported)")
+
+
 def _ttft(r: _Reader, key: str, node: yaml.Node, allow_zero: bool = False) -> dict[str, float]:
     out = {}
     seen: dict[float, str] = {}
@@ -977,6 +1020,16 @@ def _op_budget(r: _Reader, key: str, node: yaml.Node) -> OpBudget:
         raise r.error(node, key, "give exactly one of `exact: N` or `max: N`")
     (rule, (_, vnode)), = m.items()
     return OpBudget(rule=Rule(rule), count=r.integer(vnode, f"{key}.{rule}", minimum=0), line=vnode.start_mark.line + 1)
+
+
+def packaged_default(path: Path) -> Path:
+    """The default thresholds path, when the working directory has no ``thresholds/`` (an installed
+    guard run outside a checkout): the copy the wheel carries in guard/_thresholds."""
+    if path == Path(DEFAULT_THRESHOLDS) and not path.exists():
+        packaged = Path(__file__).parent / "_thresholds" / path.name
+        if packaged.is_file():
+            return packaged
+    return path
 
 
 def resolve_model(model: str) -> str:

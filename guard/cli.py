@@ -33,6 +33,7 @@ COMMANDS = {
     "comment": ("comment", "post the verdict on the pull request (sticky comment, status, summary)"),
     "record": ("record", "append a `guard check` run of main to the history store"),
     "history": ("history", "print and chart main's history: TTFT per commit, census changes, lasting shifts"),
+    "weights": ("weights", "download a profile's model weights, resolving a moving revision to its commit"),
 }
 CRASH_LOG_ENV = "GUARD_CRASH_LOG"  # where the traceback of an internal error goes (default: a temp file)
 

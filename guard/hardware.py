@@ -295,7 +295,8 @@ def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
         "torch": _version("torch"),
         "transformers": _version("transformers"),
         "model": profile.engine.model,
-        "model_revision": profile.engine.revision,
+        "model_revision": profile.engine.revision,  # a commit when guard.weights.pin resolved a moving one
+        **({"model_revision_requested": profile.engine.requested_revision} if profile.engine.requested_revision else {}),
         "engine_args": profile.engine.as_dict(),
         "git_commit": git_commit(),
     }

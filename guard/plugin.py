@@ -67,6 +67,10 @@ def guard_run(pytestconfig: pytest.Config):
         server_url = pytestconfig.getoption("guard_server_url")
         profile = select_profile(thresholds, pytestconfig.getoption("guard_profile"), hw).with_engine_mode(
             "server" if server_url else pytestconfig.getoption("guard_engine_mode"))
+        if not server_url:  # a remote server loaded whatever it loaded; guard names what it starts
+            from guard.weights import hub_resolver, pin
+
+            profile = pin(profile, hub_resolver(download=False))  # a moving revision measured as one commit
         run = GuardRun(thresholds, profile, hw, Path(pytestconfig.getoption("guard_output")),
                        progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"),
                        traces=pytestconfig.getoption("guard_traces"), server_url=server_url)

@@ -112,7 +112,9 @@ def _clip(s: str, limit: int) -> str:
 
 def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
     n = len(results.judged)
-    if results.verdict == Verdict.PASS:
+    if results.verdict == Verdict.PASS and results.pr is not None and not results.pr.measured:
+        state, desc = "success", "not measured: the pull request changes nothing under vllm/"
+    elif results.verdict == Verdict.PASS:
         state, desc = "success", f"all {n} budgets held"
     elif results.verdict == Verdict.REGRESSION:
         names = ", ".join(fmt.label(c) for c in results.failed)
@@ -124,6 +126,17 @@ def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
         first = results.invalid_reasons[0] if results.invalid_reasons else f"verdict {results.verdict!r}"
         state, desc = "error", f"invalid run: {first}"
     return CommitStatus(state=state, context=f"guard/{_slug(results.run.model)}/{_slug(results.run.profile)}",
+                        description=_clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
+
+
+def no_results_status(model: str, profile: str, reason: str, run_url: str | None = None, *,
+                      requested: bool = True) -> CommitStatus:
+    """The status of a model x profile with no results. ``requested``: its measuring run was asked
+    for and left nothing (cancelled, timed out, failed before writing results.json): ``error``,
+    never a missing status a branch rule waits on. Not requested (the A10 run without its label):
+    ``success`` saying it did not run."""
+    state, desc = ("error", f"no results: {reason}") if requested else ("success", f"not run: {reason}")
+    return CommitStatus(state=state, context=f"guard/{_slug(model)}/{_slug(profile)}",
                         description=_clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
@@ -546,6 +559,23 @@ def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str
             report.forbidden.append(str(f))
         except GitHubSideError as err:
             report.errors.append(str(err))
+    return _with_retries(report, gh)
+
+
+def publish_status(gh: github3.GitHub, *, owner: str, repo: str, sha: str, status: CommitStatus) -> PublishReport:
+    """Only the commit status, on ``sha`` (a trusted SHA: the triggering run's head), for a
+    measuring run that left no results, so there is no PR number from an artifact and no comment."""
+    report = PublishReport()
+    try:
+        repository = _call(f"read {owner}/{repo}", lambda: gh.repository(owner, repo),
+                           not_found=f"{owner}/{repo} does not exist (or the token cannot see it)")
+        _call(f"set the commit status on {sha[:12]}", lambda: repository.create_status(
+            sha, status.state, target_url=status.target_url, description=status.description, context=status.context))
+        report.status, report.status_sha = status, sha
+    except _Forbidden as f:
+        report.forbidden.append(str(f))
+    except GitHubSideError as err:
+        report.errors.append(str(err))
     return _with_retries(report, gh)
 
 

@@ -14,7 +14,8 @@ file (``worker-<side>.log``) whose tail explains a worker that died.
     parent -> worker                                   worker -> parent (last one ends the command)
     {"cmd": "start", "thresholds", "profile",          {"type": "hello", ...} once, unasked
      "seed", "gpu_memory_utilization", "inject",       {"type": "ready", "init_s", "versions",
-     "cache_key", "dtype"}                               "cache_key", "cache_key_covers"}
+     "cache_key", "dtype",                             "cache_key", "cache_key_covers"}
+     "revision"}
     {"cmd": "run", "jobs": [[index, [w, h], warmup]]}  {"type": "outcome", ...}* {"type": "done"}
     {"cmd": "profile", "size": [w, h], "index"}        {"type": "outcome"}* {"type": "counts", "counts"}
     {"cmd": "shutdown"}                                {"type": "bye"}
@@ -317,10 +318,12 @@ class Worker:
 
     # ---------------------------------------------------------------- commands
     def start(self, thresholds: str, profile: str, seed: int, gpu_memory_utilization: float | None = None,
-              inject: str | None = None, cache_key: bool = False, dtype: str | None = None) -> None:
+              inject: str | None = None, cache_key: bool = False, dtype: str | None = None,
+              revision: str | None = None) -> None:
         """``inject``: ``legacy-mask`` (the canary, guard/canary.py) or ``slow-encoder:P%``;
         ``cache_key``: also say which environment this is (guard.abcache), for the baseline side;
-        ``dtype``: the engine's dtype as guard check resolved it for this machine (Profile.on_cpu)."""
+        ``dtype``: the engine's dtype as guard check resolved it for this machine (Profile.on_cpu);
+        ``revision``: the model commit guard resolved a moving engine.revision to (guard.weights)."""
         import dataclasses
 
         from guard.budgets import load_thresholds
@@ -332,6 +335,8 @@ class Worker:
             prof = dataclasses.replace(prof, engine=dataclasses.replace(prof.engine, gpu_memory_utilization=gpu_memory_utilization))
         if dtype is not None:
             prof = dataclasses.replace(prof, engine=dataclasses.replace(prof.engine, dtype=dtype))
+        if revision is not None:  # the commit guard resolved a moving revision to (guard.weights)
+            prof = dataclasses.replace(prof, engine=dataclasses.replace(prof.engine, revision=revision))
         self.profile = prof
         t0 = time.perf_counter()
         self.llm = start_engine(prof.engine, seed=seed)

@@ -231,3 +231,44 @@ def test_on_cpu_swaps_in_the_float32_census() -> None:
     without = cpu.on_cpu(native_bf16=False)
     assert without.census.baseline == cpu.census.baseline_without_native_bf16 and without.engine.dtype == "float32"
     assert cpu.on_cpu(native_bf16=True) is cpu
+
+
+# ----------------------------------------------------------------------------- decidable budgets (#32)
+def test_a_percentile_no_run_within_the_cap_can_decide_is_refused_naming_line_key_and_need(tmp_path: Path) -> None:
+    """p99 at 95 % has an upper bound only from 368 samples on: a cap of 200 makes it a budget that
+    can never be shown to hold, so the file is refused (exit 2 through the CLI), not run to the cap."""
+    text = GOOD.replace("    budgets:\n", "    statistics: {confidence: 0.95, max_requests: 200, batch: 50}\n    budgets:\n")
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_thresholds(path)
+    msg = str(e.value)
+    assert f"{path}:{text.splitlines().index('      ttft_ms: {p50: 9000, p99: 10000}') + 1}" in msg
+    assert "profiles.cpu.budgets.ttft_ms.p99" in msg and ">= 368 samples" in msg and "max_requests 200" in msg
+    res = run_guard("check", "--thresholds", str(path), "--profile", "cpu")
+    assert res.returncode == ExitCode.CONFIG, res.stderr
+    assert "368" in res.stderr
+
+
+def test_a_cap_at_the_need_or_no_cap_keeps_the_percentile(tmp_path: Path) -> None:
+    capped = GOOD.replace("    budgets:\n", "    statistics: {max_requests: 368}\n    budgets:\n")
+    assert load_thresholds(write(tmp_path, capped)).profile("cpu").ttft_ms["p99"] == 10000
+    # no max_requests: no resampling, the run's own count decides (today's behaviour, judged at run time)
+    assert load_thresholds(write(tmp_path, GOOD)).profile("cpu").ttft_ms["p99"] == 10000
+
+
+def test_a_server_mode_budget_is_held_to_the_same_cap(tmp_path: Path) -> None:
+    text = GOOD.replace("    budgets:\n", "    statistics: {max_requests: 24}\n    budgets:\n").replace(
+        "      ttft_ms: {p50: 9000, p99: 10000}\n",
+        "      ttft_ms: {p50: 9000}\n      modes:\n        server:\n          ttft_ms: {p50: 9000, p90: 9500}\n")
+    with pytest.raises(ConfigError) as e:
+        load_thresholds(write(tmp_path, text))
+    assert "profiles.cpu.budgets.modes.server.ttft_ms.p90" in str(e.value) and ">= 36 samples" in str(e.value)
+
+
+def test_the_shipped_profiles_budget_only_what_they_can_decide() -> None:
+    from guard.rules import min_samples_for_upper_bound
+
+    for p in load_thresholds(SHIPPED_THRESHOLDS).profiles.values():
+        for budgets in (p.ttft_ms, *p.ttft_ms_by_mode.values()):
+            for key in budgets:
+                assert min_samples_for_upper_bound(key, p.statistics.confidence) <= p.statistics.max_requests, (p.name, key)

@@ -20,7 +20,7 @@ from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,
 )
 
-FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -91,7 +91,7 @@ def test_first_run_creates_the_comment_and_sets_the_status_on_the_head_sha(gh_en
     assert sha == HEAD and sha != MERGE
     assert status == {"state": "failure", "context": "guard/deepseek-ocr-2/a10",
                       "description": status["description"], "target_url": "https://github.example/acme/guarded/actions/runs/9"}
-    assert status["description"].startswith("4 of 6 budgets exceeded: ttft p50, mask_path [1024x1024] aten::")
+    assert status["description"].startswith("5 of 6 budgets exceeded: ttft p50, ttft p99, mask_path [1024x1024] aten::")
     assert "comment created" in out and f"status failure 'guard/deepseek-ocr-2/a10' on {HEAD}" in out
 
 
@@ -299,7 +299,7 @@ def test_annotations_escape_as_the_runner_requires(regression):
 def test_annotations_one_error_per_failed_check(gh_env, guard, regression):
     code, out, _ = guard("--pr", "7")
     errors = [ln for ln in out.splitlines() if ln.startswith("::error ")]
-    assert len(errors) == len(regression.failed) == 4
+    assert len(errors) == len(regression.failed) == 5
     assert errors[0].startswith("::error title=guard%3A ttft p50 over budget::TTFT p50 2619 ms is over its budget")
     assert any(ln.startswith("::notice title=guard notice::") for ln in out.splitlines())
 
@@ -417,3 +417,31 @@ def test_workflow_run_event_verifies_the_artifact_even_without_flags(gh_env, gua
     monkeypatch.setenv("GITHUB_EVENT_PATH", workflow_run_event(tmp_path))
     assert guard(*artifact(tmp_path, "7\n", HEAD + "\n"))[0] == 0
     assert len(gh_env.comments[7]) == 1
+
+
+# ----------------------------------------------------------------------------- no results (#32)
+def test_no_results_posts_only_an_error_status_on_the_trusted_sha(gh_env, guard):
+    code, out, _ = guard("--no-results", "the measuring run ended cancelled before writing results",
+                         "--model", "deepseek-ocr-2", "--profile", "a10", "--sha", HEAD, results="/nonexistent")
+    assert code == 0
+    assert gh_env.statuses == [(HEAD, {"state": "error", "context": "guard/deepseek-ocr-2/a10",
+                                       "description": "no results: the measuring run ended cancelled before writing results"})]
+    assert gh_env.comments[7] == []
+
+
+def test_not_run_is_a_success_saying_so(gh_env, guard):
+    assert guard("--not-run", "label perf-a10 absent", "--model", "deepseek-ocr-2", "--profile", "a10",
+                 "--sha", HEAD)[0] == 0
+    [(sha, status)] = gh_env.statuses
+    assert (status["state"], status["description"]) == ("success", "not run: label perf-a10 absent")
+
+
+@pytest.mark.parametrize("argv", [
+    ("--no-results", "x", "--model", "m", "--profile", "p"),  # no --sha
+    ("--no-results", "x", "--model", "m", "--profile", "p", "--sha", HEAD, "--pr", "7"),  # a PR without results
+    ("--no-results", "x", "--not-run", "y", "--model", "m", "--profile", "p", "--sha", HEAD),
+    ("--not-run", "y", "--profile", "p", "--sha", HEAD),  # no --model
+])
+def test_no_results_refuses_incomplete_or_contradictory_arguments(gh_env, guard, argv):
+    code, _, err = guard(*argv)
+    assert code == 2 and gh_env.statuses == [], err

@@ -221,7 +221,7 @@ def test_malformed_event_payload_is_never_a_crash(payload, code, tmp_path, capsy
     ev = tmp_path / "event.json"
     ev.write_text(payload)
     monkeypatch.setenv("GITHUB_EVENT_PATH", str(ev))
-    got, out, err = main(capsys, "comment", "--results", str(FIXTURES / "results_regression.json"), "--dry-run")
+    got, out, err = main(capsys, "comment", "--results", str(FIXTURES / "synthetic-a10-regression.results.json"), "--dry-run")
     assert got == code, err
     if code == 2:
         assert "GITHUB_EVENT_PATH" in err and "Traceback" not in err
@@ -229,7 +229,7 @@ def test_malformed_event_payload_is_never_a_crash(payload, code, tmp_path, capsy
 
 def test_step_summary_in_a_missing_folder_warns_and_goes_on(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no" / "such" / "summary.md"))
-    code, out, err = main(capsys, "comment", "--results", str(FIXTURES / "results_regression.json"), "--pr", "7")
+    code, out, err = main(capsys, "comment", "--results", str(FIXTURES / "synthetic-a10-regression.results.json"), "--pr", "7")
     assert code == ExitCode.CONFIG and "GITHUB_TOKEN is not set" in err  # it got past the summary
     assert "::warning title=guard comment%3A no job summary::cannot append to GITHUB_STEP_SUMMARY" in out
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from guard.results import Status, Verdict, load_results
 from guard.terminal import render_terminal, sites_lines
 
-FIXTURE = Path(__file__).parent / "fixtures" / "results_regression.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 
 
 def test_regression_shows_tables_sites_and_one_sentence_per_failure():
@@ -17,11 +17,11 @@ def test_regression_shows_tables_sites_and_one_sentence_per_failure():
     lines = out.splitlines()
     assert lines[0] == "TTFT over 100 requests in 1 round(s): p50 2619 ms · p90 2637 ms · p99 2666 ms"
     row = next(ln for ln in lines if ln.startswith("ttft p50"))
-    assert row.split() == ["ttft", "p50", "2511", "ms", "2619", "ms", "+4.3", "%", "[2610,", "2628]", "100", "FAIL"]
+    assert row.split() == ["ttft", "p50", "2511", "ms", "2619", "ms", "+4.3", "%", "[2615,", "2623]", "100", "FAIL"]
     op_row = next(ln for ln in lines if "aten::_index_put_impl_" in ln and ln.startswith("mask_path"))
     assert op_row.split() == ["mask_path", "1024x1024", "aten::_index_put_impl_", "<=", "0", "12", "FAIL"]
     assert "  calls in mask_path [1024x1024] came from:" in lines
-    assert lines[-5] == "REGRESSION: deepseek-ocr-2 on profile 'a10': 4 budget(s) exceeded:"
+    assert lines[-6] == "REGRESSION: deepseek-ocr-2 on profile 'a10': 5 budget(s) exceeded:"
     assert lines[-1].startswith("  - all ops (total_ops) in mask_path [1024x1024]: 26 calls per request")
 
 

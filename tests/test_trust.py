@@ -204,7 +204,9 @@ def test_only_artifact_runs_check_files_unless_asked(gh_env, guard, tmp_path, re
 
 def test_describe_thresholds_change_is_pure_and_complete():
     old = load_thresholds(TH, text=SHIPPED)
-    new_text = SHIPPED.replace("headroom_pct: 15", "headroom_pct: 50", 1).replace("p50: 7000", "p50: 7000\n        p90: 8000")
+    # a p90 budget is decidable only from 36 requests on (the loader refuses it below, #32)
+    new_text = SHIPPED.replace("headroom_pct: 15", "headroom_pct: 50", 1).replace("p50: 7000", "p50: 7000\n        p90: 8000") \
+        .replace("max_requests: 24", "max_requests: 36", 1)
     lines = trust.describe_thresholds_change(old, load_thresholds(TH, text=new_text))
     assert "profile cpu: ttft_ms.p90 budget (none) → 8000 ms" in lines
     assert "profile cpu: headroom_pct 15 → 50" in lines

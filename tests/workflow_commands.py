@@ -69,8 +69,8 @@ def guard_invocations() -> list[Invocation]:
 
 
 def workflow_argv(workflow: str, command: str, env: Mapping[str, str], nth: int | None = None) -> list[str]:
-    """``guard <command>``'s arguments as ``workflow`` runs them, expanded with ``env``; ``nth``
-    picks one where the workflow runs the command more than once (required then)."""
+    """``guard <command>``'s arguments as ``workflow`` runs them, expanded with ``env``. ``nth``: which
+    of several invocations of that command, in file order (required when there is more than one)."""
     found = [i for i in guard_invocations() if i.workflow == workflow and i.command == command]
     if nth is None:
         [inv] = found

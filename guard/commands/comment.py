@@ -59,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "this run sits in main's recent range")
     parser.add_argument("--history-base", default=None, metavar="SHA",
                         help="the PR's base commit to look up in --history (default: the base `guard pr` measured)")
+    parser.add_argument("--no-results", default=None, metavar="REASON",
+                        help="the measuring run left no results.json (cancelled, timed out, failed first): post only "
+                             "an `error` commit status with this reason on --sha, for --model and --profile")
+    parser.add_argument("--not-run", default=None, metavar="REASON",
+                        help="the measuring run was not requested (e.g. the A10 run without its label): post only a "
+                             "`success` status 'not run: REASON' on --sha, for --model and --profile")
+    parser.add_argument("--model", default=None, help="with --no-results: the model of the missing results")
+    parser.add_argument("--profile", default=None, help="with --no-results: the hardware profile of the missing results")
     parser.add_argument("--max-attempts", type=int, default=publish.RetryPolicy.attempts,
                         help="tries per GitHub request for 5xx/429/rate limits (default: %(default)s)")
     parser.add_argument("--backoff-base", type=float, default=publish.RetryPolicy.base_s,
@@ -143,8 +151,44 @@ def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha:
         print("guard comment: dry run: would append the report to $GITHUB_STEP_SUMMARY")
 
 
+def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """--no-results: an ``error`` status for the model x profile whose run left nothing to judge."""
+    if args.no_results is not None and args.not_run is not None:
+        raise UsageError("give --no-results or --not-run, not both")
+    flag = "--no-results" if args.no_results is not None else "--not-run"
+    if not (args.model and args.profile and args.sha):
+        raise UsageError(f"{flag} needs --model, --profile and --sha (the triggering run's head commit)")
+    if args.pr_file or args.sha_file or args.pr:
+        raise UsageError(f"{flag} posts only a status on --sha: give no PR number or artifact files")
+    sha = publish.parse_sha(args.sha, source="--sha")
+    status = publish.no_results_status(args.model, args.profile, args.no_results or args.not_run, args.run_url or None,
+                                       requested=args.no_results is not None)
+    if args.dry_run:
+        say(f"guard comment: dry run: would set the commit status on {sha}:")
+        say(f"  state: {status.state}")
+        say(f"  context: {one_line(status.context)}")
+        say(f"  description: {one_line(status.description)}")
+        return 0
+    token = env.get("GITHUB_TOKEN")
+    if not token:
+        raise UsageError("GITHUB_TOKEN is not set: cannot post the status")
+    owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
+    gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
+                               retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
+    report = publish.publish_status(gh, owner=owner, repo=name, sha=sha, status=status)
+    if report.status:
+        say(f"guard comment: status {status.state} '{one_line(status.context)}' on {sha}: {one_line(status.description)}")
+    for refused in report.forbidden:
+        print(publish.workflow_command("warning", refused, title="guard comment: not published"))
+    if report.errors:
+        raise publish.GitHubSideError("; ".join(report.errors), hint="GitHub's side failed; re-run this job")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
+    if args.no_results is not None or args.not_run is not None:
+        return run_without_results(args, env)
     results = load_results(Path(args.results))
     policy = _trust_policy(args, verify=bool(args.pr_file or args.sha_file or args.expected_head_repo))
     if policy is not None:  # the artifact's verdict is a claim: guard's own verdict replaces it

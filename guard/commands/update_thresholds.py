@@ -309,6 +309,8 @@ def provenance_for(results: Results, headroom_pct: float, cwd: Path) -> dict[str
         "vllm": str(env.get("vllm") or "unknown"),
         "samples": len(results.run.ttft_client_s()),
         "headroom_pct": _num(headroom_pct),
+        # the Hub commit the weights were loaded at (guard.weights resolves a moving `main`)
+        **({"model_revision": str(env["model_revision"])} if env.get("model_revision") else {}),
     }
 
 

