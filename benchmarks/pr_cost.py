@@ -7,8 +7,8 @@ Builds a vLLM repository from the installed sources (tests/vllm_repo.py) with on
   check-ops      `guard check --only ops`
   pr-cold        `guard pr --only ops` with an empty cache: both environments built, both sides profiled
   pr-envs        the same again with --fresh: environments cached, both sides profiled again
-  pr-warm        the same again: base's op counts from the cache, head profiled (the usual re-run of a
-                 pull request after a push; a new base costs what pr-envs does)
+  pr-warm        the same again: both sides' op counts from the cache (a re-run with nothing new; a
+                 push to the pull request profiles only its new head, half of pr-envs)
 
 Targets (issue #31): pr-envs <= 2x check-ops; check-ops <= 0.5x check. Run it alone on the machine:
 

@@ -24,8 +24,9 @@ MAX_LINES_PER_FUNCTION = 40
 
 
 def side_modules(profile: Profile) -> list[str]:
-    """What the import check imports: the compiled ops' wrapper, the engine, and each budgeted scope's module."""
-    modules = ["vllm._custom_ops", "vllm.v1.engine.llm_engine"]
+    """What the import check imports: the compiled ops' wrapper (it loads the extensions, so ABI
+    drift shows) and each budgeted scope's module (the model's own code, which imports most of vLLM)."""
+    modules = ["vllm._custom_ops"]
     for sb in profile.ops:
         file = getattr(sb.scope, "file", None)
         if file and file.endswith(".py") and file.startswith(git.PACKAGE + "/"):
@@ -53,13 +54,17 @@ def ops_cache_key(env: overlay.SideEnvironment, profile: Profile, thresholds: Th
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def cached_pass(env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds) -> Path:
+    """Where this side's op-count pass is kept once it ran (it may not exist yet)."""
+    return env.root / "runs" / f"{ops_cache_key(env, profile, thresholds)}.json"
+
+
 def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds, output: Path,
                  fresh: bool = False, say: Callable[[str], None] = print) -> tuple[RunRecord, bool]:
     """One side's op-count pass in a child pytest with the side's python, into ``output/name``; from
     the side's cache entry when the same pass ran before (op counts are exact: the same inputs give
     the same counts). Returns (the record, whether it came from the cache)."""
-    key = ops_cache_key(env, profile, thresholds)
-    cached = env.root / "runs" / f"{key}.json"
+    cached = cached_pass(env, profile, thresholds)
     rev = env.revision
     if cached.is_file() and not fresh:
         say(f"{name} {rev.sha[:12]}: op counts from the cache ({cached})")
