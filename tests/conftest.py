@@ -38,6 +38,15 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
 
 
+def clear_github_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real GitHub Actions context leaks into a test (or out of it), and the local fake GitHub is
+    reached directly: tests of the comment path set exactly what they need."""
+    for name in list(os.environ):
+        if name.startswith(("GITHUB_", "GH_", "RUNNER_", "ACTIONS_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
 def run_guard(*args: str, cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """The real `guard` console entry point, in a child process, as a person would run it."""
     exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"

@@ -16,6 +16,7 @@ from guard.budgets import DEFAULT_THRESHOLDS
 from guard.markdown import render_markdown
 from guard.errors import ExitCode, UsageError
 from guard.results import Results, Status, TtftCheck, Verdict, load_results, results_to_dict
+from tests.conftest import clear_github_context
 from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,
 )
@@ -27,11 +28,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     """No real GitHub context leaks in (or out): every test sets exactly what it needs."""
-    import os
-    for name in list(os.environ):
-        if name.startswith(("GITHUB_", "GH_", "RUNNER_", "ACTIONS_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    clear_github_context(monkeypatch)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from guard.budgets import load_thresholds
 from guard.evaluate import ran_bf16_fallback
 from guard.rejudge import judged_profile, rejudge
 from guard.results import load_results
-from tests.conftest import REPO
+from tests.conftest import REPO, clear_github_context
 from tests.fakes.github import FORK, HEAD, FakeGitHub
 from tests.workflow_commands import workflow_argv
 
@@ -54,11 +54,7 @@ def fixture(name: str) -> Path:
 # ----------------------------------------------------------------------------- the workflow's setting
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    import os
-    for name in list(os.environ):
-        if name.startswith(("GITHUB_", "GH_", "RUNNER_", "ACTIONS_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    clear_github_context(monkeypatch)
     monkeypatch.setattr(cli, "COMMANDS", {"comment": cli.COMMANDS["comment"]})  # no engine-side imports
 
 
