@@ -246,7 +246,7 @@ def test_the_poster_re_judges_pr_results_as_guard_pr_judged_them(repo: Path, hea
     trusted = load_thresholds(SHIPPED_THRESHOLDS)
     res, _ = recorded("mask-loop")
     assert rejudge(res, trusted, source="mask-loop.results.json").verdict == Verdict.REGRESSION
-    done = pr_command(repo, heads["csrc-only"], tmp_path / "out", tmp_path / "cache")
+    assert pr_command(repo, heads["csrc-only"], tmp_path / "out", tmp_path / "cache").returncode == 6
     unmeasured = load_results(tmp_path / "out" / "results.json")
     assert rejudge(unmeasured, trusted, source="csrc").verdict == Verdict.NOT_MEASURABLE
     forged = dataclasses.replace(unmeasured, verdict=Verdict.PASS)
