@@ -53,13 +53,6 @@ def run_guard(*args: str, cwd: Path | None = None, timeout: float = 900) -> subp
     return subprocess.run([exe, *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
-def pr_cache(tmp_path_factory) -> Path:
-    """One `guard pr` / `guard bisect` cache for the session: the engine tests build their vLLM
-    repositories from the same installed sources, so the base's op counts are profiled once."""
-    return tmp_path_factory.mktemp("guard-pr-cache")
-
-
 @pytest.fixture(scope="module")
 def thresholds():
     """The pinned statistics thresholds (tests/fixtures/thresholds-statistics.yaml)."""

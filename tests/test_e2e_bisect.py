@@ -42,12 +42,12 @@ def history(root: Path) -> tuple[Path, str, str, str]:
     return repo, good, sha, culprit
 
 
-def test_bisect_names_the_loop_commit_in_log2_n_plus_one_profiled_revisions(tmp_path: Path, pr_cache: Path) -> None:
+def test_bisect_names_the_loop_commit_in_log2_n_plus_one_profiled_revisions(tmp_path: Path) -> None:
     repo, good, bad, culprit = history(tmp_path)
     out = tmp_path / "out"
     done = run_guard("bisect", "--vllm-repo", str(repo), "--good", good, "--bad", bad,
                      "--thresholds", str(small_cpu_yaml(tmp_path)), "--output", str(out),
-                     "--cache-dir", str(pr_cache), timeout=2400)  # good may come from test_e2e_pr's cache
+                     "--cache-dir", str(tmp_path / "cache"), timeout=2400)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     result = json.loads((out / "bisect.json").read_text())
     assert [c["sha"] for c in result["culprits"]] == [culprit]

@@ -23,12 +23,12 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, pr_cache):
+def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e-pr")
     repo = build(root)
     heads = {name: commit(repo, h.message, edits=h.edits, files=h.files, renames=h.renames)
              for name, h in HEADS.items() if name in ("mask-loop", "item-loop", "refactor")}
-    return repo, heads, small_cpu_yaml(root), pr_cache
+    return repo, heads, small_cpu_yaml(root), root / "cache"
 
 
 def judge(world, head: str, out: Path):
