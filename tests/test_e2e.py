@@ -357,7 +357,10 @@ def test_the_local_budget_recipe_guard_prints_works_when_followed_exactly(tmp_pa
     """On a CPU the shipped TTFT budget is not bound to, guard check prints a recipe for a local
     budget. Followed to the letter (its commands, as printed) in a copy of the thresholds folder
     (census baselines beside the YAML, by relative path, as shipped), it ends in a check whose TTFT
-    is judged and passes."""
+    is judged against the new local budget, with the census found. That check passes unless the
+    machine itself changed speed meanwhile (this VM's host once doubled guard's speed reference
+    between two runs): then guard's speed gate makes it invalid, which is the machine's doing, not
+    the recipe's, and the test says so rather than failing."""
     import re
     import shlex
 
@@ -368,19 +371,28 @@ def test_the_local_budget_recipe_guard_prints_works_when_followed_exactly(tmp_pa
     cpu = data["profiles"]["cpu"]
     cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=[[640, 480]])
     cpu["statistics"] = {"confidence": 0.95}
-    cpu["validity"] = {"max_other_cpu_pct": 100}
+    cpu["validity"] = {"max_other_cpu_pct": 100, "max_slowdown_pct": 10}
     cpu["budgets"]["ttft_hardware"] = {"cpu_model_regex": "^a CPU this test never runs on$", "cpu_count": 2}
     budget.write_text(yaml.safe_dump(data, sort_keys=False))
-    first = run_guard("check", "--thresholds", str(budget), "--output", str(tmp_path / "out"), cwd=tmp_path)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    for _ in range(3):  # update-thresholds takes a budget only from a run that held its speed (as the quota test)
+        first = run_guard("check", "--thresholds", str(budget), "--output", str(tmp_path / "out"), cwd=tmp_path)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+        if not unsteady(results_of(tmp_path / "out")["run"]["environment"].get("speed_reference"), 10):
+            break
     (notice,) = [line for line in first.stdout.splitlines() if line.startswith("notice: TTFT not judged")]
     steps = re.findall(r"`([^`]+)`", notice)
     assert [s.split()[0] for s in steps] == ["cp", "guard", "guard"], steps
     subprocess.run(shlex.split(steps[0]), cwd=tmp_path, check=True)
     update = run_guard(*shlex.split(steps[1])[1:], cwd=tmp_path)
     assert update.returncode == 0, update.stdout[-2000:] + update.stderr[-2000:]
+    local_p50 = yaml.safe_load((folder / "local.yaml").read_text())["profiles"]["cpu"]["budgets"]["ttft_ms"]["p50"]
     last = run_guard(*shlex.split(steps[2])[1:], cwd=tmp_path)  # as printed: results in ./guard-results
-    assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-2000:]
     res = results_of(tmp_path / "guard-results")
-    assert res["verdict"] == "pass" and [c["status"] for c in res["checks"]["ttft"]] in (["pass"], ["inconclusive"])
-    assert not res["judged_invalid_reasons"]  # its census baselines were found beside the copy
+    (ttft,) = res["checks"]["ttft"]
+    assert ttft["budget_ms"] == local_p50 and ttft["status"] != "not_judged"  # judged against the local budget
+    assert not any("census" in r for r in res["judged_invalid_reasons"])  # its baselines resolved beside the copy
+    if last.returncode == 3:  # only the machine's speed may stand in the way, never the recipe
+        assert res["judged_invalid_reasons"] and all(r.startswith("slow machine") for r in res["judged_invalid_reasons"])
+    else:
+        assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-2000:]
+        assert res["verdict"] == "pass" and ttft["status"] in ("pass", "inconclusive")
