@@ -132,6 +132,24 @@ def read_record(run_file: Path, code: int, interrupted: str | None, fallback: Ru
     return record
 
 
+def empty_record(profile: Profile, thresholds: Thresholds, **fields) -> RunRecord:
+    """A run record with no measurements: what a run that wrote none, or never started, leaves."""
+    return RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
+                     environment={}, **fields)
+
+
+def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
+                 python: str | None = None, **suite_options) -> RunRecord:
+    """The suite in a child process (``run_suite``), and what it recorded, with why it cannot be
+    judged added: a stop, a crash, a budget no op name can meet."""
+    code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, python=python,
+                                  **suite_options)
+    record = read_record(output / "run.json", code, interrupted, empty_record(profile, thresholds, injected=inject))
+    record.invalid_reasons.extend(r for r in vacuous_budgets(profile, record.op_counts)
+                                  if r not in record.invalid_reasons)
+    return record
+
+
 def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
                   traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
                   server_url: str | None = None) -> Results:
@@ -140,12 +158,7 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
     output.mkdir(parents=True, exist_ok=True)
     for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
         (output / stale).unlink(missing_ok=True)
-    code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, traces=traces,
-                                  only=only, engine_mode=engine_mode, server_url=server_url)
-    fallback = RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
-                         environment={}, injected=inject)
-    record = read_record(output / "run.json", code, interrupted, fallback)
-    record.invalid_reasons.extend(r for r in vacuous_budgets(profile, record.op_counts)
-                                  if r not in record.invalid_reasons)
+    record = record_suite(thresholds, profile, output, inject=inject, traces=traces, only=only,
+                          engine_mode=engine_mode, server_url=server_url)
     judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
     return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)

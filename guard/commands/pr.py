@@ -22,9 +22,9 @@ from guard.commands.check import prepare_output, say_dtype, write_report
 from guard.errors import InvalidRunError, UsageError
 from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr, pr_notices
 from guard.hardware import detect, select_profile
-from guard.harness import OPS_ONLY
+from guard.harness import OPS_ONLY, empty_record
 from guard.opnames import check_op_names
-from guard.results import PullRequestDiff, Results, RevisionInfo, RunRecord, Verdict
+from guard.results import PullRequestDiff, Results, RevisionInfo, Verdict
 from guard.revisions import git, overlay
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
 from guard.terminal import render_terminal
@@ -56,8 +56,7 @@ def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff, verd
              reasons: list[str] = ()) -> Results:
     """A pull request with nothing to measure (the same vllm/ Python on both sides) or whose
     sides could not run: no run record beyond why."""
-    run = RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
-                    environment={}, invalid_reasons=list(reasons))
+    run = empty_record(profile, thresholds, invalid_reasons=list(reasons))
     return Results(verdict=verdict, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)), pr=pr)
 
 

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard.budgets import Profile, Thresholds
-from guard.harness import OPS_ONLY, read_record, run_suite
-from guard.opnames import vacuous_budgets
+from guard.harness import OPS_ONLY, record_suite
 from guard.results import FunctionChange, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
@@ -74,14 +73,9 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     side_out.mkdir(parents=True, exist_ok=True)
     (side_out / "run.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
-    code, interrupted = run_suite(profile.name, thresholds.path.resolve(), side_out, only=OPS_ONLY,
-                                  python=str(env.python))
-    fallback = RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
-                         environment={})
-    record = read_record(side_out / "run.json", code, interrupted, fallback)
-    record.invalid_reasons.extend(r for r in vacuous_budgets(profile, record.op_counts) if r not in record.invalid_reasons)
+    record = record_suite(thresholds, profile, side_out, only=OPS_ONLY, python=str(env.python))
     say(f"{name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s")
-    if not record.invalid_reasons and not interrupted:
+    if not record.invalid_reasons:  # a stopped or broken run says why there, and is never kept
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(cached, run_file_dict(record))
     return record, False
