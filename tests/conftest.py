@@ -68,3 +68,12 @@ def cpu(thresholds):
     import dataclasses
 
     return dataclasses.replace(thresholds.profile("cpu"), ops=())
+
+
+@pytest.fixture(scope="session")
+def engine_cache(tmp_path_factory) -> Path:
+    """One guard cache (per-revision environments and op counts) for the engine tests of a session:
+    `guard pr` and `guard bisect` over repositories built from the same installed vLLM share their
+    base tree, which is then profiled once. What is cached is keyed by what it measured
+    (guard.revisions.sides), so sharing cannot hand a test another revision's counts."""
+    return tmp_path_factory.mktemp("engine-cache")

@@ -3,8 +3,8 @@
 One base and three heads (tests/pr_heads.py): the pre-#49531 mask loop and a per-token `.item()`
 loop must fail naming their functions and the lines that added them; a refactor that moves code
 into a new helper and renames a function must pass with a "moved" notice. The cache directory is
-shared, so base is profiled once (its op counts come from the cache after that): four profile
-passes of one 640x480 request each.
+the session's (conftest.engine_cache, shared with test_e2e_bisect, whose good is this base), so
+base is profiled once in the session: at most four profile passes of one 640x480 request each.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, engine_cache):
     root = tmp_path_factory.mktemp("e2e-pr")
     repo = build(root)
     heads = {name: commit(repo, h.message, edits=h.edits, files=h.files, renames=h.renames)
              for name, h in HEADS.items() if name in ("mask-loop", "item-loop", "refactor")}
-    return repo, heads, small_cpu_yaml(root), root / "cache"
+    return repo, heads, small_cpu_yaml(root), engine_cache
 
 
 def judge(world, head: str, out: Path):
