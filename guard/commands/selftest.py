@@ -19,9 +19,10 @@ from guard.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError
 from guard.evaluate import DEFAULT_OUTPUT
+from guard.commands.check import write_report
 from guard.harness import OPS_ONLY, run_and_judge
 from guard.hardware import detect, select_profile
-from guard.results import Results, Status, Verdict, results_to_dict, write_json_atomic
+from guard.results import Results, Status, Verdict
 from guard.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"guard selftest: {label} run (op counts only){' with the pre-#49531 mask injected' if inject else ''}",
               flush=True)
         res = run_and_judge(thresholds, profile, output / label, inject=inject, only=OPS_ONLY)
-        write_json_atomic(output / label / "results.json", results_to_dict(res))
+        write_report(res, output / label, thresholds=args.thresholds)  # the canary's: what a caught regression reads like
         if res.verdict == Verdict.INVALID:  # e.g. the mask function was renamed: the selftest proves nothing
             print(render_terminal(res))
             raise InvalidRunError(f"the {label} run is invalid: " + "; ".join(res.invalid_reasons))
