@@ -1,0 +1,230 @@
+"""How far a command's arguments travel: guard's static call graph from one entry function.
+
+Prints, for the functions reachable from the entry (default ``guard.commands.check:run``):
+- stops: guard functions reached (each counted once);
+- modules: the guard modules those live in;
+- climbs: calls from a module to one on a higher import layer (a module's layer is the length of
+  the longest chain of guard imports below it, late imports included): the call goes back up
+  against the direction of the imports, which is what makes a flow hard to follow;
+- entries: for each module, how many distinct call edges come into it from other modules.
+
+Static and approximate by design: calls are resolved through imports, ``module.attr`` calls,
+same-module names and ``self.method``; calls through variables, callbacks and subprocesses (the
+perf suite in its child pytest) are not followed. The same reading applied before and after a
+change compares like with like.
+
+    uv run --extra cpu python benchmarks/call_trace.py [module:function]
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "guard"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def load() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(), str(p)) for p in PACKAGE.rglob("*.py")
+            if "_suite" not in p.parts}
+
+
+def resolve_from(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    is_package = (PACKAGE / Path(*base[1:]) / "__init__.py").exists() if len(base) > 1 else True
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+class Module:
+    """One module's imports (every one, late imports included) and its functions."""
+
+    def __init__(self, name: str, tree: ast.Module, modules: set[str]) -> None:
+        self.name = name
+        self.aliases: dict[str, str] = {}  # local name -> module
+        self.names: dict[str, tuple[str, str]] = {}  # local name -> (module, attribute)
+        self.imports: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in modules:
+                        self.imports.add(a.name)
+                        self.aliases[a.asname or a.name] = a.name
+            elif isinstance(node, ast.ImportFrom):
+                source = resolve_from(name, node)
+                for a in node.names:
+                    full = f"{source}.{a.name}"
+                    if full in modules:
+                        self.imports.add(full)
+                        self.aliases[a.asname or a.name] = full
+                    elif source in modules:
+                        self.imports.add(source)
+                        self.names[a.asname or a.name] = (source, a.name)
+        self.functions: dict[str, ast.AST] = {}
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions[node.name] = node
+            elif isinstance(node, ast.ClassDef):
+                self.functions[node.name] = node  # calling a class runs its __init__
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.functions[f"{node.name}.{item.name}"] = item
+
+
+def graph(trees: dict[str, ast.Module]):
+    modules = {n: Module(n, t, set(trees)) for n, t in trees.items()}
+
+    def callees(mod: Module, qualname: str) -> set[tuple[str, str]]:
+        node = mod.functions[qualname]
+        cls = qualname.split(".")[0] if "." in qualname or isinstance(node, ast.ClassDef) else None
+        body = node
+        if isinstance(node, ast.ClassDef):  # the class itself: its __init__
+            init = mod.functions.get(f"{node.name}.__init__")
+            return {(mod.name, f"{node.name}.__init__")} if init else set()
+        found = set()
+        for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
+            f = call.func
+            if isinstance(f, ast.Name):
+                if f.id in mod.functions:
+                    found.add((mod.name, f.id))
+                elif f.id in mod.names:
+                    found.add(mod.names[f.id])
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                owner = f.value.id
+                if owner == "self" and cls and f"{cls}.{f.attr}" in mod.functions:
+                    found.add((mod.name, f"{cls}.{f.attr}"))
+                elif owner in mod.aliases:
+                    found.add((mod.aliases[owner], f.attr))
+        out = set()
+        for m, fn in found:
+            target = modules.get(m)
+            if target is None:
+                continue
+            if fn in target.functions:
+                node = target.functions[fn]
+                out.add((m, f"{fn}.__init__" if isinstance(node, ast.ClassDef)
+                         and f"{fn}.__init__" in target.functions else fn))
+        return out
+
+    return modules, callees
+
+
+def layers(modules: dict[str, Module]) -> dict[str, int]:
+    @lru_cache(maxsize=None)
+    def layer(name: str, seen: frozenset = frozenset()) -> int:
+        below = [m for m in modules[name].imports if m in modules and m != name and m not in seen]
+        return 1 + max((layer(m, seen | {name}) for m in below), default=-1)
+
+    return {name: layer(name) for name in modules}
+
+
+def params(node) -> list[str]:
+    a = node.args
+    return [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+
+
+def tainted_names(node, seeds: set[str]) -> set[str]:
+    """The names in a function that hold the argument or a value computed from it."""
+    names = set(seeds)
+    changed = True
+    while changed:
+        changed = False
+        for n in ast.walk(node):
+            if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value is not None:
+                if any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    for t in targets:
+                        for x in ast.walk(t):
+                            if isinstance(x, ast.Name) and x.id not in names:
+                                names.add(x.id)
+                                changed = True
+    return names
+
+
+def follow(modules, entry: tuple[str, str], seed: str) -> list[tuple[str, str]]:
+    """The functions the argument ``seed`` of ``entry`` reaches, in reading order (depth first):
+    a call is followed when one of its arguments is computed from a tainted name."""
+    order: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+
+    def visit(node_id: tuple[str, str], seeds: set[str]) -> None:
+        if node_id in seen:
+            return
+        seen.add(node_id)
+        order.append(node_id)
+        mod = modules[node_id[0]]
+        fn = mod.functions[node_id[1]]
+        names = tainted_names(fn, seeds)
+        cls = node_id[1].split(".")[0] if "." in node_id[1] else None
+        for call in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda c: (c.lineno, c.col_offset)):
+            hits = [i for i, a in enumerate(call.args) if any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(a))]
+            kw = [k.arg for k in call.keywords if k.arg and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(k.value))]
+            if not hits and not kw:
+                continue
+            target = resolve(modules, mod, cls, call.func)
+            if target is None:
+                continue
+            tnode = modules[target[0]].functions[target[1]]
+            ps = params(tnode)
+            if ps and ps[0] in ("self", "cls"):
+                ps = ps[1:]
+            visit(target, {ps[i] for i in hits if i < len(ps)} | {k for k in kw if k in ps})
+
+    visit(entry, {seed})
+    return order
+
+
+def resolve(modules, mod: Module, cls: str | None, f) -> tuple[str, str] | None:
+    found = None
+    if isinstance(f, ast.Name):
+        if f.id in mod.functions:
+            found = (mod.name, f.id)
+        elif f.id in mod.names:
+            found = mod.names[f.id]
+    elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+        if f.value.id == "self" and cls and f"{cls}.{f.attr}" in mod.functions:
+            found = (mod.name, f"{cls}.{f.attr}")
+        elif f.value.id in mod.aliases:
+            found = (mod.aliases[f.value.id], f.attr)
+    if found is None or found[0] not in modules or found[1] not in modules[found[0]].functions:
+        return None
+    node = modules[found[0]].functions[found[1]]
+    if isinstance(node, ast.ClassDef):
+        init = f"{found[1]}.__init__"
+        return (found[0], init) if init in modules[found[0]].functions else None
+    return found
+
+
+def main(entry: str = "guard.commands.check:run", seed: str = "args") -> int:
+    modules, _ = graph(load())
+    layer = layers(modules)
+    order = follow(modules, tuple(entry.split(":")), seed)
+    mods = {m for m, _ in order}
+    climbs = sum(1 for a, b in zip(order, order[1:]) if layer[b[0]] > layer[a[0]])
+    entered: dict[str, int] = defaultdict(int)
+    for a, b in zip(order, order[1:]):
+        if a[0] != b[0]:
+            entered[b[0]] += 1
+    print(f"`{seed}` from {entry}: {len(order)} stops in {len(mods)} modules, "
+          f"{climbs} climbs back up a layer (reading order)")
+    print("modules entered most often: " + ", ".join(f"{m} {n}" for m, n in
+                                                 sorted(entered.items(), key=lambda kv: (-kv[1], kv[0]))[:6]))
+    for m, fn in order:
+        print(f"  L{layer[m]:<2} {m}:{fn}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
