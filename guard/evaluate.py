@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from guard import format as fmt
 from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
 from guard.census import Baseline, CensusJudgement, judge, size_key
-from guard.contention import contention_problems
+from guard.contention import busy
 from guard.speedref import speed_notice, speed_problems, unsteady
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
 from guard.results import (TOTAL_OPS, ABComparison, OpCheck, PullRequestDiff, Results, RunRecord, ScopeCounts, Status,
@@ -159,7 +159,9 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
     if profile.ttft_ms and ttft_not_judged(profile, run.environment) is None:
         # A busy machine invalidates judged TTFT (guard.contention); op counts do not depend on it,
         # and TTFT bound to another CPU is only shown, so contention cannot change that verdict.
-        reasons += contention_problems(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
+        over = busy(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
+        if over is not None:
+            reasons.append(fmt.busy_machine(over, profile.validity.max_other_cpu_pct))
     if profile.ttft_ms and not stopped:
         got = len(run.ttft_client_s())
         if got == 0:
@@ -325,7 +327,7 @@ def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> 
     """A machine busy enough to invalidate an absolute check: said, never a reason here. Both
     members of every pair were measured under it, seconds apart, so it cancels in the ratio
     (docs/ab-campaigns.md, "One busy core")."""
-    if not recorded or not contention_problems(recorded, profile.validity.max_other_cpu_pct):
+    if busy(recorded, profile.validity.max_other_cpu_pct) is None:
         return []
     limit = profile.validity.max_other_cpu_pct
     return [f"busy machine: {fmt.contention(recorded, ab=True)}. An absolute check would not judge TTFT above "

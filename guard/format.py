@@ -122,6 +122,13 @@ def contention(reading: ContentionReading | Mapping[str, Any], ab: bool = False)
     return text + f" during measurement ({r.window_s:.0f} s; {ours} used {r.own_cores:.2f})"
 
 
+def busy_machine(reading: ContentionReading, max_other_cpu_pct: float) -> str:
+    """Why a run on a busy machine (``guard.contention.busy``) does not judge TTFT."""
+    limit = reading.cpus * max_other_cpu_pct / 100.0
+    return (f"busy machine: {contention(reading)}; the profile allows {limit:.2f} "
+            f"({max_other_cpu_pct:g} % of {reading.cpus} cores, validity.max_other_cpu_pct), so its TTFT is not judged")
+
+
 def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> str:
     """A run's speed reference (``environment.speed_reference``, guard.speedref): "79 ms (before and
     after the measured requests: 81, 77); the budget's machine: 76 ms, this one +4.2 %"."""

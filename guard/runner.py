@@ -15,7 +15,7 @@ from pathlib import Path
 from guard import format as fmt
 from guard import speedref
 from guard.budgets import Profile, Thresholds
-from guard.contention import ContentionSampler, contention_problems
+from guard.contention import ContentionSampler, busy
 from guard.census import QualnameResolver, count_functions, size_key
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
@@ -219,7 +219,7 @@ class GuardRun:
                 return False  # a failed request makes the run invalid: stop measuring
             so_far = self.contention.peek()
             # over the limit: the run is invalid already, and more requests on a busy machine would not fix it
-            return so_far is None or not contention_problems(so_far.as_dict(), limit)
+            return so_far is None or busy(so_far.as_dict(), limit) is None
 
         gpu_state = env.get("gpu_state")
         # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only
