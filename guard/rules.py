@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from guard import format as fmt
-from guard.budgets import Statistics, percentile_value
+from guard.budgets import Statistics, min_samples_for_upper_bound, percentile_value
 from guard.results import Status, TtftCheck
 from guard.stats import percentile, percentile_interval
 
@@ -99,12 +99,6 @@ def measure_until_decided(budgets_ms: Mapping[str, float], statistics: Statistic
         on_undecided(pending, extra)
         samples += measure(extra)
     return samples
-
-
-def min_samples_for_upper_bound(key: str, confidence: float) -> int:
-    """Fewest samples for which the percentile's interval has an upper bound: q ** n <= alpha."""
-    q = percentile_value(key) / 100.0
-    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log(q) - 1e-9)
 
 
 def _point_estimate_note(d: TtftDecision, max_requests: int | None, over: bool) -> str:
