@@ -43,7 +43,7 @@ from guard.errors import InvalidRunError
 from guard.files import cache_root
 from guard.rules import measure_until_decided
 from guard.hardware import Hardware, fingerprint
-from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
+from guard.results import InvalidReason, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
 from guard.worker import WorkerClient, WorkerDied, WorkerError
 
 
@@ -130,7 +130,7 @@ class ABRun:
 
     def _fail(self, exc: Exception) -> InvalidRunError:
         reason = str(exc)
-        self.record.candidate.invalid_reasons.append(reason)  # the run's own reasons (results.run)
+        self.record.candidate.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, reason))  # the run's own reasons (results.run)
         return InvalidRunError(reason)
 
     def start(self) -> None:

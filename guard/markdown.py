@@ -100,7 +100,7 @@ def _summary(results: Results) -> list[str]:
     if results.verdict == Verdict.INVALID:
         lines = ["**The run cannot be trusted, so no budget was judged.** Why:", ""]
         for r in results.invalid_reasons:
-            head, _, rest = r.partition("\n")
+            head, _, rest = r.text.partition("\n")
             lines.append(f"- {text(head)}")
             if rest.strip():  # a server log's tail: kept line by line, inert, under its item
                 lines += _indented_block(rest)

@@ -21,7 +21,7 @@ from guard.errors import ExitCode, InvalidRunError
 from guard.evaluate import DEFAULT_OUTPUT
 from guard.harness import OPS_ONLY, run_and_judge
 from guard.hardware import detect, select_profile
-from guard.results import Results, Status, Verdict, results_to_dict, write_json_atomic
+from guard.results import Results, Status, Verdict, reasons_text, results_to_dict, write_json_atomic
 from guard.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(output / label / "results.json", results_to_dict(res))
         if res.verdict == Verdict.INVALID:  # e.g. the mask function was renamed: the selftest proves nothing
             print(render_terminal(res))
-            raise InvalidRunError(f"the {label} run is invalid: " + "; ".join(res.invalid_reasons))
+            raise InvalidRunError(f"the {label} run is invalid: " + reasons_text(res.invalid_reasons))
         judged[label] = res
 
     rows = findings(judged["clean"], judged["canary"], scopes)

@@ -23,7 +23,7 @@ from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import write_text_atomic
-from guard.results import ImageSize, Results, Verdict
+from guard.results import ImageSize, Results, Verdict, reasons_text
 from guard.stats import percentile
 
 HISTORY_SCHEMA = "guard/history"
@@ -110,7 +110,7 @@ def record_from_results(results: Results, *, commit: str | None = None, date: st
     """One history line from a `guard check` results file. An invalid run is not history (exit 3)."""
     run = results.run
     if results.verdict == Verdict.INVALID:
-        reasons = "; ".join(results.invalid_reasons) or "no reason recorded"
+        reasons = reasons_text(results.invalid_reasons) or "no reason recorded"
         raise InvalidRunError(f"the run is invalid ({reasons}): an invalid run is not recorded in the history")
     samples = run.ttft_client_s()
     if not samples:
