@@ -123,7 +123,7 @@ class ABRun:
             self._buffer[side].append(o)
             self._done[side] += 1
             size = f"{o.image_size[0]}x{o.image_size[1]}"
-            what = f"TTFT {o.ttft_client_s * 1000:.0f} ms" if o.success else f"FAILED: {o.error}"
+            what = f"TTFT {fmt.seconds_as_ms(o.ttft_client_s)}" if o.success else f"FAILED: {o.error}"
             self.progress(f"{side:9} {self._label} {self._done[side]}/{self._total} [{size}] {what}")
         elif msg.get("type") == "progress":
             self.progress(f"{side:9} {msg.get('message', '')}")

@@ -19,7 +19,7 @@ from typing import Any
 from guard.contention import ContentionReading
 from guard.speedref import WORKLOADS as SPEED_WORKLOADS
 from guard.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
-                           TtftRatioCheck)
+                           TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}
@@ -37,7 +37,7 @@ def ms_unit(value_ms: float) -> str:
 
 
 def seconds_as_ms(value_s: float) -> str:
-    return ms_unit(value_s * 1000.0)
+    return ms_unit(to_ms(value_s))
 
 
 def interval(bounds_ms: tuple[float, float]) -> str:

@@ -51,6 +51,12 @@ TTFT_DEFINITION_SERVER = (
 ENGINE_MODE_SERVER = "server"
 
 
+def to_ms(seconds: float) -> float:
+    """Seconds, guard's unit inside, as the milliseconds a ``_ms`` field or a reader sees: the one
+    place that multiplies by 1000 (``guard.format`` words it, ``seconds_as_ms``)."""
+    return seconds * 1000.0
+
+
 def ttft_definition(engine_mode: str) -> str:
     return TTFT_DEFINITION_SERVER if engine_mode == ENGINE_MODE_SERVER else TTFT_DEFINITION
 

@@ -14,7 +14,7 @@ from guard.errors import ConfigError
 from guard.evaluate import evaluate
 from guard.results import (
     RESULTS_SCHEMA_VERSION, SCHEMA_FILE, InvalidReason, OpCheck, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
-    TtftCheck, classify_v2_reason, field_names, load_results, load_run, results_schema, results_to_dict, run_file_dict,
+    TtftCheck, classify_v2_reason, field_names, to_ms, load_results, load_run, results_schema, results_to_dict, run_file_dict,
     write_json_atomic,
 )
 from tests.ttft_scenarios import record, spread
@@ -253,3 +253,17 @@ def test_the_synthetic_a10_fixture_is_what_guard_itself_would_judge_from_its_run
     assert results_to_dict(fresh) == results_to_dict(stored)
     p99 = next(c for c in stored.ttft_checks if c.percentile == "p99")
     assert p99.samples < 368 and p99.interval_ms[1] == float("inf") and p99.status != "pass"
+
+
+def test_seconds_become_milliseconds_in_one_place():
+    """Seconds inside, milliseconds at the edge: ``to_ms`` is guard's one ×1000, so a unit change or
+    a rounding rule cannot differ between the records, the reports and the history."""
+    import ast
+
+    guard_dir = Path(__file__).resolve().parent.parent / "guard"
+    found = [f"{path.relative_to(guard_dir.parent)}:{node.lineno}"
+             for path in sorted(guard_dir.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
+             and any(isinstance(x, ast.Constant) and x.value == 1000 for x in (node.left, node.right))]
+    assert len(found) == 1 and found[0].startswith("guard/results.py:"), found
+    assert to_ms(1.5) == 1500.0
