@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
@@ -744,6 +745,10 @@ def classify_v2_reason(text: str) -> InvalidReason:
         kind = ReasonKind.SCOPE_NOT_MEASURED
     elif kind == ReasonKind.REQUEST_FAILED and " failed" not in bare:
         kind = ReasonKind.UNKNOWN
+    elif kind == ReasonKind.UNKNOWN and bare.endswith(": the run was stopped before it finished"):
+        kind = ReasonKind.INTERRUPTED  # "<how it was stopped>: ..."
+    elif kind == ReasonKind.UNKNOWN and re.match(r"\d+ request\(s\) failed during ", bare):
+        kind = ReasonKind.REQUEST_FAILED  # server mode
     return InvalidReason(kind, text)
 
 

@@ -91,6 +91,10 @@ def test_a_version_2_file_reads_with_its_reasons_typed_by_their_text(tmp_path):
     ("slow machine: guard's speed reference took 100 ms", ReasonKind.SLOW_MACHINE),
     ("the run did not finish: the last checkpoint was written after round 1", ReasonKind.UNFINISHED),
     ("the perf suite process was killed by SIGKILL mid-run", ReasonKind.CRASH),
+    ("guard received SIGTERM: the run was stopped before it finished", ReasonKind.INTERRUPTED),
+    ("2 request(s) failed during round 1; last lines of out/server.log:\nboom", ReasonKind.REQUEST_FAILED),
+    ("busy machine: other processes used 0.81 of 2 cores", ReasonKind.BUSY_MACHINE),
+    ("perf test tests/perf/test_ttft.py::test_ttft failed: boom", ReasonKind.TEST_FAILED),
 ])
 def test_version_2_reason_kinds(text, kind):
     assert classify_v2_reason(text) == InvalidReason(kind, text)
