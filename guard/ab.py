@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from guard.budgets import Statistics, percentile_value
 from guard import format as fmt
-from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck
+from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck, to_ms
 from guard.rules import interval_status
 from guard.stats import centre_estimate, percentile, percentile_interval
 
@@ -211,6 +211,6 @@ def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int
     p = percentile_value(key)
     return TtftRatioCheck(percentile=key, budget_pct=budget_pct, measured_pct=d.estimate_pct, interval_pct=d.interval_pct,
                           pairs=d.pairs, rounds=rounds, confidence=d.confidence, status=status,
-                          fail_confidence=d.fail_confidence, candidate_ms=percentile([x.candidate_s for x in paired], p) * 1000.0,
-                          baseline_ms=percentile([x.baseline_s for x in paired], p) * 1000.0, note=note,
+                          fail_confidence=d.fail_confidence, candidate_ms=to_ms(percentile([x.candidate_s for x in paired], p)),
+                          baseline_ms=to_ms(percentile([x.baseline_s for x in paired], p)), note=note,
                           pair_spread_pct=spread)

@@ -43,7 +43,7 @@ from guard.errors import InvalidRunError
 from guard.files import cache_root
 from guard.rules import measure_until_decided
 from guard.hardware import Hardware, fingerprint
-from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
+from guard.results import InvalidReason, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
 from guard.worker import WorkerClient, WorkerDied, WorkerError
 
 
@@ -123,14 +123,14 @@ class ABRun:
             self._buffer[side].append(o)
             self._done[side] += 1
             size = f"{o.image_size[0]}x{o.image_size[1]}"
-            what = f"TTFT {o.ttft_client_s * 1000:.0f} ms" if o.success else f"FAILED: {o.error}"
+            what = f"TTFT {fmt.seconds_as_ms(o.ttft_client_s)}" if o.success else f"FAILED: {o.error}"
             self.progress(f"{side:9} {self._label} {self._done[side]}/{self._total} [{size}] {what}")
         elif msg.get("type") == "progress":
             self.progress(f"{side:9} {msg.get('message', '')}")
 
     def _fail(self, exc: Exception) -> InvalidRunError:
         reason = str(exc)
-        self.record.candidate.invalid_reasons.append(reason)  # the run's own reasons (results.run)
+        self.record.candidate.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, reason))  # the run's own reasons (results.run)
         return InvalidRunError(reason)
 
     def start(self) -> None:

@@ -399,6 +399,14 @@ def percentile_value(key: str) -> float:
     return float(m.group(1))
 
 
+# Here, not in guard.rules (which uses it too): loading refuses budgets no capped run can decide,
+# and rules imports this module.
+def min_samples_for_upper_bound(key: str, confidence: float) -> int:
+    """Fewest samples for which the percentile's interval has an upper bound: q ** n <= alpha."""
+    q = percentile_value(key) / 100.0
+    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log(q) - 1e-9)
+
+
 # ----------------------------------------------------------------------------- schema
 # key -> required?  (types are checked by the converters below)
 TOP_KEYS = {"schema_version": True, "model": True, "profiles": True}
@@ -895,8 +903,6 @@ def _check_decidable(r: _Reader, key: str, node: yaml.Node | None, statistics: S
     ``ab`` statistics, whose interval exists from a handful of pairs."""
     if node is None or statistics.max_requests is None or not r.require_decidable:
         return
-    from guard.rules import min_samples_for_upper_bound  # guard.rules imports this module
-
     for name, (knode, _) in r.mapping(node, key, None).items():
         if not PERCENTILE_RE.match(name):
             continue  # _ttft names it

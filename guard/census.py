@@ -37,7 +37,7 @@ from typing import Any
 
 from guard.budgets import DEFAULT_ROOTS, CensusRule
 from guard.errors import ConfigError
-from guard.results import CensusCheck, CensusOpDelta, Status
+from guard.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
 from guard.probes import FRAME_RE, HTOD_PREFIX, MEMCPY_HTOD, SYNC_CALLS, CUDA_SYNC, ProfEvent
 
 CENSUS_SCHEMA = "guard/census"
@@ -380,7 +380,7 @@ def load_baseline(path: Path) -> Baseline:
 
 
 # ----------------------------------------------------------------------------- judging a run
-NO_BASELINE = "no census baseline"  # the one invalid reason update-thresholds may write a baseline past
+NO_BASELINE = "no census baseline"  # its text; update-thresholds writes a baseline past its kind, CENSUS_BASELINE
 
 
 @dataclass(frozen=True)
@@ -389,7 +389,7 @@ class CensusJudgement:
     comparison could not be made (``invalid``: the run cannot be judged)."""
 
     checks: tuple[CensusCheck, ...] = ()
-    invalid: tuple[str, ...] = ()
+    invalid: tuple[InvalidReason, ...] = ()
     functions: int = 0  # (function, image size) pairs judged
 
     @property
@@ -405,27 +405,29 @@ def parse_size(key: str) -> tuple[int, int]:
 def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
           sizes: Iterable[tuple[int, int]], *, model: str, profile: str, update_command: str) -> CensusJudgement:
     """Compare every profiled image size's census with the baseline. Pure."""
-    invalid = []
+    invalid: list[InvalidReason] = []
+    missing, stale = ReasonKind.CENSUS_MISSING, ReasonKind.CENSUS_BASELINE_MISMATCH
     sizes = [size_key(s) for s in sizes]
     for s in sizes:
         if s not in measured:
-            invalid.append(f"census: no census was measured for a {s} image")
+            invalid.append(InvalidReason(missing, f"census: no census was measured for a {s} image"))
         elif not measured[s]:
-            invalid.append(f"census: no operator call of the {s} request was under {', '.join(rule.roots)}: "
-                           "the profiler recorded no Python frames there, so the census proves nothing")
+            invalid.append(InvalidReason(missing, f"census: no operator call of the {s} request was under {', '.join(rule.roots)}: "
+                           "the profiler recorded no Python frames there, so the census proves nothing"))
     if baseline is None:
-        invalid.append(f"census: {NO_BASELINE} at {rule.baseline}; write it from this run with `{update_command}`")
+        invalid.append(InvalidReason(ReasonKind.CENSUS_BASELINE,
+                                     f"census: {NO_BASELINE} at {rule.baseline}; write it from this run with `{update_command}`"))
         return CensusJudgement(invalid=tuple(invalid))
     if (baseline.model, baseline.profile) != (model, profile):
-        invalid.append(f"census: baseline {baseline.path} is for model '{baseline.model}', profile "
-                       f"'{baseline.profile}', not '{model}', '{profile}'")
+        invalid.append(InvalidReason(stale, f"census: baseline {baseline.path} is for model '{baseline.model}', profile "
+                       f"'{baseline.profile}', not '{model}', '{profile}'"))
     if tuple(baseline.roots) != tuple(rule.roots):
-        invalid.append(f"census: baseline {baseline.path} counted under roots {list(baseline.roots)}, the rule says "
-                       f"{list(rule.roots)}; rewrite it with `{update_command}`")
+        invalid.append(InvalidReason(stale, f"census: baseline {baseline.path} counted under roots {list(baseline.roots)}, the rule says "
+                       f"{list(rule.roots)}; rewrite it with `{update_command}`"))
     for s in sizes:
         if s in measured and s not in baseline.census:
-            invalid.append(f"census: baseline {baseline.path} has no {s} census (a new profile image size?); "
-                           f"write it with `{update_command}`")
+            invalid.append(InvalidReason(stale, f"census: baseline {baseline.path} has no {s} census (a new profile image size?); "
+                           f"write it with `{update_command}`"))
     if invalid:
         return CensusJudgement(invalid=tuple(invalid))
     checks: list[CensusCheck] = []

@@ -13,7 +13,7 @@ stop) and the reading says, in cores, what the machine did in between:
   ``/proc/cpuinfo`` "cpu MHz"; in a VM this is often the nominal figure, so it is recorded only).
 
 Everything but the sampler is a pure function over recorded text, tested on a real ``/proc``
-capture (tests/fixtures/proc/). ``guard.evaluate`` judges the reading (``contention_problems``)
+capture (tests/fixtures/proc/). ``guard.evaluate`` judges the reading (``busy``)
 against the profile's ``validity.max_other_cpu_pct``; the reading itself goes into results.json
 under ``run.environment.cpu_contention``.
 
@@ -23,7 +23,7 @@ Reusable by any runner (A/B included)::
     sampler.start()
     ...                                # the measured requests
     reading = sampler.stop()           # ContentionReading, or None where /proc is unreadable
-    problems = contention_problems(reading.as_dict(), max_other_cpu_pct)
+    over = busy(reading.as_dict(), max_other_cpu_pct)  # the reading, when over the limit
 """
 
 from __future__ import annotations
@@ -284,16 +284,11 @@ class ContentionSampler:
 
 
 # ----------------------------------------------------------------------------- the gate (pure)
-def contention_problems(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> list[str]:
-    """Why the recorded contention makes absolute TTFT untrustworthy; empty: within the limit, or
-    not measured (no /proc: the reading is None and evaluation says so in a notice)."""
+def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
+    """The reading, when the rest of the machine took more than the limit and so absolute TTFT is
+    untrustworthy; None: within the limit, or not measured (no /proc: evaluation says so in a
+    notice). The sentence that says so is ``guard.format.busy_machine``'s."""
     if not recorded:
-        return []
+        return None
     r = ContentionReading.from_dict(recorded)
-    if r.lost_fraction * 100.0 <= max_other_cpu_pct:
-        return []
-    from guard import format as fmt  # the sentence is format's; imported late: format imports results
-
-    limit = r.cpus * max_other_cpu_pct / 100.0
-    return [f"busy machine: {fmt.contention(r)}; the profile allows {limit:.2f} "
-            f"({max_other_cpu_pct:g} % of {r.cpus} cores, validity.max_other_cpu_pct), so its TTFT is not judged"]
+    return r if r.lost_fraction * 100.0 > max_other_cpu_pct else None

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from guard import format as fmt
 from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
 from guard.census import Baseline, CensusJudgement, judge, size_key
-from guard.contention import contention_problems
+from guard.contention import busy
 from guard.speedref import speed_notice, speed_problems, unsteady
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
-from guard.results import (TOTAL_OPS, ABComparison, OpCheck, PullRequestDiff, Results, RunRecord, ScopeCounts, Status,
-                           TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
+from guard.results import (TOTAL_OPS, ABComparison, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
+                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
 from guard.rules import judge_ttft
 
 if TYPE_CHECKING:
@@ -141,43 +141,49 @@ def unmeasured_op_checks(profile: Profile, run: RunRecord) -> list[UnmeasuredOpC
     return out
 
 
-def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = None) -> list[str]:
+def hardware_reasons(profile: Profile, env: dict[str, Any]) -> list[InvalidReason]:
+    return [InvalidReason(K.HARDWARE_MISMATCH, t) for t in recorded_hardware_problems(profile, env)]
+
+
+def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = None) -> list[InvalidReason]:
     """Why evaluation finds the run untrustworthy, beside the run's own ``invalid_reasons``.
     The run is valid when both are empty. ``stopped`` (default: the run recorded reasons of its
     own): the run stage gave up and said why, so measurements it never took are its consequence,
     not more reasons; a failed request or a wrong machine still is one."""
     stopped = bool(run.invalid_reasons) if stopped is None else stopped
-    reasons: list[str] = []
+    reasons: list[InvalidReason] = []
     failed = [o for o in run.outcomes if not o.success]
     for o in failed[:5]:
         kind = "warm-up request" if o.warmup else "request"
-        reasons.append(f"{kind} {o.index} ({fmt.size(o.image_size)}) failed: {o.error}")
+        reasons.append(InvalidReason(K.REQUEST_FAILED, f"{kind} {o.index} ({fmt.size(o.image_size)}) failed: {o.error}"))
     if len(failed) > 5:
-        reasons.append(f"... and {len(failed) - 5} more failed requests")
-    reasons += recorded_hardware_problems(profile, run.environment)
-    reasons += gpu_state_problems(run.environment.get("gpu_state"))
+        reasons.append(InvalidReason(K.REQUEST_FAILED, f"... and {len(failed) - 5} more failed requests"))
+    reasons += hardware_reasons(profile, run.environment)
+    reasons += [InvalidReason(K.GPU_STATE, t) for t in gpu_state_problems(run.environment.get("gpu_state"))]
     if profile.ttft_ms and ttft_not_judged(profile, run.environment) is None:
         # A busy machine invalidates judged TTFT (guard.contention); op counts do not depend on it,
         # and TTFT bound to another CPU is only shown, so contention cannot change that verdict.
-        reasons += contention_problems(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
+        over = busy(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
+        if over is not None:
+            reasons.append(InvalidReason(K.BUSY_MACHINE, fmt.busy_machine(over, profile.validity.max_other_cpu_pct)))
     if profile.ttft_ms and not stopped:
         got = len(run.ttft_client_s())
         if got == 0:
-            reasons.append("no TTFT samples were measured")
+            reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, "no TTFT samples were measured"))
         elif got < profile.workload.requests:
-            reasons.append(f"too few TTFT samples: {got} of {profile.workload.requests} requested")
+            reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, f"too few TTFT samples: {got} of {profile.workload.requests} requested"))
     for c in run.op_counts:
         if c.entries == 0:
-            reasons.append(
-                f"op-count scope '{c.scope}' was never entered for a {fmt.size(c.image_size)} image: "
+            reasons.append(InvalidReason(
+                K.SCOPE_NEVER_ENTERED, f"op-count scope '{c.scope}' was never entered for a {fmt.size(c.image_size)} image: "
                 "its function did not run (renamed in vLLM? image never reached the encoder?), "
                 "so its counts prove nothing"
-            )
+            ))
     if profile.ops and ops_measurable(run) and not stopped:
         measured_scopes = {c.scope for c in run.op_counts}
         for sb in profile.ops:
             if sb.name not in measured_scopes:
-                reasons.append(f"op-count scope '{sb.name}' was budgeted but not measured")
+                reasons.append(InvalidReason(K.SCOPE_NOT_MEASURED, f"op-count scope '{sb.name}' was budgeted but not measured"))
     return reasons
 
 
@@ -223,8 +229,8 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
     # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.speedref).
-    reasons += speed_problems(run.environment.get("speed_reference"), profile.speed_reference_ms,
-                              profile.validity.max_slowdown_pct, ttft)
+    reasons += [InvalidReason(K.SLOW_MACHINE, t) for t in speed_problems(
+        run.environment.get("speed_reference"), profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft)]
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
     census = None
@@ -283,13 +289,13 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     cand = evaluate(no_abs, rec.candidate, guard_version=guard_version, output=output)
     reasons = list(cand.judged_invalid_reasons)
     stopped = bool(rec.candidate.invalid_reasons)  # the run stage's own reasons, for either side
-    reasons += [f"baseline: {r}" for r in invalid_reasons(no_abs, rec.baseline, stopped)
-                if r not in recorded_hardware_problems(profile, rec.baseline.environment)]  # same machine: said once
+    reasons += [r.prefixed("baseline: ") for r in invalid_reasons(no_abs, rec.baseline, stopped)
+                if r not in hardware_reasons(profile, rec.baseline.environment)]  # same machine: said once
     paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes)
     want = profile.workload.requests
     if profile.ttft_vs_baseline_pct and len(paired) < want and not stopped:
-        reasons.append(f"too few A/B pairs: {len(paired)} of {want} requested" if paired
-                       else "no A/B pairs were measured (a request succeeded on both sides for none of the images)")
+        reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, f"too few A/B pairs: {len(paired)} of {want} requested" if paired
+                                     else "no A/B pairs were measured (a request succeeded on both sides for none of the images)"))
     stats = profile.ab_statistics
     ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, stats)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
@@ -325,7 +331,7 @@ def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> 
     """A machine busy enough to invalidate an absolute check: said, never a reason here. Both
     members of every pair were measured under it, seconds apart, so it cancels in the ratio
     (docs/ab-campaigns.md, "One busy core")."""
-    if not recorded or not contention_problems(recorded, profile.validity.max_other_cpu_pct):
+    if busy(recorded, profile.validity.max_other_cpu_pct) is None:
         return []
     limit = profile.validity.max_other_cpu_pct
     return [f"busy machine: {fmt.contention(recorded, ab=True)}. An absolute check would not judge TTFT above "
@@ -339,8 +345,8 @@ def ab_census_judgement(profile: Profile, rec: ABRecord) -> CensusJudgement | No
     if profile.census is None:
         return None
     sizes = profile.workload.profile_image_sizes
-    missing = [f"census: the baseline side measured no census for a {size_key(s)} image" for s in sizes
-               if size_key(s) not in rec.baseline.census]
+    missing = [InvalidReason(K.CENSUS_MISSING, f"census: the baseline side measured no census for a {size_key(s)} image")
+               for s in sizes if size_key(s) not in rec.baseline.census]
     if missing:
         return CensusJudgement(invalid=tuple(missing))
     side = Baseline(path=Path(f"the baseline side ({rec.baseline_python})"), model=rec.candidate.model,

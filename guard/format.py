@@ -19,7 +19,7 @@ from typing import Any
 from guard.contention import ContentionReading
 from guard.speedref import WORKLOADS as SPEED_WORKLOADS
 from guard.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
-                           TtftRatioCheck)
+                           TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}
@@ -37,7 +37,7 @@ def ms_unit(value_ms: float) -> str:
 
 
 def seconds_as_ms(value_s: float) -> str:
-    return ms_unit(value_s * 1000.0)
+    return ms_unit(to_ms(value_s))
 
 
 def interval(bounds_ms: tuple[float, float]) -> str:
@@ -120,6 +120,13 @@ def contention(reading: ContentionReading | Mapping[str, Any], ab: bool = False)
         text += f" and the hypervisor took {r.steal_cores:.2f} (steal)"
     ours = "guard's two engines" if ab else "guard's engine"
     return text + f" during measurement ({r.window_s:.0f} s; {ours} used {r.own_cores:.2f})"
+
+
+def busy_machine(reading: ContentionReading, max_other_cpu_pct: float) -> str:
+    """Why a run on a busy machine (``guard.contention.busy``) does not judge TTFT."""
+    limit = reading.cpus * max_other_cpu_pct / 100.0
+    return (f"busy machine: {contention(reading)}; the profile allows {limit:.2f} "
+            f"({max_other_cpu_pct:g} % of {reading.cpus} cores, validity.max_other_cpu_pct), so its TTFT is not judged")
 
 
 def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> str:

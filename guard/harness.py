@@ -20,7 +20,7 @@ from guard.census import read_baseline
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
 from guard.opnames import vacuous_budgets
-from guard.results import Results, RunRecord, load_run
+from guard.results import InvalidReason, ReasonKind, Results, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
 FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on
@@ -114,20 +114,20 @@ def _signal_name(code: int) -> str:
 def read_record(run_file: Path, code: int, interrupted: str | None, fallback: RunRecord) -> RunRecord:
     """The child's run.json (final, or its last checkpoint) with why the run cannot be judged added;
     ``fallback`` (no measurements) when the child wrote none at all."""
-    reasons = []
+    reasons: list[InvalidReason] = []
     if interrupted:
-        reasons.append(f"{interrupted}: the run was stopped before it finished")
+        reasons.append(InvalidReason(ReasonKind.INTERRUPTED, f"{interrupted}: the run was stopped before it finished"))
     if code < 0:
-        reasons.append(f"the perf suite process was killed by {_signal_name(code)} mid-run "
-                       "(the OOM killer, a timeout, or someone killed it)")
+        reasons.append(InvalidReason(ReasonKind.CRASH, f"the perf suite process was killed by {_signal_name(code)} mid-run "
+                                     "(the OOM killer, a timeout, or someone killed it)"))
     elif code not in (0, 1, 3) and not interrupted:  # pytest: 2 interrupted, 4 usage error, 5 no tests ran
-        reasons.append(f"the perf suite exited with pytest status {code}; see the output above")
+        reasons.append(InvalidReason(ReasonKind.CRASH, f"the perf suite exited with pytest status {code}; see the output above"))
     if run_file.exists():
         record = load_run(run_file)
     else:
         record = fallback
-        reasons.append(f"the perf suite ended (exit {code}) without writing {run_file.name}: "
-                       "the engine or the suite crashed before its first checkpoint; see the output above")
+        reasons.append(InvalidReason(ReasonKind.CRASH, f"the perf suite ended (exit {code}) without writing {run_file.name}: "
+                                     "the engine or the suite crashed before its first checkpoint; see the output above"))
     record.invalid_reasons.extend(r for r in reasons if r not in record.invalid_reasons)
     return record
 
@@ -145,8 +145,8 @@ def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, inje
     code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, python=python,
                                   **suite_options)
     record = read_record(output / "run.json", code, interrupted, empty_record(profile, thresholds, injected=inject))
-    record.invalid_reasons.extend(r for r in vacuous_budgets(profile, record.op_counts)
-                                  if r not in record.invalid_reasons)
+    vacuous = [InvalidReason(ReasonKind.VACUOUS_BUDGET, t) for t in vacuous_budgets(profile, record.op_counts)]
+    record.invalid_reasons.extend(r for r in vacuous if r not in record.invalid_reasons)
     return record
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from guard import format as fmt
-from guard.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict
+from guard.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.budgets import percentile_value
 from guard.history.analysis import short, standing
 from guard.history.store import HistoryRecord, census_totals, machine_summary
@@ -100,7 +100,7 @@ def _summary(results: Results) -> list[str]:
     if results.verdict == Verdict.INVALID:
         lines = ["**The run cannot be trusted, so no budget was judged.** Why:", ""]
         for r in results.invalid_reasons:
-            head, _, rest = r.partition("\n")
+            head, _, rest = r.text.partition("\n")
             lines.append(f"- {text(head)}")
             if rest.strip():  # a server log's tail: kept line by line, inert, under its item
                 lines += _indented_block(rest)
@@ -181,7 +181,7 @@ def _chart(results: Results, ttft: tuple[TtftCheck, ...]) -> list[str]:
     if not samples or not ttft:
         return []
     points = sorted({*CHART_DECILES, *(percentile_value(c.percentile) for c in ttft)})
-    bars = [percentile(samples, p) * 1000.0 for p in points]
+    bars = [to_ms(percentile(samples, p)) for p in points]
     shown = ttft[0]
     band = [x for x in shown.interval_ms if math.isfinite(x)]
     values = [*bars, *(c.budget_ms for c in ttft), *band]
@@ -266,8 +266,8 @@ def _ab_section(results: Results) -> list[str]:
 def _ab_chart(results: Results, cand: list[float], base: list[float]) -> list[str]:
     """Both TTFT distributions by decile: candidate as bars, baseline as a grey line, and the
     baseline shifted by the first ratio budget as a red line (where the candidate's median may go)."""
-    c_dec = [percentile(cand, p) * 1000.0 for p in CHART_DECILES]
-    b_dec = [percentile(base, p) * 1000.0 for p in CHART_DECILES]
+    c_dec = [to_ms(percentile(cand, p)) for p in CHART_DECILES]
+    b_dec = [to_ms(percentile(base, p)) for p in CHART_DECILES]
     budget = results.ab_checks[0] if results.ab_checks else None
     allowed = [b * (1 + budget.budget_pct / 100) for b in b_dec] if budget else []
     values = [*c_dec, *b_dec, *allowed]
@@ -376,7 +376,7 @@ def _history(results: Results, history: Sequence[HistoryRecord] | None, base: st
         return []
     run = results.run
     samples = run.ttft_client_s()
-    p50 = round(percentile(samples, 50) * 1000.0, 3) if samples else None  # as guard record keeps it
+    p50 = round(to_ms(percentile(samples, 50)), 3) if samples else None  # as guard record keeps it
     calls = sum(c.calls for c in census_totals(run.census)) if run.census else None
     st = standing(history, profile=run.profile, base=base, p50_ms=p50, census_calls=calls)
     if st is None:

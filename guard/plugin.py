@@ -100,7 +100,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     canary = session.config.stash.get(_CANARY_KEY, None)
     if canary is not None:
         canary.close()
-    from guard.results import run_file_dict, write_json_atomic
+    from guard.results import InvalidReason, ReasonKind, run_file_dict, write_json_atomic
 
     record = run.finish()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -108,7 +108,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for rep in (reporter.stats.get(outcome, []) if reporter else []):
             crash = getattr(rep.longrepr, "reprcrash", None)
             why = crash.message.splitlines()[0] if crash else str(rep.longrepr).splitlines()[-1]
-            record.invalid_reasons.append(f"perf test {rep.nodeid} {outcome}: {why}")
+            record.invalid_reasons.append(InvalidReason(ReasonKind.TEST_FAILED, f"perf test {rep.nodeid} {outcome}: {why}"))
     bench_json = session.config.getoption("benchmark_json", None)
     if bench_json is not None:
         record.benchmark_json = getattr(bench_json, "name", str(bench_json))

@@ -123,7 +123,7 @@ def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
         files = len(results.pr.unmeasured_files) if results.pr else 0
         state, desc = "success", f"not measurable here: {files} file(s) of compiled code or dependencies changed; {n} measured budgets held"
     else:  # invalid, or a verdict this guard does not know: never report it as a pass
-        first = results.invalid_reasons[0] if results.invalid_reasons else f"verdict {results.verdict!r}"
+        first = results.invalid_reasons[0].text if results.invalid_reasons else f"verdict {results.verdict!r}"
         state, desc = "error", f"invalid run: {first}"
     return CommitStatus(state=state, context=f"guard/{_slug(results.run.model)}/{_slug(results.run.profile)}",
                         description=_clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)

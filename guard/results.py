@@ -1,6 +1,6 @@
 """The records that flow run -> verdict -> report -> publish, and results.json, their file form.
 
-results.json (schema ``guard/results``, version 2, described by ``results.schema.json`` beside this
+results.json (schema ``guard/results``, version 3, described by ``results.schema.json`` beside this
 module) is what every later stage reads: ``guard comment`` and ``guard update-thresholds`` never
 look at the engine, only at this file. Each fact is written once; seconds inside, and every number
 carries its unit in its name (``_s``, ``_ms``, ``_calls``).
@@ -9,13 +9,16 @@ A check is a typed record (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``Cen
 identity is its ``key`` (built from its fields: percentile; scope, image size and op; function and
 image size), never a string to parse back, and its ``label`` is the one short name every view shows.
 How the rest of a check reads to people is ``guard.format``'s business. ``verdict_of`` is the one
-roll-up from checks and invalid reasons to a verdict.
+roll-up from checks and invalid reasons to a verdict. An invalid reason is typed the same way
+(``InvalidReason``: a ``ReasonKind`` for code to filter on, the text for people), never matched by
+substring.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
@@ -28,7 +31,8 @@ from guard.errors import ConfigError, ExitCode
 
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
-RESULTS_SCHEMA_VERSION = 2
+RESULTS_SCHEMA_VERSION = 3  # 3: invalid reasons are {"kind", "text"} objects (2: strings)
+READABLE_SCHEMA_VERSIONS = (2, RESULTS_SCHEMA_VERSION)  # a v2 file is upgraded on reading (_upgrade_v2)
 SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
 
 TTFT_DEFINITION = (
@@ -46,6 +50,12 @@ TTFT_DEFINITION_SERVER = (
     "slot is not. Warm-up requests are excluded."
 )
 ENGINE_MODE_SERVER = "server"
+
+
+def to_ms(seconds: float) -> float:
+    """Seconds, guard's unit inside, as the milliseconds a ``_ms`` field or a reader sees: the one
+    place that multiplies by 1000 (``guard.format`` words it, ``seconds_as_ms``)."""
+    return seconds * 1000.0
 
 
 def ttft_definition(engine_mode: str) -> str:
@@ -120,6 +130,57 @@ class ScopeCounts:
     where: str = ""  # the scope's code path, "file:function" (or "whole request")
 
 
+class ReasonKind(StrEnum):
+    """Why a run cannot be judged, as a closed set: what code filters invalid reasons by."""
+
+    ENGINE = "engine"  # the engine, vllm serve or an A/B worker failed to start or died
+    CRASH = "crash"  # the perf suite process was killed, errored, or ended without run.json
+    INTERRUPTED = "interrupted"  # stopped on purpose (Ctrl-C, a CI cancel) before it finished
+    UNFINISHED = "unfinished"  # run.json is a checkpoint: the run never wrote its final record
+    TEST_FAILED = "test_failed"  # a perf test failed or errored
+    REQUEST_FAILED = "request_failed"
+    TOO_FEW_SAMPLES = "too_few_samples"  # TTFT samples, or A/B pairs
+    HARDWARE_MISMATCH = "hardware_mismatch"  # not the profile's machine
+    GPU_STATE = "gpu_state"  # another process on the GPU, or throttled clocks
+    BUSY_MACHINE = "busy_machine"  # other processes took the CPU (guard.contention)
+    SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.speedref)
+    SCOPE_NEVER_ENTERED = "scope_never_entered"
+    SCOPE_NOT_MEASURED = "scope_not_measured"  # budgeted, but no counts recorded
+    VACUOUS_BUDGET = "vacuous_budget"  # an op budget naming the variant that is never called
+    CENSUS_MISSING = "census_missing"  # no census (or no Python frames) measured for an image size
+    CENSUS_BASELINE = "census_baseline"  # no committed census baseline yet: update-thresholds may write one past it
+    CENSUS_BASELINE_MISMATCH = "census_baseline_mismatch"  # the baseline is for another model, roots or sizes
+    REVISION = "revision"  # guard pr: a side's environment could not be built or did not import
+    UNKNOWN = "unknown"  # a version 2 file's reason that matches none of the known texts
+
+
+@dataclass(frozen=True)
+class InvalidReason:
+    """One reason the run cannot be judged. Printed as its text, unchanged."""
+
+    kind: ReasonKind
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def prefixed(self, prefix: str) -> InvalidReason:
+        """The same reason said of one side ("baseline: ...")."""
+        return InvalidReason(self.kind, prefix + self.text)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"kind": str(self.kind), "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, str]) -> InvalidReason:
+        return cls(ReasonKind(d["kind"]), d["text"])
+
+
+def reasons_text(reasons: Iterable[InvalidReason]) -> str:
+    """Several reasons on one line, as error messages say them."""
+    return "; ".join(r.text for r in reasons)
+
+
 @dataclass
 class RunRecord:
     """What the run stage (the pytest suite) hands to evaluation, as run.json."""
@@ -134,7 +195,7 @@ class RunRecord:
     # the operator census per profiled image size: "WxH" -> "file:qualname" -> op -> calls
     census: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     census_s: float = 0.0  # time spent counting the census (its cost in the profile pass)
-    invalid_reasons: list[str] = field(default_factory=list)  # what went wrong while running
+    invalid_reasons: list[InvalidReason] = field(default_factory=list)  # what went wrong while running
     benchmark_json: str | None = None
     traces: list[str] = field(default_factory=list)  # compressed Chrome traces, relative to the output dir
     started_at: str | None = None
@@ -333,7 +394,7 @@ class CensusCheck:
 Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
 
 
-def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[str], *, unmeasurable: bool = False) -> Verdict:
+def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[InvalidReason], *, unmeasurable: bool = False) -> Verdict:
     """The one roll-up from checks to a verdict: invalid when there is any reason to distrust the
     run, else a regression when any check failed, else not measurable when ``guard pr`` saw changes
     this engine stack cannot measure (``unmeasurable``), else a pass. ``guard check``'s, ``guard
@@ -387,7 +448,7 @@ class Results:
     ab_checks: tuple[TtftRatioCheck, ...] = ()  # A/B mode only
     ab: ABComparison | None = None  # A/B mode only: the baseline side, the pairs, the op diff
     census_checks: tuple[CensusCheck, ...] = ()  # only the functions that differ from the baseline
-    judged_invalid_reasons: tuple[str, ...] = ()  # found by evaluation, beside the run's own
+    judged_invalid_reasons: tuple[InvalidReason, ...] = ()  # found by evaluation, beside the run's own
     notices: tuple[str, ...] = ()  # advice (stale budgets, ...); never changes the verdict
     guard_version: str = ""
     ttft_definition: str = TTFT_DEFINITION
@@ -408,7 +469,7 @@ class Results:
         return [c for c in self.checks if c.status == Status.FAIL]
 
     @property
-    def invalid_reasons(self) -> list[str]:
+    def invalid_reasons(self) -> list[InvalidReason]:
         return [*self.run.invalid_reasons, *self.judged_invalid_reasons]
 
     @property
@@ -423,7 +484,7 @@ def _finite_or_null(x: float) -> float | None:
 
 
 def run_to_dict(run: RunRecord) -> dict[str, Any]:
-    return asdict(run)
+    return {**asdict(run), "invalid_reasons": [r.as_dict() for r in run.invalid_reasons]}
 
 
 def run_file_dict(run: RunRecord) -> dict[str, Any]:
@@ -433,6 +494,7 @@ def run_file_dict(run: RunRecord) -> dict[str, Any]:
 
 def run_from_dict(d: dict[str, Any]) -> RunRecord:
     d = dict(d)
+    d["invalid_reasons"] = [InvalidReason.from_dict(r) for r in d.get("invalid_reasons", [])]
     d["outcomes"] = [RequestOutcome(**{**o, "image_size": tuple(o["image_size"])}) for o in d.get("outcomes", [])]
     d["op_counts"] = [
         ScopeCounts(**{**c, "image_size": tuple(c["image_size"]), "sites": tuple(OpSite(**s) for s in c.get("sites", ()))})
@@ -498,7 +560,7 @@ def results_to_dict(res: Results) -> dict[str, Any]:
                    "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks],
                    "census": [asdict(c) for c in res.census_checks]},
         "ab": _ab_to_dict(res.ab),
-        "judged_invalid_reasons": list(res.judged_invalid_reasons),
+        "judged_invalid_reasons": [r.as_dict() for r in res.judged_invalid_reasons],
         "notices": list(res.notices),
         "profile_config": res.profile_config,
         "ttft_definition": res.ttft_definition,
@@ -537,7 +599,7 @@ def results_from_dict(d: dict[str, Any]) -> Results:
         ab_checks=tuple(_ratio_from_dict(c) for c in checks.get("ttft_vs_baseline", [])),
         ab=_ab_from_dict(d.get("ab")),
         census_checks=tuple(_census_from_dict(c) for c in checks.get("census", [])),
-        judged_invalid_reasons=tuple(d.get("judged_invalid_reasons", ())),
+        judged_invalid_reasons=tuple(InvalidReason.from_dict(r) for r in d.get("judged_invalid_reasons", ())),
         notices=tuple(d.get("notices", ())),
         guard_version=d.get("guard_version", ""),
         ttft_definition=d.get("ttft_definition", TTFT_DEFINITION),
@@ -639,15 +701,73 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("schema") != schema_name:
         raise ConfigError(str(path), None, "schema", f"not a {schema_name} file")
     version = data.get("schema_version")
-    if version != RESULTS_SCHEMA_VERSION:
+    if version not in READABLE_SCHEMA_VERSIONS:
         raise ConfigError(str(path), None, "schema_version",
-                          f"schema version {version!r}; this guard reads version {RESULTS_SCHEMA_VERSION}",
+                          f"schema version {version!r}; this guard reads versions "
+                          f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}",
                           hint="results files from an older guard cannot be judged again: re-run `guard check`")
+    if version == 2:
+        data = _upgrade_v2(data, schema_name)
     try:
         validate(data, path, schema_name)
     except RecursionError:
         raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
     return data
+
+
+# A version 2 file's reasons are strings: each is given the kind its producer names today, by the
+# text it begins with (or holds, for "census: ..."); the only place guard still reads reason text.
+_V2_KINDS: tuple[tuple[str, ReasonKind], ...] = (
+    ("engine ", ReasonKind.ENGINE), ("vllm serve ", ReasonKind.ENGINE), ("baseline worker", ReasonKind.ENGINE),
+    ("candidate worker", ReasonKind.ENGINE),
+    ("the perf suite ", ReasonKind.CRASH),
+    ("the run did not finish", ReasonKind.UNFINISHED),
+    ("perf test ", ReasonKind.TEST_FAILED),
+    ("request ", ReasonKind.REQUEST_FAILED), ("warm-up request ", ReasonKind.REQUEST_FAILED),
+    ("... and ", ReasonKind.REQUEST_FAILED),
+    ("no TTFT samples", ReasonKind.TOO_FEW_SAMPLES), ("too few ", ReasonKind.TOO_FEW_SAMPLES),
+    ("no A/B pairs", ReasonKind.TOO_FEW_SAMPLES),
+    ("hardware d", ReasonKind.HARDWARE_MISMATCH),
+    ("another process was using the GPU", ReasonKind.GPU_STATE), ("GPU clocks were throttled", ReasonKind.GPU_STATE),
+    ("busy machine:", ReasonKind.BUSY_MACHINE), ("slow machine:", ReasonKind.SLOW_MACHINE),
+    ("op-count scope ", ReasonKind.SCOPE_NEVER_ENTERED),  # refined below: "budgeted but not measured"
+    ("op budget ", ReasonKind.VACUOUS_BUDGET),
+    ("census: no census baseline", ReasonKind.CENSUS_BASELINE),
+    ("census: baseline ", ReasonKind.CENSUS_BASELINE_MISMATCH),
+    ("census: ", ReasonKind.CENSUS_MISSING),
+)
+
+
+def classify_v2_reason(text: str) -> InvalidReason:
+    bare = text.removeprefix("baseline: ")  # A/B: the baseline side's own reason
+    kind = next((k for prefix, k in _V2_KINDS if bare.startswith(prefix)), ReasonKind.UNKNOWN)
+    if kind == ReasonKind.SCOPE_NEVER_ENTERED and bare.endswith("was budgeted but not measured"):
+        kind = ReasonKind.SCOPE_NOT_MEASURED
+    elif kind == ReasonKind.REQUEST_FAILED and " failed" not in bare:
+        kind = ReasonKind.UNKNOWN
+    elif kind == ReasonKind.UNKNOWN and bare.endswith(": the run was stopped before it finished"):
+        kind = ReasonKind.INTERRUPTED  # "<how it was stopped>: ..."
+    elif kind == ReasonKind.UNKNOWN and re.match(r"\d+ request\(s\) failed during ", bare):
+        kind = ReasonKind.REQUEST_FAILED  # server mode
+    return InvalidReason(kind, text)
+
+
+def _upgrade_v2(data: dict[str, Any], schema_name: str) -> dict[str, Any]:
+    """A version 2 results.json or run.json as version 3: its reasons typed, nothing else differs."""
+    def run(r: Any) -> Any:
+        if not isinstance(r, dict) or not isinstance(r.get("invalid_reasons"), list):
+            return r  # validation names what is wrong
+        return {**r, "invalid_reasons": [classify_v2_reason(x).as_dict() if isinstance(x, str) else x
+                                         for x in r["invalid_reasons"]]}
+
+    out = {**data, "schema_version": RESULTS_SCHEMA_VERSION, "run": run(data.get("run"))}
+    if schema_name == RESULTS_SCHEMA:
+        if isinstance(data.get("judged_invalid_reasons"), list):
+            out["judged_invalid_reasons"] = [classify_v2_reason(x).as_dict() if isinstance(x, str) else x
+                                             for x in data["judged_invalid_reasons"]]
+        if isinstance(data.get("ab"), dict):
+            out["ab"] = {**data["ab"], "baseline": run(data["ab"].get("baseline"))}
+    return out
 
 
 def load_results(path: Path) -> Results:

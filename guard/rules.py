@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from guard import format as fmt
-from guard.budgets import Statistics, percentile_value
-from guard.results import Status, TtftCheck
+from guard.budgets import Statistics, min_samples_for_upper_bound, percentile_value
+from guard.results import Status, TtftCheck, to_ms
 from guard.stats import percentile, percentile_interval
 
 
@@ -55,9 +55,9 @@ def decide_ttft(key: str, budget_ms: float, samples_s: Sequence[float], confiden
     """A TTFT percentile's interval (ms) against its budget (``interval_status``)."""
     p = percentile_value(key)
     lo, hi = percentile_interval(samples_s, p, confidence)
-    interval = (lo * 1000.0, hi * 1000.0)
+    interval = (to_ms(lo), to_ms(hi))
     status = interval_status(interval, budget_ms)
-    return TtftDecision(key=key, budget_ms=budget_ms, estimate_ms=percentile(samples_s, p) * 1000.0,
+    return TtftDecision(key=key, budget_ms=budget_ms, estimate_ms=to_ms(percentile(samples_s, p)),
                         interval_ms=interval, samples=len(samples_s), confidence=confidence, status=status)
 
 
@@ -99,12 +99,6 @@ def measure_until_decided(budgets_ms: Mapping[str, float], statistics: Statistic
         on_undecided(pending, extra)
         samples += measure(extra)
     return samples
-
-
-def min_samples_for_upper_bound(key: str, confidence: float) -> int:
-    """Fewest samples for which the percentile's interval has an upper bound: q ** n <= alpha."""
-    q = percentile_value(key) / 100.0
-    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log(q) - 1e-9)
 
 
 def _point_estimate_note(d: TtftDecision, max_requests: int | None, over: bool) -> str:

@@ -15,14 +15,14 @@ from pathlib import Path
 from guard import format as fmt
 from guard import speedref
 from guard.budgets import Profile, Thresholds
-from guard.contention import ContentionSampler, contention_problems
+from guard.contention import ContentionSampler, busy
 from guard.census import QualnameResolver, count_functions, size_key
 from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
 from guard.evaluate import op_checks
 from guard.hardware import Hardware, fingerprint
 from guard.probes import attribute, profile_request, save_events, save_trace, scope_events
-from guard.results import RequestOutcome, RunRecord, ScopeCounts, Status
+from guard.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts, Status
 from guard.rules import TtftDecision, measure_until_decided
 from guard.speedref import SpeedReading
 
@@ -94,7 +94,7 @@ class GuardRun:
         try:
             self._server.start(self.progress)
         except InvalidRunError as exc:
-            self.record.invalid_reasons.append(str(exc))
+            self.record.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, str(exc)))
             raise
         self._served_model = srv.SERVED_MODEL_NAME
         self.progress(f"vllm serve healthy in {time.perf_counter() - t:.1f} s")
@@ -115,7 +115,7 @@ class GuardRun:
             try:
                 self._llm = start_engine(e, seed=self.profile.workload.seed)
             except InvalidRunError as exc:
-                self.record.invalid_reasons.append(str(exc))
+                self.record.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, str(exc)))
                 raise
             self.progress(f"engine ready in {time.perf_counter() - t:.1f} s")
         return self._llm
@@ -144,7 +144,7 @@ class GuardRun:
         try:
             outcomes = self.driver(jobs, report)
         except EngineDied as exc:
-            self.record.invalid_reasons.append(f"engine died during {label}: {exc}")
+            self.record.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, f"engine died during {label}: {exc}"))
             raise InvalidRunError(f"engine died during {label}: {exc}") from exc
         self.record.outcomes.extend(outcomes)
         for o in outcomes:
@@ -162,12 +162,12 @@ class GuardRun:
         server = self._server
         if server is not None and not server.alive():
             exc = server.fail(f"vllm serve died during {label} (exit status {server.proc.returncode})")
-            self.record.invalid_reasons.append(str(exc))
+            self.record.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, str(exc)))
             raise exc
         failed = [o for o in outcomes if not o.success]
         if failed and server is not None:  # the log says why (5xx, engine errors)
-            self.record.invalid_reasons.append(
-                f"{len(failed)} request(s) failed during {label}; last lines of {server.log_path}:\n{server.tail()}")
+            self.record.invalid_reasons.append(InvalidReason(ReasonKind.REQUEST_FAILED,
+                f"{len(failed)} request(s) failed during {label}; last lines of {server.log_path}:\n{server.tail()}"))
         return outcomes
     def checkpoint(self, after: str, op_counts: list[ScopeCounts] | None = None) -> None:
         """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
@@ -178,7 +178,7 @@ class GuardRun:
         from guard.results import run_file_dict, write_json_atomic
 
         snapshot = replace(self.record, op_counts=[*self.record.op_counts, *(op_counts or [])],
-                           invalid_reasons=[*self.record.invalid_reasons, f"{UNFINISHED_PREFIX} {after}"],
+                           invalid_reasons=[*self.record.invalid_reasons, InvalidReason(ReasonKind.UNFINISHED, f"{UNFINISHED_PREFIX} {after}")],
                            duration_s=round(time.perf_counter() - self._t0, 3))
         try:
             write_json_atomic(self.output / "run.json", run_file_dict(snapshot))
@@ -219,7 +219,7 @@ class GuardRun:
                 return False  # a failed request makes the run invalid: stop measuring
             so_far = self.contention.peek()
             # over the limit: the run is invalid already, and more requests on a busy machine would not fix it
-            return so_far is None or not contention_problems(so_far.as_dict(), limit)
+            return so_far is None or busy(so_far.as_dict(), limit) is None
 
         gpu_state = env.get("gpu_state")
         # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from guard.results import Status, TtftCheck
+from guard.results import Status, TtftCheck, to_ms
 
 WORKLOAD = "speedref-1"
 # The same workload in float32, for an engine that runs float32 for want of native bf16
@@ -97,7 +97,7 @@ def measure(repeats: int = REPEATS, workload: str = WORKLOAD) -> SpeedReading:
         one_pass()
         times.append(time.perf_counter() - t)
     median = statistics.median(times)
-    return SpeedReading(workload=workload, ms=round(median * 1000.0, 2),
+    return SpeedReading(workload=workload, ms=round(to_ms(median), 2),
                         spread_pct=round((max(times) - min(times)) / median * 100.0, 1),
                         repeats=len(times), threads=torch.get_num_threads())
 

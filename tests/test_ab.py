@@ -18,7 +18,7 @@ from guard.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op
                       undecided_ratios)
 from guard.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError
-from guard.results import RequestOutcome, ScopeCounts
+from guard.results import InvalidReason, ReasonKind, RequestOutcome, ScopeCounts
 from guard.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
 from tests.conftest import benchmark_script
 from tests.test_budgets import GOOD, write
@@ -310,8 +310,10 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     rec = run_ab(load_thresholds(SHIPPED_THRESHOLDS), ab_profile, detect(quick=True), tmp_path, bare_python,
                  progress=said.append)
     reasons = rec.candidate.invalid_reasons
-    assert len(reasons) == 1 and reasons[0].startswith("baseline worker: ModuleNotFoundError") and "yaml" in reasons[0]
-    assert f"hint: {bare_python} is the baseline environment's python" in reasons[0] and "uv sync" not in reasons[0]
+    assert len(reasons) == 1 and reasons[0].kind == ReasonKind.ENGINE
+    why = reasons[0].text
+    assert why.startswith("baseline worker: ModuleNotFoundError") and "yaml" in why
+    assert f"hint: {bare_python} is the baseline environment's python" in why and "uv sync" not in why
     assert not any("engine ready" in m for m in said), said  # neither engine was waited for
     assert all("init_s" not in rec.side(side).environment.get("worker", {}) for side in (CANDIDATE, BASELINE))
     assert rec.baseline.environment["vllm"] is None and rec.baseline.environment["torch"] is None
@@ -403,13 +405,13 @@ def test_a_failed_baseline_request_or_too_few_pairs_is_invalid(ab_profile):
     rec.baseline.outcomes[3] = dataclasses.replace(rec.baseline.outcomes[3], success=False, ttft_client_s=None, error="boom")
     res = evaluate_ab(ab_profile, rec)
     assert res.verdict == Verdict.INVALID
-    assert any(r.startswith("baseline: request 3") for r in res.invalid_reasons)
-    assert any("too few A/B pairs: 7 of 8" in r for r in res.invalid_reasons)
+    assert any(r.text.startswith("baseline: request 3") and r.kind == ReasonKind.REQUEST_FAILED for r in res.invalid_reasons)
+    assert any("too few A/B pairs: 7 of 8" in r.text for r in res.invalid_reasons)
 
 
 def test_worker_failure_recorded_by_the_run_stage_is_invalid(ab_profile):
     rec = ab_record(1.0)
-    rec.candidate.invalid_reasons.append("baseline worker: the engine process exited with status -9")
+    rec.candidate.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, "baseline worker: the engine process exited with status -9"))
     assert evaluate_ab(ab_profile, rec).exit_code == 3
 
 
@@ -419,15 +421,15 @@ def test_a_run_stage_that_stopped_is_reported_by_its_own_reason_alone(ab_profile
     rec = ab_record(1.0)
     for side in (rec.candidate, rec.baseline):
         side.outcomes, side.op_counts, side.census = [], [], {}
-    reason = "baseline worker: InvalidRunError: cannot import vllm: No module named 'vllm'"
+    reason = InvalidReason(ReasonKind.ENGINE, "baseline worker: InvalidRunError: cannot import vllm: No module named 'vllm'")
     rec.candidate.invalid_reasons.append(reason)
     res = evaluate_ab(ab_profile, rec)
     assert res.exit_code == 3 and res.invalid_reasons == [reason]
     rec.candidate.invalid_reasons.clear()  # unexplained, the same gaps are the reasons
     reasons = evaluate_ab(ab_profile, rec).invalid_reasons
-    assert any("no A/B pairs were measured" in r for r in reasons)
-    assert any(r.startswith("baseline: op-count scope") for r in reasons)
-    assert any("baseline side measured no census" in r for r in reasons)
+    assert any("no A/B pairs were measured" in r.text for r in reasons)
+    assert any(r.text.startswith("baseline: op-count scope") and r.kind == ReasonKind.SCOPE_NOT_MEASURED for r in reasons)
+    assert any("baseline side measured no census" in r.text and r.kind == ReasonKind.CENSUS_MISSING for r in reasons)
 
 
 def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
@@ -872,7 +874,7 @@ def test_ab_census_missing_on_the_baseline_side_is_invalid(ab_profile):
     rec.baseline.census = {}
     res = evaluate_ab(ab_profile, rec)
     assert res.verdict == Verdict.INVALID
-    assert any("baseline side measured no census for a 640x480 image" in r for r in res.invalid_reasons)
+    assert any("baseline side measured no census for a 640x480 image" in r.text for r in res.invalid_reasons)
 
 
 @pytest.fixture(scope="module")

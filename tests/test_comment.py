@@ -15,7 +15,7 @@ from guard import cli, publish
 from guard.budgets import DEFAULT_THRESHOLDS
 from guard.markdown import render_markdown
 from guard.errors import ExitCode, UsageError
-from guard.results import Results, Status, TtftCheck, Verdict, load_results, results_to_dict
+from guard.results import InvalidReason, ReasonKind, Results, Status, TtftCheck, Verdict, load_results, results_to_dict
 from tests.conftest import clear_github_context
 from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,
@@ -306,7 +306,7 @@ def test_status_description_fits_githubs_limit(regression):
     st = publish.commit_status(dataclasses.replace(regression, ttft_checks=many))
     assert st.state == "failure" and len(st.description) <= publish.STATUS_DESCRIPTION_LIMIT
     assert publish.commit_status(passing(regression)).state == "success"
-    invalid = dataclasses.replace(regression, verdict=Verdict.INVALID, judged_invalid_reasons=("engine died",))
+    invalid = dataclasses.replace(regression, verdict=Verdict.INVALID, judged_invalid_reasons=(InvalidReason(ReasonKind.ENGINE, "engine died"),))
     assert (publish.commit_status(invalid).state, publish.commit_status(invalid).description) == \
         ("error", "invalid run: engine died")
 

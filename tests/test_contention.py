@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from guard import format as fmt
 from guard.contention import (
     ContentionReading,
     ContentionSampler,
     Snapshot,
-    contention_problems,
+    busy,
     mean_khz_as_mhz,
     parse_cpuinfo_mhz,
     parse_loadavg,
@@ -99,8 +100,6 @@ def test_reading_splits_the_machine_into_ours_and_theirs(captured):
 
 
 def test_reading_describes_itself_in_cores(captured):
-    from guard import format as fmt
-
     text = fmt.contention(captured)
     assert fmt.contention(captured.as_dict()) == text  # the recorded form reads the same
     assert text.startswith("other processes used 1.30 of 2 cores and the hypervisor took 0.01 (steal)")
@@ -163,20 +162,22 @@ def _reading(other: float, steal: float = 0.0, cpus: int = 2) -> dict:
 
 
 def test_gate_passes_a_quiet_machine_and_a_missing_reading():
-    assert contention_problems(_reading(0.05), 10) == []
-    assert contention_problems(None, 10) == []
+    assert busy(_reading(0.05), 10) is None
+    assert busy(None, 10) is None
 
 
 def test_gate_names_the_numbers_and_the_limit():
-    (why,) = contention_problems(_reading(1.7), 10)
+    over = busy(_reading(1.7), 10)
+    assert over is not None
+    why = fmt.busy_machine(over, 10)
     assert "other processes used 1.70 of 2 cores" in why
     assert "allows 0.20 (10 % of 2 cores, validity.max_other_cpu_pct)" in why
 
 
 def test_gate_counts_steal_as_lost_capacity():
-    assert contention_problems(_reading(0.15), 10) == []
-    assert contention_problems(_reading(0.15, steal=0.1), 10)
+    assert busy(_reading(0.15), 10) is None
+    assert busy(_reading(0.15, steal=0.1), 10) is not None
 
 
 def test_gate_off_at_100_percent():
-    assert contention_problems(_reading(2.0), 100) == []
+    assert busy(_reading(2.0), 100) is None

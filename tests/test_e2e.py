@@ -179,8 +179,8 @@ def test_scope_that_never_runs_is_an_invalid_run(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = results_of(out)
     assert res["verdict"] == "invalid"
-    reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]
-    assert any("'mask_path' was never entered" in r for r in reasons), reasons
+    reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]  # {"kind", "text"} (schema 3)
+    assert any(r["kind"] == "scope_never_entered" and "'mask_path' was never entered" in r["text"] for r in reasons), reasons
     assert "INVALID RUN" in proc.stdout and "mask_path" in proc.stdout
 
 
@@ -267,7 +267,8 @@ def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
     assert reading["other_cores"] >= 0.5, reading
     if proc.returncode == 3:
         assert res["verdict"] == "invalid"
-        assert any(r.startswith("busy machine: other processes used") for r in res["judged_invalid_reasons"])
+        assert any(r["kind"] == "busy_machine" and r["text"].startswith("busy machine: other processes used")
+                   for r in res["judged_invalid_reasons"])
         assert "other processes used" in proc.stdout
 
 
@@ -329,7 +330,8 @@ def test_a_slowdown_proc_cannot_see_is_never_a_regression(tmp_path: Path, passin
     (ttft,) = res["checks"]["ttft"]
     assert ttft["measured_ms"] > ttft["budget_ms"]  # without the speed gate: a regression
     assert res["run"]["environment"]["cpu_contention"]["other_cores"] < 0.2  # /proc: a quiet machine
-    (why,) = [r for r in res["judged_invalid_reasons"] if r.startswith("slow machine")]
+    (why,) = [r["text"] for r in res["judged_invalid_reasons"] if r["kind"] == "slow_machine"]
+    assert why.startswith("slow machine")
     assert "validity.max_slowdown_pct" in why
     assert res["run"]["environment"]["speed_reference"]["ms"] > reference_ms * 1.1  # beyond validity.max_slowdown_pct
     assert "slow machine" in proc.stdout and "machine speed: guard's speed reference" in proc.stdout
@@ -382,9 +384,9 @@ def test_the_local_budget_recipe_guard_prints_works_when_followed_exactly(tmp_pa
     res = results_of(tmp_path / "guard-results")
     (ttft,) = res["checks"]["ttft"]
     assert ttft["budget_ms"] == local_p50 and ttft["status"] != "not_judged"  # judged against the local budget
-    assert not any("census" in r for r in res["judged_invalid_reasons"])  # its baselines resolved beside the copy
+    assert not any(r["kind"].startswith("census") for r in res["judged_invalid_reasons"])  # its baselines resolved beside the copy
     if last.returncode == 3:  # only the machine's speed may stand in the way, never the recipe
-        assert res["judged_invalid_reasons"] and all(r.startswith("slow machine") for r in res["judged_invalid_reasons"])
+        assert res["judged_invalid_reasons"] and all(r["kind"] == "slow_machine" for r in res["judged_invalid_reasons"])
     else:
         assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-2000:]
         assert res["verdict"] == "pass" and ttft["status"] in ("pass", "inconclusive")

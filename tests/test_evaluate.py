@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from guard.evaluate import evaluate
-from guard.results import Verdict
+from guard.results import InvalidReason, ReasonKind, Verdict
 from tests.ttft_scenarios import budgeted, record, spread
 
 
@@ -25,7 +25,7 @@ def test_no_stale_notice_within_twice_the_headroom(cpu):
 
 def test_no_stale_notice_from_an_invalid_run(cpu):
     rec = record(spread(7.2, 15), rounds=3)
-    rec.invalid_reasons.append("engine died during round 3: boom")
+    rec.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, "engine died during round 3: boom"))
     res = evaluate(budgeted(cpu, p50=20000), rec)
     assert res.verdict == Verdict.INVALID and res.notices == ()
 
@@ -61,7 +61,7 @@ def test_a_stopped_in_process_run_is_not_said_to_be_a_remote_server():
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)
-    run.invalid_reasons.append("engine failed to start: ModuleNotFoundError: No module named 'vllm.x'")
+    run.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, "engine failed to start: ModuleNotFoundError: No module named 'vllm.x'"))
     res = evaluate(judged_profile(run, load_thresholds(SHIPPED_THRESHOLDS), source="x"), run)
     assert res.verdict == Verdict.INVALID
     assert not [n for n in res.notices if "not measured in this mode" in n]

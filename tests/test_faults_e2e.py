@@ -76,7 +76,7 @@ def test_sigkill_of_the_engine_process_is_invalid_and_keeps_the_measured_request
     before = fingerprint(long_profile_pass)
     proc = start_guard("check", "--thresholds", str(long_profile_pass), "--output", str(out))
     checkpoint = wait_for_checkpoint(out / "run.json", proc, measured=2)
-    assert any("did not finish" in r for r in checkpoint["run"]["invalid_reasons"])
+    assert any(r["kind"] == "unfinished" and "did not finish" in r["text"] for r in checkpoint["run"]["invalid_reasons"])
     [engine_pid] = children(proc.pid)  # the child pytest that holds the engine
     os.kill(engine_pid, signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)
@@ -84,8 +84,8 @@ def test_sigkill_of_the_engine_process_is_invalid_and_keeps_the_measured_request
     res = results_of(out)  # written, and valid against the schema
     assert res["verdict"] == "invalid"
     reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]
-    assert any("killed by SIGKILL" in r for r in reasons), reasons
-    assert any("the last checkpoint was written after round 1" in r for r in reasons), reasons
+    assert any(r["kind"] == "crash" and "killed by SIGKILL" in r["text"] for r in reasons), reasons
+    assert any("the last checkpoint was written after round 1" in r["text"] for r in reasons), reasons
     assert len(measured_s(res)) == 2 and all(s > 0 for s in measured_s(res))  # what was measured is kept
     assert (out / "report.md").read_text().strip()
     assert fingerprint(long_profile_pass) == before  # guard check never writes the thresholds file
@@ -105,7 +105,7 @@ def test_ctrl_c_is_invalid_keeps_the_measured_requests_and_leaves_no_engine(tmp_
     res = results_of(out)
     assert res["verdict"] == "invalid"
     reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]
-    assert any("interrupted (Ctrl-C)" in r for r in reasons), reasons
+    assert any(r["kind"] == "interrupted" and "interrupted (Ctrl-C)" in r["text"] for r in reasons), reasons
     assert len(measured_s(res)) == 2
     assert fingerprint(long_profile_pass) == before
 
@@ -122,5 +122,5 @@ def test_sigterm_to_guard_alone_stops_the_suite_cleanly(tmp_path, long_profile_p
     assert not Path(f"/proc/{engine_pid}").exists()
     res = results_of(out)
     reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]
-    assert res["verdict"] == "invalid" and any("guard received SIGTERM" in r for r in reasons), reasons
+    assert res["verdict"] == "invalid" and any("guard received SIGTERM" in r["text"] for r in reasons), reasons
     assert len(measured_s(res)) == 2

@@ -358,18 +358,19 @@ def test_one_line(raw, want):
 
 # ----------------------------------------------------------------------------- 7. guard check's run stage, without an engine
 def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_path):
-    from guard.results import RequestOutcome, run_file_dict, write_json_atomic
+    from guard.results import InvalidReason, ReasonKind, RequestOutcome, run_file_dict, write_json_atomic
 
     rec = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={},
                     outcomes=[RequestOutcome(0, (640, 480), True, True, 6.0),
                               RequestOutcome(1, (640, 480), False, True, 6.1)],
-                    invalid_reasons=["the run did not finish: the last checkpoint was written after round 1"])
+                    invalid_reasons=[InvalidReason(ReasonKind.UNFINISHED,
+                                                   "the run did not finish: the last checkpoint was written after round 1")])
     write_json_atomic(tmp_path / "run.json", run_file_dict(rec))
     fallback = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={})
     got = harness.read_record(tmp_path / "run.json", -9, None, fallback)
     assert got.ttft_client_s() == [6.1]
-    assert any("killed by SIGKILL" in r for r in got.invalid_reasons)
-    assert any("did not finish" in r for r in got.invalid_reasons)
+    assert any("killed by SIGKILL" in r.text for r in got.invalid_reasons)
+    assert any("did not finish" in r.text for r in got.invalid_reasons)
 
 
 @pytest.mark.parametrize("code, interrupted, fragment", [
@@ -379,8 +380,8 @@ def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_p
 def test_no_run_json_is_invalid_never_a_crash(code, interrupted, fragment, tmp_path):
     fallback = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={})
     got = harness.read_record(tmp_path / "run.json", code, interrupted, fallback)
-    assert any(fragment in r for r in got.invalid_reasons), got.invalid_reasons
-    assert any("without writing run.json" in r for r in got.invalid_reasons)
+    assert any(fragment in r.text for r in got.invalid_reasons), got.invalid_reasons
+    assert any("without writing run.json" in r.text for r in got.invalid_reasons)
 
 
 def test_evaluating_a_fallback_record_is_invalid(tmp_path):

@@ -45,7 +45,7 @@ def check_results(tmp_path: Path, *, commit: str | None = SHA, verdict: str = "p
                          "ttft_client_s": t, "ttft_engine_s": t - 0.01, "prompt_tokens": 267, "error": None}
                         for i, t in enumerate(ttft_s)]
     if verdict == "invalid":
-        run["invalid_reasons"] = ["engine died"]
+        run["invalid_reasons"] = ["engine died"]  # a version 2 file, as REAL_RUN is
     path = tmp_path / "results.json"
     write_json_atomic(path, d)
     return path

@@ -10,7 +10,7 @@ import pytest
 
 from guard.markdown import code, render_markdown, text
 from guard.stats import percentile
-from guard.results import OpSite, Results, Status, Verdict, load_results
+from guard.results import InvalidReason, ReasonKind, OpSite, Results, Status, Verdict, load_results
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 HOSTILE = ("x | y `z` <img src=x onerror=alert(1)> </details> & [a](javascript:alert(1)) **b** _c_ @maintainers"
@@ -116,7 +116,7 @@ def test_pass_and_invalid_headlines(regression):
     assert "Where the offending calls came from" not in md
 
     invalid = dataclasses.replace(regression, verdict=Verdict.INVALID, ttft_checks=(), op_checks=(),
-                                  judged_invalid_reasons=("request 3 (1024x1024) failed: CUDA out of memory",))
+                                  judged_invalid_reasons=(InvalidReason(ReasonKind.REQUEST_FAILED, "request 3 (1024x1024) failed: CUDA out of memory"),))
     md = render_markdown(invalid)
     assert md.splitlines()[0].startswith("## ⚠️ guard: invalid")
     assert "- request 3 (1024x1024) failed: CUDA out of memory" in md
@@ -126,7 +126,7 @@ def test_pass_and_invalid_headlines(regression):
 def test_no_samples_no_chart(regression):
     run = dataclasses.replace(regression.run, outcomes=[])
     md = render_markdown(dataclasses.replace(regression, verdict=Verdict.INVALID, run=run,
-                                             judged_invalid_reasons=("no TTFT samples were measured",)))
+                                             judged_invalid_reasons=(InvalidReason(ReasonKind.TOO_FEW_SAMPLES, "no TTFT samples were measured"),)))
     assert "```mermaid" not in md
 
 
@@ -137,7 +137,7 @@ def hostile_results(res: Results) -> Results:
     run = dataclasses.replace(res.run, model="evil | model", profile="a10 `x`", op_counts=[counts],
                               environment={"gpu": HOSTILE, HOSTILE: "v", "cmd": "vllm | tee"})
     ttft = tuple(dataclasses.replace(c, note=HOSTILE) for c in res.ttft_checks)
-    return dataclasses.replace(res, run=run, ttft_checks=ttft, notices=(HOSTILE,), judged_invalid_reasons=(HOSTILE,),
+    return dataclasses.replace(res, run=run, ttft_checks=ttft, notices=(HOSTILE,), judged_invalid_reasons=(InvalidReason(ReasonKind.UNKNOWN, HOSTILE),),
                                verdict=Verdict.INVALID)
 
 

@@ -16,7 +16,7 @@ import pytest
 from guard.abrunner import ABRecord
 from guard.budgets import load_thresholds
 from guard.evaluate import evaluate_pr
-from guard.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, results_from_dict,
+from guard.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,
                            results_to_dict, validate)
 from guard.revisions import git, overlay
 from guard.revisions.functions import function_spans, lines_inside
@@ -233,9 +233,10 @@ def test_an_op_budget_base_already_broke_fails_nobodys_pull_request(cpu_profile)
 
 
 def test_pr_results_round_trip_and_validate() -> None:
-    data = json.loads((FIXTURES / "mask-loop.results.json").read_text())
-    validate(data, Path("mask-loop.results.json"), "guard/results")
-    assert results_to_dict(results_from_dict(data))["pr"] == data["pr"]
+    data = read_json(FIXTURES / "mask-loop.results.json", "guard/results")  # version 2: upgraded, then validated
+    written = json.loads(json.dumps(results_to_dict(results_from_dict(data))))
+    validate(written, Path("mask-loop.results.json"), "guard/results")  # as guard pr writes it now
+    assert written["pr"] == data["pr"]
     pr = results_from_dict(data).pr
     assert isinstance(pr, PullRequestDiff) and isinstance(pr.base, RevisionInfo)
 

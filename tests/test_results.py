@@ -1,7 +1,8 @@
-"""guard.results: results.json v2 round trip, the shipped JSON Schema, and files guard must refuse."""
+"""guard.results: results.json v3 round trip, reading v2 files, the shipped JSON Schema, and files guard must refuse."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 from guard.errors import ConfigError
 from guard.evaluate import evaluate
 from guard.results import (
-    RESULTS_SCHEMA_VERSION, SCHEMA_FILE, OpCheck, OpSite, RequestOutcome, RunRecord, ScopeCounts, TtftCheck, field_names,
-    load_results, load_run, results_schema, results_to_dict, run_file_dict, write_json_atomic,
+    RESULTS_SCHEMA_VERSION, SCHEMA_FILE, InvalidReason, OpCheck, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
+    TtftCheck, classify_v2_reason, field_names, to_ms, load_results, load_run, results_schema, results_to_dict, run_file_dict,
+    write_json_atomic,
 )
 from tests.ttft_scenarios import record, spread
 
@@ -32,11 +34,70 @@ def test_results_json_round_trip_keeps_interval_samples_rounds(cpu, tmp_path):
     assert {(c.samples, c.rounds) for c in back.ttft_checks} == {(15, 3)}
 
 
-def test_fixture_validates_against_the_shipped_schema():
-    data = json.loads(FIXTURE.read_text())
+def test_written_results_validate_against_the_shipped_schema():
+    # a version 2 file, written back as the current version (as JSON: tuples become arrays)
+    data = json.loads(json.dumps(results_to_dict(load_results(FIXTURE))))
     jsonschema.Draft202012Validator.check_schema(results_schema())
     jsonschema.Draft202012Validator(results_schema()).validate(data)
-    assert data["schema_version"] == RESULTS_SCHEMA_VERSION
+    assert data["schema_version"] == RESULTS_SCHEMA_VERSION == 3
+
+
+def test_invalid_reasons_are_written_as_kind_and_text_and_read_back(cpu, tmp_path):
+    judged = evaluate(cpu, record(spread(7.2, 3)))  # too few samples for the profile: a judged reason
+    run = dataclasses.replace(judged.run, invalid_reasons=[InvalidReason(ReasonKind.ENGINE, "engine died during round 2: boom")])
+    res = dataclasses.replace(judged, run=run)
+    data = json.loads(json.dumps(results_to_dict(res)))
+    jsonschema.Draft202012Validator(results_schema()).validate(data)
+    assert data["run"]["invalid_reasons"] == [{"kind": "engine", "text": "engine died during round 2: boom"}]
+    assert {"kind": "too_few_samples", "text": "too few TTFT samples: 3 of 5 requested"} in data["judged_invalid_reasons"]
+    write_json_atomic(tmp_path / "results.json", data)
+    assert load_results(tmp_path / "results.json") == res
+    write_json_atomic(tmp_path / "run.json", run_file_dict(run))
+    assert load_run(tmp_path / "run.json").invalid_reasons[0].kind == ReasonKind.ENGINE
+
+
+def test_the_schema_names_every_reason_kind():
+    kinds = json.loads(SCHEMA_FILE.read_text())["$defs"]["invalid_reason"]["properties"]["kind"]["enum"]
+    assert kinds == [k.value for k in ReasonKind]
+
+
+def test_a_version_2_file_reads_with_its_reasons_typed_by_their_text(tmp_path):
+    """Recorded v2 files hold reasons as strings; the loader gives each the kind its producer names now."""
+    busy = Path(__file__).parent / "fixtures" / "runs" / "cpu-bf16-busy.json"
+    assert json.loads(busy.read_text())["schema_version"] == 2
+    (reason,) = load_results(busy).judged_invalid_reasons
+    assert reason.kind == ReasonKind.BUSY_MACHINE and reason.text.startswith("busy machine: other processes used 0.81")
+
+    def v2(reasons, judged):
+        def change(d):
+            d["run"]["invalid_reasons"], d["judged_invalid_reasons"] = reasons, judged
+        return change
+    path = _mutated(tmp_path, v2(["engine died during round 2: boom"],
+                                 ["census: no census baseline at x.json; write it", "something guard never said"]))
+    res = load_results(path)
+    assert [(r.kind, r.text) for r in res.invalid_reasons] == [
+        (ReasonKind.ENGINE, "engine died during round 2: boom"),
+        (ReasonKind.CENSUS_BASELINE, "census: no census baseline at x.json; write it"),
+        (ReasonKind.UNKNOWN, "something guard never said")]
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("request 3 (640x480) failed: boom", ReasonKind.REQUEST_FAILED),
+    ("baseline: request 3 (640x480) failed: boom", ReasonKind.REQUEST_FAILED),
+    ("op-count scope 'vit' was budgeted but not measured", ReasonKind.SCOPE_NOT_MEASURED),
+    ("op-count scope 'vit' was never entered for a 640x480 image: ...", ReasonKind.SCOPE_NEVER_ENTERED),
+    ("census: baseline b.json has no 640x480 census", ReasonKind.CENSUS_BASELINE_MISMATCH),
+    ("census: no census was measured for a 640x480 image", ReasonKind.CENSUS_MISSING),
+    ("slow machine: guard's speed reference took 100 ms", ReasonKind.SLOW_MACHINE),
+    ("the run did not finish: the last checkpoint was written after round 1", ReasonKind.UNFINISHED),
+    ("the perf suite process was killed by SIGKILL mid-run", ReasonKind.CRASH),
+    ("guard received SIGTERM: the run was stopped before it finished", ReasonKind.INTERRUPTED),
+    ("2 request(s) failed during round 1; last lines of out/server.log:\nboom", ReasonKind.REQUEST_FAILED),
+    ("busy machine: other processes used 0.81 of 2 cores", ReasonKind.BUSY_MACHINE),
+    ("perf test tests/perf/test_ttft.py::test_ttft failed: boom", ReasonKind.TEST_FAILED),
+])
+def test_version_2_reason_kinds(text, kind):
+    assert classify_v2_reason(text) == InvalidReason(kind, text)
 
 
 @pytest.mark.parametrize("record_type, schema_def", [
@@ -196,3 +257,17 @@ def test_the_synthetic_a10_fixture_is_what_guard_itself_would_judge_from_its_run
     assert results_to_dict(fresh) == results_to_dict(stored)
     p99 = next(c for c in stored.ttft_checks if c.percentile == "p99")
     assert p99.samples < 368 and p99.interval_ms[1] == float("inf") and p99.status != "pass"
+
+
+def test_seconds_become_milliseconds_in_one_place():
+    """Seconds inside, milliseconds at the edge: ``to_ms`` is guard's one ×1000, so a unit change or
+    a rounding rule cannot differ between the records, the reports and the history."""
+    import ast
+
+    guard_dir = Path(__file__).resolve().parent.parent / "guard"
+    found = [f"{path.relative_to(guard_dir.parent)}:{node.lineno}"
+             for path in sorted(guard_dir.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
+             and any(isinstance(x, ast.Constant) and x.value == 1000 for x in (node.left, node.right))]
+    assert len(found) == 1 and found[0].startswith("guard/results.py:"), found
+    assert to_ms(1.5) == 1500.0

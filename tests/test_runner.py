@@ -11,7 +11,7 @@ from guard.budgets import Statistics, TtftHardware
 from guard.contention import ContentionSampler
 from guard.evaluate import evaluate
 from guard.hardware import Hardware
-from guard.results import RequestOutcome, Verdict
+from guard.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.runner import GuardRun
 from guard.speedref import WORKLOAD, SpeedReading
 from tests.ttft_scenarios import CPU_ENV, budgeted
@@ -121,7 +121,7 @@ def test_a_busy_machine_stops_resampling_and_is_recorded(thresholds, cpu, tmp_pa
     assert any(line.startswith("CPU during measurement: other processes used 1.30 of 2 cores") for line in lines)
     res = evaluate(cpu, run.finish())
     assert res.verdict == Verdict.INVALID
-    assert any("other processes used 1.30 of 2 cores" in r for r in res.invalid_reasons)
+    assert any("other processes used 1.30 of 2 cores" in r.text for r in res.invalid_reasons)
 
 
 def test_ttft_bound_to_another_cpu_measures_no_extra_rounds(thresholds, cpu, tmp_path):
@@ -147,7 +147,8 @@ def test_the_speed_reference_is_read_around_the_timing_pass_and_judged(threshold
     record = run.finish()
     res = evaluate(bound, record)
     assert res.verdict == Verdict.INVALID  # never a regression: the machine, not the code, was slow
-    (why,) = [r for r in res.invalid_reasons if r.startswith("slow machine: guard's speed reference took 100 ms, +25.0 %")]
+    (why,) = [r.text for r in res.invalid_reasons if r.kind == ReasonKind.SLOW_MACHINE]
+    assert why.startswith("slow machine: guard's speed reference took 100 ms, +25.0 %")
     assert "ttft p50 7200 ms against 6500 ms; 5760 ms with the slowdown taken out" in why
     far = dataclasses.replace(bound, ttft_ms={"p50": 4000})  # 5.76 s > 4 s: beyond what the machine explains
     assert evaluate(far, record).verdict == Verdict.REGRESSION
@@ -190,10 +191,11 @@ def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresh
     run.warm_up()
     first = load_run(tmp_path / "run.json")
     assert [o.warmup for o in first.outcomes] == [True] * cpu.workload.warmup_requests
-    assert first.invalid_reasons == ["the run did not finish: the last checkpoint was written after warm-up"]
+    assert first.invalid_reasons == [InvalidReason(ReasonKind.UNFINISHED,
+                                                   "the run did not finish: the last checkpoint was written after warm-up")]
     run.measure(3)
     second = load_run(tmp_path / "run.json")
     assert len(second.ttft_client_s()) == 3
-    assert second.invalid_reasons == ["the run did not finish: the last checkpoint was written after round 1"]
+    assert [r.text for r in second.invalid_reasons] == ["the run did not finish: the last checkpoint was written after round 1"]
     assert run.record.invalid_reasons == []  # the live record is not marked: only the file on disk
     assert evaluate(cpu, second).verdict == Verdict.INVALID

@@ -18,7 +18,7 @@ from guard.engine import plan_jobs
 from guard.errors import ConfigError, InvalidRunError
 from guard.evaluate import evaluate
 from guard.markdown import render_markdown
-from guard.results import RequestOutcome, RunRecord, Status, Verdict, results_schema, results_to_dict
+from guard.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Status, Verdict, results_schema, results_to_dict
 from guard.server import (
     SERVED_MODEL_NAME,
     VllmServer,
@@ -298,7 +298,7 @@ def test_a_managed_server_run_without_op_counts_is_still_invalid():
     run.environment["server"]["managed"] = True  # guard started it: the in-process pass must have counted
     res = evaluate(profile, run)
     assert res.verdict == Verdict.INVALID and res.unmeasured_op_checks == ()
-    assert any("budgeted but not measured" in r for r in res.invalid_reasons)
+    assert any("budgeted but not measured" in r.text for r in res.invalid_reasons)
 
 
 def test_check_rejects_inject_in_server_mode_and_bad_urls(tmp_path):
@@ -356,8 +356,8 @@ def test_report_keeps_the_server_log_tail_line_by_line():
     profile = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").with_engine_mode("server")
     run = remote_run([12.0] * 6)
     run.environment["server"]["managed"] = True
-    run.invalid_reasons.append("vllm serve died during round 1 (exit status -9); last lines of out/server.log:\n"
-                               "INFO engine ready\nERROR ```boom``` @someone")
+    run.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, "vllm serve died during round 1 (exit status -9); last lines of out/server.log:\n"
+                                               "INFO engine ready\nERROR ```boom``` @someone"))
     md = render_markdown(evaluate(profile, run))
     assert "- vllm serve died during round 1" in md
     assert "  ````text\n  INFO engine ready\n  ERROR ```boom``` @someone\n  ````" in md

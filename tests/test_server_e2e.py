@@ -49,7 +49,7 @@ def test_server_that_does_not_start_is_invalid_with_its_log(tmp_path):
     res = results_of(out)
     assert res["verdict"] == "invalid"
     # guard's own reason (with the log), and pytest's failed perf test quoting its first line
-    reason = next(r for r in res["run"]["invalid_reasons"] if r.startswith("vllm serve exited"))
+    reason = next(r["text"] for r in res["run"]["invalid_reasons"] if r["text"].startswith("vllm serve exited"))
     assert "before it was healthy" in reason and "last lines of" in reason
     log = (out / "server.log").read_text()
     assert "/nonexistent/guard-model" in log and "/nonexistent/guard-model" in reason  # vLLM's own error
@@ -79,7 +79,7 @@ def test_server_killed_mid_run_is_invalid_with_its_log(tmp_path):
     assert proc.returncode == 3, text[-4000:]
     res = results_of(out)
     assert res["verdict"] == "invalid"
-    reason = next(r for r in res["run"]["invalid_reasons"] if r.startswith("vllm serve died during"))
+    reason = next(r["text"] for r in res["run"]["invalid_reasons"] if r["text"].startswith("vllm serve died during"))
     # which request was in flight depends on the machine's speed; that it was mid-run does not
     assert re.match(r"vllm serve died during (warm-up|round \d+) ", reason), reason
     assert "last lines of" in reason

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from guard.results import Status, Verdict, load_results
+from guard.results import InvalidReason, ReasonKind, Status, Verdict, load_results
 from guard.terminal import render_terminal, sites_lines
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
@@ -37,7 +37,7 @@ def test_pass_counts_judged_budgets_and_lists_no_sites():
 
 
 def test_invalid_run_lists_every_reason():
-    res = dataclasses.replace(load_results(FIXTURE), verdict=Verdict.INVALID, judged_invalid_reasons=("engine died",))
+    res = dataclasses.replace(load_results(FIXTURE), verdict=Verdict.INVALID, judged_invalid_reasons=(InvalidReason(ReasonKind.ENGINE, "engine died"),))
     out = render_terminal(res)
     assert "invalid: engine died" in out
     assert out.splitlines()[-1].startswith("INVALID RUN: deepseek-ocr-2 on profile 'a10'")

@@ -22,7 +22,8 @@ from guard.budgets import load_thresholds
 from guard.commands import update_thresholds as ut
 from guard.errors import ConfigError
 from guard.results import (
-    OpCheck, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict, results_to_dict, write_json_atomic,
+    InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict,
+    results_to_dict, write_json_atomic,
 )
 from guard.speedref import SpeedReading, combined
 
@@ -46,7 +47,8 @@ def pinned(monkeypatch):
 # ----------------------------------------------------------------------------- helpers
 def make_results(path: Path, yaml_path: Path, *, profile: str = "cpu", ttft: dict[str, float] | None = None,
                  ops: dict[tuple[str, tuple[int, int]], dict[str, int]] | None = None, samples: int = 5,
-                 verdict: str = "pass", invalid_reasons: tuple[str, ...] = (), run_invalid: tuple[str, ...] = (),
+                 verdict: str = "pass", invalid_reasons: tuple[InvalidReason, ...] = (),
+                 run_invalid: tuple[InvalidReason, ...] = (),
                  env: dict | None = None, injected: str | None = None, config: dict | None = None,
                  model: str = "deepseek-ocr-2") -> Path:
     """Write a results.json as `guard check` would."""
@@ -385,10 +387,14 @@ GOOD = dict(ttft={"p50": 7000.0, "p90": 8300.0, "p99": 9500.0},
 # name -> (make_results overrides, extra args, message fragment)
 REFUSALS = {
     "other hardware": (dict(profile="a10"), ["--profile", "cpu"], "measured with hardware profile 'a10', not 'cpu'"),
-    "invalid verdict": (dict(verdict="invalid", invalid_reasons=("request 3 (640x480) failed: boom",)), [],
+    "invalid verdict": (dict(verdict="invalid", invalid_reasons=(InvalidReason(K.REQUEST_FAILED, "request 3 (640x480) failed: boom"),)), [],
                         "the run was invalid (request 3 (640x480) failed: boom)"),
-    "invalid reasons": (dict(invalid_reasons=("too few TTFT samples: 2 of 5 requested",)), [], "the run was invalid"),
-    "run invalid reasons": (dict(run_invalid=("engine died",)), [], "the run was invalid (engine died)"),
+    "invalid reasons": (dict(invalid_reasons=(InvalidReason(K.TOO_FEW_SAMPLES, "too few TTFT samples: 2 of 5 requested"),)), [],
+                        "the run was invalid"),
+    "run invalid reasons": (dict(run_invalid=(InvalidReason(K.ENGINE, "engine died"),)), [], "the run was invalid (engine died)"),
+    # the kind decides, never the words: a reason that merely mentions a census baseline still refuses
+    "census words, other kind": (dict(invalid_reasons=(InvalidReason(K.UNKNOWN, "no census baseline (said elsewhere)"),)), [],
+                                 "the run was invalid (no census baseline (said elsewhere))"),
     "no ttft samples": (dict(samples=0), [], "no TTFT samples in this run"),
     "missing percentile": (dict(ttft={"p50": 7000.0, "p99": 9500.0}), [], "no TTFT p90 measurement"),
     "unmeasured op scope": (dict(ops={}), [], "op-count scope 'mask_path' has no measurement"),

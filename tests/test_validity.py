@@ -14,7 +14,7 @@ import pytest
 from guard.errors import ExitCode
 from guard.evaluate import evaluate
 from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
-from guard.results import RequestOutcome, RunRecord, Verdict
+from guard.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.contention import ContentionSampler
 from guard.runner import GuardRun
 
@@ -60,7 +60,7 @@ def a10_run(gpu_state, gpu="NVIDIA A10") -> RunRecord:
 def assert_invalid(res, fragment: str) -> None:
     assert res.verdict == Verdict.INVALID
     assert res.exit_code == ExitCode.INVALID == 3
-    assert any(fragment in r for r in res.invalid_reasons), res.invalid_reasons
+    assert any(fragment in r.text for r in res.invalid_reasons), res.invalid_reasons
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -86,7 +86,7 @@ def test_timed_out_request(cpu):
 
 
 def test_engine_died(cpu):
-    res = evaluate(cpu, cpu_run(invalid_reasons=["engine died during round 2: RuntimeError: CUDA error"]))
+    res = evaluate(cpu, cpu_run(invalid_reasons=[InvalidReason(ReasonKind.ENGINE, "engine died during round 2: RuntimeError: CUDA error")]))
     assert_invalid(res, "engine died during round 2")
 
 
@@ -97,13 +97,14 @@ def test_a_run_that_stopped_lists_its_own_reason_not_what_it_therefore_never_mea
     from guard.budgets import load_thresholds
 
     shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")  # op budgets and a census rule
-    stopped = cpu_run(outcomes=[], rounds=0, invalid_reasons=["engine failed to start: no space left on device"])
+    died = InvalidReason(ReasonKind.ENGINE, "engine failed to start: no space left on device")
+    stopped = cpu_run(outcomes=[], rounds=0, invalid_reasons=[died])
     res = evaluate(shipped, stopped)
-    assert res.verdict == Verdict.INVALID and res.invalid_reasons == ["engine failed to start: no space left on device"]
+    assert res.verdict == Verdict.INVALID and res.invalid_reasons == [died]
     # the same empty run without a reason of its own says everything that is missing
     silent = evaluate(shipped, cpu_run(outcomes=[], rounds=0))
-    assert any("no TTFT samples" in r for r in silent.invalid_reasons)
-    assert any("budgeted but not measured" in r for r in silent.invalid_reasons)
+    assert any("no TTFT samples" in r.text for r in silent.invalid_reasons)
+    assert any("budgeted but not measured" in r.text for r in silent.invalid_reasons)
 
 
 def test_too_few_samples(cpu):
@@ -111,7 +112,7 @@ def test_too_few_samples(cpu):
 
 
 def test_a_regression_in_an_invalid_run_is_not_reported_as_one(cpu):
-    slow = cpu_run(outcomes=outcomes(15, 12.0), invalid_reasons=["engine died during round 3: boom"])
+    slow = cpu_run(outcomes=outcomes(15, 12.0), invalid_reasons=[InvalidReason(ReasonKind.ENGINE, "engine died during round 3: boom")])
     res = evaluate(cpu, slow)
     assert res.exit_code == 3 and res.verdict == Verdict.INVALID
 
@@ -139,7 +140,7 @@ def test_a_mismatch_is_reported_once(cpu):
     why = "profile 'cpu' is for machines without CUDA; this one has NVIDIA A10"
     run = cpu_run()
     run.environment.update({"cuda": True, "gpu": "NVIDIA A10", "hardware_match": {"ok": False, "reason": why}})
-    assert sum(why in r for r in evaluate(cpu, run).invalid_reasons) == 1
+    assert sum(why in r.text for r in evaluate(cpu, run).invalid_reasons) == 1
 
 
 def test_fingerprint_records_the_match_and_no_gpu_state_on_cpu(cpu, a10, monkeypatch):
@@ -313,7 +314,7 @@ def test_a_busy_machine_makes_the_absolute_run_invalid_not_a_regression(cpu):
     profile = dataclasses.replace(cpu, ttft_ms={"p50": 6000}, ttft_hardware=BOUND_HERE)  # 7.2 s: would fail
     res = evaluate(profile, contended_run(1.7))
     assert_invalid(res, "other processes used 1.70 of 2 cores during measurement")
-    assert any("validity.max_other_cpu_pct" in r for r in res.invalid_reasons)
+    assert any("validity.max_other_cpu_pct" in r.text for r in res.invalid_reasons)
 
 
 def test_a_quiet_machine_passes_the_gate(cpu):

@@ -27,7 +27,8 @@ from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.hardware import detect, select_profile
 from guard.opnames import check_op_names
-from guard.results import PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, write_json_atomic
+from guard.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
+                           write_json_atomic)
 from guard.revisions import bisect, git, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules
 
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         return int(ExitCode.INVALID)
     good_record, cached = profile_side("good", good_env, profile, thresholds, output, say=say)
     if good_record.invalid_reasons:
-        say(f"good {good.sha[:12]} cannot be measured: {'; '.join(good_record.invalid_reasons)}")
+        say(f"good {good.sha[:12]} cannot be measured: {reasons_text(good_record.invalid_reasons)}")
         return int(ExitCode.INVALID)
     measured = 0 if cached else 1
     records: dict[int, RunRecord] = {-1: good_record}

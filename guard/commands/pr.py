@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from guard import __version__
@@ -24,7 +25,7 @@ from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr, pr_notices
 from guard.hardware import detect, select_profile
 from guard.harness import OPS_ONLY, empty_record
 from guard.opnames import check_op_names
-from guard.results import PullRequestDiff, Results, RevisionInfo, Verdict
+from guard.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.revisions import git, overlay
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
 from guard.terminal import render_terminal
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff, verdict: Verdict,
-             reasons: list[str] = ()) -> Results:
+             reasons: Sequence[InvalidReason] = ()) -> Results:
     """A pull request with nothing to measure (the same vllm/ Python on both sides) or whose
     sides could not run: no run record beyond why."""
     run = empty_record(profile, thresholds, invalid_reasons=list(reasons))
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
             say(f"checking that {' and '.join(e.revision.rev for e in to_check)} import against the engine stack ...")
             overlay.check_imports(to_check, side_modules(profile))
     except InvalidRunError as exc:
-        return finish(unjudged(profile, thresholds, pr, Verdict.INVALID, [exc.args[0]]), output, t0,
+        return finish(unjudged(profile, thresholds, pr, Verdict.INVALID,
+                                      [InvalidReason(ReasonKind.REVISION, exc.args[0])]), output, t0,
                       hint=exc.hint, thresholds=args.thresholds)
     finally:
         dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3), keep={e.root for e in envs.values()})

@@ -22,7 +22,7 @@ from guard.evaluate import DEFAULT_OUTPUT
 from guard.commands.check import write_report
 from guard.harness import OPS_ONLY, run_and_judge
 from guard.hardware import detect, select_profile
-from guard.results import Results, Status, Verdict
+from guard.results import Results, Status, Verdict, reasons_text
 from guard.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         write_report(res, output / label, thresholds=args.thresholds)  # the canary's: what a caught regression reads like
         if res.verdict == Verdict.INVALID:  # e.g. the mask function was renamed: the selftest proves nothing
             print(render_terminal(res))
-            raise InvalidRunError(f"the {label} run is invalid: " + "; ".join(res.invalid_reasons))
+            raise InvalidRunError(f"the {label} run is invalid: " + reasons_text(res.invalid_reasons))
         judged[label] = res
 
     rows = findings(judged["clean"], judged["canary"], scopes)

@@ -26,10 +26,10 @@ from typing import Any, TextIO
 
 from guard import files, speedref, yamledit
 from guard.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
-from guard.census import NO_BASELINE, CensusPlan, plan_census, write_census_atomic
+from guard.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.hardware import git_commit, recorded_isa, ttft_hardware_for
-from guard.results import TOTAL_OPS, Results, Verdict, load_results
+from guard.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
 
 SIGNIFICANT_FIGURES = 3
 HYSTERESIS_FRACTION = 1 / 3  # of the headroom: smaller moves are noise, not a new baseline
@@ -103,9 +103,9 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
         raise UsageError(f"{results_path} measured model '{results.run.model}'; this thresholds file is for "
                          f"'{thresholds_model}'", hint="pass the --thresholds file the run used")
     # a run whose only flaw is a missing census baseline is valid: it just had nothing to compare with yet
-    reasons = [r for r in results.invalid_reasons if NO_BASELINE not in r]
+    reasons = [r for r in results.invalid_reasons if r.kind != ReasonKind.CENSUS_BASELINE]
     if reasons or (results.verdict == Verdict.INVALID and not results.invalid_reasons):
-        detail = "; ".join(reasons) or f"verdict is '{results.verdict}'"
+        detail = reasons_text(reasons) or f"verdict is '{results.verdict}'"
         raise _refuse(results_path, "verdict", f"the run was invalid ({detail}); an update is never made from a failed run",
                       hint="fix the run and re-run `guard check`")
     if results.run.injected:

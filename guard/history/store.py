@@ -23,7 +23,7 @@ from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import write_text_atomic
-from guard.results import ImageSize, Results, Verdict
+from guard.results import ImageSize, Results, Verdict, reasons_text, to_ms
 from guard.stats import percentile
 
 HISTORY_SCHEMA = "guard/history"
@@ -110,7 +110,7 @@ def record_from_results(results: Results, *, commit: str | None = None, date: st
     """One history line from a `guard check` results file. An invalid run is not history (exit 3)."""
     run = results.run
     if results.verdict == Verdict.INVALID:
-        reasons = "; ".join(results.invalid_reasons) or "no reason recorded"
+        reasons = reasons_text(results.invalid_reasons) or "no reason recorded"
         raise InvalidRunError(f"the run is invalid ({reasons}): an invalid run is not recorded in the history")
     samples = run.ttft_client_s()
     if not samples:
@@ -125,7 +125,7 @@ def record_from_results(results: Results, *, commit: str | None = None, date: st
         date=date or run.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         profile=run.profile, model=run.model, machine=machine_summary(run.environment),
         dtype=(run.environment.get("engine_args") or {}).get("dtype"),
-        **{f"ttft_p{p}_ms": round(percentile(samples, p) * 1000.0, 3) for p in PERCENTILES},
+        **{f"ttft_p{p}_ms": round(to_ms(percentile(samples, p)), 3) for p in PERCENTILES},
         samples=len(samples), census=census_totals(run.census), census_digest=census_digest(run.census),
         verdict=results.verdict, guard_version=results.guard_version, note=note)
     _check_record(record_to_dict(record), "the new record", None)
