@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
-from guard.results import results_schema
+from guard.results import RESULTS_SCHEMA_VERSION, results_schema
 from guard.speedref import unsteady
 
 from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard
@@ -82,7 +82,7 @@ def test_check_passes_and_writes_results(passing_run) -> None:
     proc, out = passing_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = results_of(out)
-    assert res["schema"] == "guard/results" and res["schema_version"] == 2 and res["verdict"] == "pass"
+    assert res["schema"] == "guard/results" and res["schema_version"] == RESULTS_SCHEMA_VERSION == 3 and res["verdict"] == "pass"
     samples = measured_s(res)
     assert len(samples) == 2 and all(s > 0 for s in samples)
     engine = measured_s(res, "ttft_engine_s")
@@ -193,7 +193,7 @@ def test_selftest_catches_the_legacy_mask(tmp_path: Path) -> None:
                      "--output", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "SELFTEST PASS" in proc.stdout
-    # both runs went through guard check's own harness and verdict, and wrote results.json v2
+    # both runs went through guard check's own harness and verdict, and wrote results.json (schema 3)
     clean, canary = results_of(out / "clean"), results_of(out / "canary")
     assert clean["verdict"] == "pass" and canary["verdict"] == "regression"
     assert canary["run"]["injected"] == "legacy-mask" and clean["run"]["injected"] is None
