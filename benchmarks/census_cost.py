@@ -98,7 +98,7 @@ def main() -> int:
     from guard.census import QualnameResolver, count_functions, total_calls
     from guard.hardware import detect, select_profile
     from guard.probes import attribute, from_profiler
-    from guard.runner import GuardRun
+    from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()

@@ -41,7 +41,7 @@ def main() -> int:
     from guard.census import total_calls, unstable_functions
     from guard.hardware import detect, select_profile
     from guard.probes import profile_request, save_events
-    from guard.runner import GuardRun
+    from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()

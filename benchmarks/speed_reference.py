@@ -80,7 +80,7 @@ def main() -> int:
 
     from guard import speedref
     from guard.budgets import load_thresholds
-    from guard.engine import plan_jobs, run_jobs, start_engine
+    from guard.measure.inprocess import plan_jobs, run_jobs, start_engine
 
     from guard.hardware import detect
 

@@ -60,7 +60,7 @@ def guard_run(pytestconfig: pytest.Config):
     if RUN_KEY not in pytestconfig.stash:
         from guard.budgets import load_thresholds
         from guard.hardware import detect, select_profile
-        from guard.runner import GuardRun
+        from guard.measure.run import GuardRun
 
         thresholds = load_thresholds(pytestconfig.getoption("guard_thresholds"))
         hw = detect()

@@ -19,7 +19,7 @@ from guard.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op
 from guard.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.results import RequestOutcome, ScopeCounts
-from guard.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
+from guard.measure.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
 from tests.conftest import benchmark_script
 from tests.test_budgets import GOOD, write
 
@@ -274,7 +274,7 @@ def test_a_paused_worker_dies_with_a_killed_guard(bare_python, tmp_path):
     """guard killed (SIGKILL: no finally, no close) while the idle side is stopped: the stopped
     worker must not stay behind, frozen, holding its engine's memory."""
     parent = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from guard.worker import WorkerClient\n"
+        "import sys, time; from pathlib import Path; from guard.measure.worker import WorkerClient\n"
         f"w = WorkerClient('baseline', {bare_python!r}, Path({str(tmp_path / 'w.log')!r}), cwd=Path({str(tmp_path)!r}))\n"
         "w.pause(); print(w.proc.pid, flush=True); time.sleep(600)\n")],
         stdout=subprocess.PIPE, text=True, cwd=GUARD_ROOT, env=worker_env())
@@ -302,7 +302,7 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     start nothing will use, the reason names the baseline's python with advice about that
     environment (not guard's `uv sync`), and the baseline side shows no versions borrowed from
     guard's own environment."""
-    from guard.abrunner import run_ab
+    from guard.measure.abrun import run_ab
     from guard.hardware import detect
     from tests.conftest import SHIPPED_THRESHOLDS
 
@@ -332,7 +332,7 @@ import json  # noqa: E402
 
 import jsonschema  # noqa: E402
 
-from guard.abrunner import ABRecord  # noqa: E402
+from guard.measure.abrun import ABRecord  # noqa: E402
 from guard.evaluate import evaluate_ab  # noqa: E402
 from guard.markdown import render_markdown  # noqa: E402
 from guard.results import Status, Verdict, load_results, results_schema, results_to_dict, write_json_atomic  # noqa: E402
@@ -535,7 +535,7 @@ def test_slow_encoder_adds_its_share_of_ttft_after_calibration():
 
     import torch
 
-    from guard.worker import SlowEncoder
+    from guard.measure.worker import SlowEncoder
 
     class Qwen2Decoder2Encoder(torch.nn.Module):  # the vision encoder's class name in vLLM
         def forward(self, x):
@@ -743,7 +743,7 @@ def _straddling(n=100):
 
 
 def _ab_run(tmp_path, ab_profile):
-    from guard.abrunner import ABRun
+    from guard.measure.abrun import ABRun
     from guard.hardware import detect
 
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))

@@ -311,7 +311,8 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     perf-guard-comment then posts."""
     import sys
 
-    from guard import abrunner, harness, hardware
+    from guard import harness, hardware
+    from guard.measure import abrun as abrunner
     from guard.commands import check
     from guard.results import run_file_dict, write_json_atomic
 

@@ -1,4 +1,4 @@
-"""guard.runner: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
+"""guard.measure.run: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from guard.contention import ContentionSampler
 from guard.evaluate import evaluate
 from guard.hardware import Hardware
 from guard.results import RequestOutcome, Verdict
-from guard.runner import GuardRun
+from guard.measure.run import GuardRun
 from guard.speedref import WORKLOAD, SpeedReading
 from tests.ttft_scenarios import CPU_ENV, budgeted
 

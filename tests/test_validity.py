@@ -16,7 +16,7 @@ from guard.evaluate import evaluate
 from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
 from guard.results import RequestOutcome, RunRecord, Verdict
 from guard.contention import ContentionSampler
-from guard.runner import GuardRun
+from guard.measure.run import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
 CPU_HW = Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2)
@@ -276,7 +276,7 @@ def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):
 
 def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monkeypatch, tmp_path):
     start = snap()
-    monkeypatch.setattr("guard.runner.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
+    monkeypatch.setattr("guard.measure.run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
     monkeypatch.setattr("guard.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
 
     def driver(jobs, on_outcome):

@@ -9,7 +9,7 @@ definition, measured by vLLM's own request function when it is importable (guard
 from just before the POST to the first streamed message that carries ``choices``. The time a
 request waits for the semaphore is not part of its TTFT, as in vLLM.
 
-Images are the same deterministic pages as in-process mode (``guard.engine.synthetic_image``),
+Images are the same deterministic pages as in-process mode (``guard.measure.inprocess.synthetic_image``),
 sent as PNG data URLs (lossless: the server decodes the very pixels the in-process engine gets),
 encoded before a round starts. The prompt is sent verbatim: it already holds the model's
 ``<image>`` placeholder, so vLLM adds none, and guard's pass-through chat template
@@ -40,7 +40,7 @@ from typing import Any
 
 from guard.budgets import EngineArgs, Workload, resolve_model
 from guard.compat import vllm_cli
-from guard.engine import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, Job, synthetic_image
+from guard.measure.inprocess import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, Job, synthetic_image
 from guard.errors import InvalidRunError
 from guard.results import RequestOutcome
 
@@ -94,7 +94,7 @@ def server_environment(engine: EngineArgs, base: dict[str, str] | None = None) -
     if engine.cpu_kvcache_space_gb is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gb)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if engine.retain_freed_memory:  # guard.engine.retain_freed_memory, for a process guard starts
+    if engine.retain_freed_memory:  # guard.measure.inprocess.retain_freed_memory, for a process guard starts
         env["GLIBC_TUNABLES"] = ":".join(filter(None, (env.get("GLIBC_TUNABLES"), RETAIN_FREED_MEMORY_TUNABLES)))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs vLLM as users do
     return env
@@ -319,7 +319,7 @@ def request_function(prefer_vllm: bool = True):
 
     found = vllm_chat_request_func() if prefer_vllm else None
     if found is None:
-        return "guard.server.request_chat_stream", request_chat_stream
+        return "guard.measure.server.request_chat_stream", request_chat_stream
     func, input_cls = found
 
     async def call(url: str, model: str, req: ChatRequest, session) -> StreamResult:

@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-GUARD_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds the guard package
+GUARD_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the guard package
 SLOW_ENCODER = "slow-encoder"
 LEGACY_MASK = "legacy-mask"  # guard.canary.LEGACY_MASK (not imported: the parent side stays light)
 ENCODER_CLASS = "Qwen2Decoder2Encoder"  # vllm/model_executor/models/deepencoder2.py: the vision encoder
@@ -57,7 +57,7 @@ LOG_TAIL_LINES = 15
 
 # ============================================================================ the parent's side
 def worker_command(python: str) -> list[str]:
-    return [python, "-m", "guard.worker"]
+    return [python, "-m", "guard.measure.worker"]
 
 
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -327,7 +327,7 @@ class Worker:
         import dataclasses
 
         from guard.budgets import load_thresholds
-        from guard.engine import start_engine
+        from guard.measure.inprocess import start_engine
 
         environ = dict(os.environ)  # as given: vLLM sets per-run variables (VLLM_DIST_IDENT) when it starts
         prof = load_thresholds(thresholds).profile(profile)
@@ -359,7 +359,7 @@ class Worker:
         self.send("ready", init_s=init_s, versions=versions(), cache_key=key, cache_key_covers=covers)
 
     def run(self, jobs: list[list[Any]]) -> None:
-        from guard.engine import EngineDied, Job, run_jobs
+        from guard.measure.inprocess import EngineDied, Job, run_jobs
 
         planned = [Job(int(i), (int(size[0]), int(size[1])), bool(warmup)) for i, size, warmup in jobs]
         if self.slow is not None and self.slow.scale is None and not all(j.warmup for j in planned):
@@ -376,7 +376,7 @@ class Worker:
         self.send("done", slept_s=self.slow.slept_s if self.slow else 0.0)
 
     def profile_one(self, size: list[int], index: int) -> None:
-        from guard.engine import EngineDied, Job, run_jobs
+        from guard.measure.inprocess import EngineDied, Job, run_jobs
         from guard.probes import attribute, profile_request
 
         job = Job(int(index), (int(size[0]), int(size[1])), True)

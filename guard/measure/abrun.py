@@ -1,6 +1,6 @@
 """A/B run stage: two engine workers (candidate, baseline) on one machine, measured in alternation.
 
-Both engines start at the same time (each in its own worker process, guard/worker.py), both are
+Both engines start at the same time (each in its own worker process, guard/measure/worker.py), both are
 warmed up on the same warm-up images, then measured requests run in blocks, each block on both
 sides back to back in ABBA order (guard.ab.block_order), the same images on both sides, with the
 idle side's process stopped (``WorkerClient.paused``). While a budgeted percentile of the paired
@@ -38,16 +38,16 @@ from guard.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blo
 from guard.budgets import Profile, Thresholds
 from guard.census import size_key
 from guard.contention import ContentionSampler
-from guard.engine import Job, plan_jobs
+from guard.measure.inprocess import Job, plan_jobs
 from guard.errors import InvalidRunError
 from guard.files import cache_root
 from guard.rules import measure_until_decided
 from guard.hardware import Hardware, fingerprint
 from guard.results import OpSite, RequestOutcome, RunRecord, ScopeCounts
-from guard.worker import WorkerClient, WorkerDied, WorkerError
+from guard.measure.worker import WorkerClient, WorkerDied, WorkerError
 
 
-# What a worker reports about its own environment (guard.worker.versions). guard's fingerprint
+# What a worker reports about its own environment (guard.measure.worker.versions). guard's fingerprint
 # describes guard's environment, which is the candidate's; on the baseline side these stay unknown
 # until its worker has said, so that a baseline that never started shows no borrowed versions.
 WORKER_REPORTED = ("python", "vllm", "vllm_dist", "torch", "transformers", "cuda_runtime")

@@ -17,7 +17,7 @@ from guard import speedref
 from guard.budgets import Profile, Thresholds
 from guard.contention import ContentionSampler, contention_problems
 from guard.census import QualnameResolver, count_functions, size_key
-from guard.engine import EngineDied, Job, plan_jobs, run_jobs, start_engine
+from guard.measure.inprocess import EngineDied, Job, plan_jobs, run_jobs, start_engine
 from guard.errors import InvalidRunError
 from guard.evaluate import op_checks
 from guard.hardware import Hardware, fingerprint
@@ -61,7 +61,7 @@ class GuardRun:
         self.record.environment["engine_mode"] = self.mode
         self._t0 = time.perf_counter()
         self._llm = None
-        self._server = None  # guard.server.VllmServer in server mode (None with --server-url)
+        self._server = None  # guard.measure.server.VllmServer in server mode (None with --server-url)
         self._served_model: str | None = None
         self._next_index = 0
         self._warm_sizes: set[tuple[int, int]] = set()
@@ -74,7 +74,7 @@ class GuardRun:
 
     def _ensure_server(self) -> str:
         """The server's base URL: the given one, or a `vllm serve` started now."""
-        from guard import server as srv
+        from guard.measure import server as srv
 
         if self._served_model is not None:
             return self.server_url or self._server.url
@@ -154,7 +154,7 @@ class GuardRun:
         return outcomes
 
     def _run_server(self, jobs: list[Job], label: str, report) -> list[RequestOutcome]:
-        from guard.server import run_jobs_http
+        from guard.measure.server import run_jobs_http
 
         url = self._ensure_server()
         outcomes = run_jobs_http(url, self._served_model, self.profile.workload, jobs, on_outcome=report)
