@@ -166,9 +166,9 @@ def start_run(thresholds_path: str, profile_name: str, output: Path):
 def fresh_record(run, profile: Profile) -> None:
     """Point the run at a new record and profile; the engine (run.llm) stays."""
     old = run.record
-    run.profile = profile
-    run.record = RunRecord(profile=old.profile, thresholds_path=old.thresholds_path, model=old.model,
-                           environment=old.environment, started_at=old.started_at)
+    run.profile = run.side.profile = profile
+    run.use_record(RunRecord(profile=old.profile, thresholds_path=old.thresholds_path, model=old.model,
+                             environment=old.environment, started_at=old.started_at))
 
 
 def record_pool(run, size: int) -> list[float]:

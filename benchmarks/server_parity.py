@@ -25,7 +25,7 @@ from pathlib import Path
 
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds, resolve_model
 from guard.compat import vllm_cli
-from guard.measure.inprocess import plan_jobs
+from guard.measure.side import plan_jobs
 from guard.hardware import detect, select_profile
 from guard.measure.server import SERVED_MODEL_NAME, VllmServer, prepare, request_function, run_jobs_http
 

@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
-from guard.measure.inprocess import plan_jobs
+from guard.measure.side import plan_jobs
 from guard.hardware import detect, select_profile
 from guard.probes import ProfEvent, attribute
 from guard.measure.server import SERVED_MODEL_NAME, VllmServer, run_jobs_http

@@ -1,6 +1,6 @@
 """A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
 
-No I/O and no engine: ``guard.measure.abrun`` drives the two workers by this schedule, evaluation
+No I/O and no engine: ``guard.measure.run`` drives the two workers by this schedule, evaluation
 judges the pairs with ``decide_ratio``.
 
 Schedule (``block_order``)

@@ -23,7 +23,7 @@ from guard.results import (TOTAL_OPS, ABComparison, OpCheck, PullRequestDiff, Re
 from guard.rules import judge_ttft
 
 if TYPE_CHECKING:
-    from guard.measure.abrun import ABRecord
+    from guard.measure.run import ABRecord
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any
 
-from guard.measure.abrun import ABRecord
+from guard.measure.run import ABRecord
 from guard.budgets import Profile, Thresholds
 from guard.census import read_baseline
 from guard.errors import UsageError

@@ -312,7 +312,7 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     import sys
 
     from guard import harness, hardware
-    from guard.measure import abrun as abrunner
+    from guard.measure import run as measure_run
     from guard.commands import check
     from guard.results import run_file_dict, write_json_atomic
 
@@ -328,7 +328,7 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
         return 0, None
 
     def ab(thresholds, profile, hw, output, baseline_python, **kw):
-        return abrunner.ABRecord(candidate=recorded.run, baseline=recorded.ab.baseline,
+        return measure_run.ABRecord(candidate=recorded.run, baseline=recorded.ab.baseline,
                                  baseline_python=baseline_python, order=list(recorded.ab.order))
 
     monkeypatch.setattr(harness, "run_suite", suite)

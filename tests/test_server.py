@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from guard.budgets import load_thresholds
-from guard.measure.inprocess import plan_jobs
+from guard.measure.side import plan_jobs
 from guard.errors import ConfigError, InvalidRunError
 from guard.evaluate import evaluate
 from guard.markdown import render_markdown

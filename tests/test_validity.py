@@ -279,11 +279,11 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
     monkeypatch.setattr("guard.measure.run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
     monkeypatch.setattr("guard.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
 
-    def driver(jobs, on_outcome):
-        return [dataclasses.replace(o, index=j.index) for j, o in zip(jobs, outcomes(len(jobs), 2.283))]
+    from tests.test_runner import ScriptedSide
 
+    side = ScriptedSide(a10, [o.ttft_client_s for o in outcomes(400, 2.283)])
     run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
-                   progress=lambda m: None, driver=driver, contention=ContentionSampler(proc=tmp_path / "no-proc"))
+                   progress=lambda m: None, side=side, contention=ContentionSampler(proc=tmp_path / "no-proc"))
     run.measure_until_decided()
     state = run.record.environment["gpu_state"]
     assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]

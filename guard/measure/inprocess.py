@@ -1,4 +1,5 @@
-"""The vLLM engine under measurement: start it, feed it the workload, time each request.
+"""The in-process engine side: start vLLM in this process, feed it the workload, time each request,
+profile one request.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the profiler pass
 (guard/probes.py) sees the model's Python frames and the canary can be injected into the live
@@ -15,12 +16,12 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from guard import compat
 from guard.budgets import EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
+from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
 from guard.results import RequestOutcome
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
@@ -114,25 +115,6 @@ def synthetic_image(seed: int, index: int, size: tuple[int, int]):
     return Image.fromarray(page)
 
 
-@dataclass(frozen=True)
-class Job:
-    index: int
-    image_size: tuple[int, int]
-    warmup: bool
-
-
-def plan_jobs(workload: Workload, start: int, count: int, warmup: bool,
-              sizes: tuple[tuple[int, int], ...] | None = None) -> list[Job]:
-    """Requests cycle through ``sizes`` (default: the workload's image sizes); indices stay
-    unique across rounds, so every request gets its own image."""
-    sizes = sizes or workload.image_sizes
-    return [Job(i, sizes[i % len(sizes)], warmup) for i in range(start, start + count)]
-
-
-class EngineDied(Exception):
-    """engine.step() raised: nothing after it can be trusted."""
-
-
 def run_jobs(
     llm,
     workload: Workload,
@@ -198,3 +180,235 @@ def run_jobs(
                 engine.abort_request([rid])
                 finish(rid, success=False, error=f"timed out after {request_timeout_s:.0f} s")
     return outcomes
+
+
+# ----------------------------------------------------------------------------- injection (--inject)
+SLOW_ENCODER = "slow-encoder"
+ENCODER_CLASS = "Qwen2Decoder2Encoder"  # vllm/model_executor/models/deepencoder2.py: the vision encoder
+
+
+def parse_inject(spec: str | None) -> float | None:
+    """``slow-encoder:5%`` -> 5.0 (percent of TTFT added to the vision encoder); None -> None."""
+    if spec is None:
+        return None
+    name, _, amount = spec.partition(":")
+    if not amount:
+        amount = "-1"
+    try:
+        pct = float(amount.rstrip("%").strip())
+    except ValueError:
+        pct = -1.0
+    if name != SLOW_ENCODER or not 0 < pct <= 100:
+        from guard.errors import UsageError
+
+        raise UsageError(f"bad --inject value {spec!r}", hint=f"e.g. `--inject {SLOW_ENCODER}:5%` (0 < percent <= 100)")
+    return pct
+
+
+class SlowEncoder:
+    """Test hook (``--inject slow-encoder:P%``, candidate only): every vision-encoder forward
+    sleeps for P % of a request's TTFT, spread over the request's encoder calls.
+
+    The sleep is proportional to the forward's own measured time: ``sleep = P/100 x forward time
+    x k``, with k = (warm-up TTFT) / (warm-up encoder time), calibrated on the warm-up requests
+    (run without sleeping), so the added time is P % of TTFT whatever the image size or machine.
+    """
+
+    def __init__(self, llm, pct: float) -> None:
+        from guard.compat import model_modules
+
+        self.pct = pct
+        self.scale: float | None = None  # k above; None until calibrated
+        self.encoder_s = 0.0  # encoder forward time since the last calibration reset
+        self.slept_s = 0.0
+        self.calls = 0
+        modules = model_modules(llm, ENCODER_CLASS)
+        if not modules:
+            raise RuntimeError(f"cannot inject {SLOW_ENCODER}: no {ENCODER_CLASS} module in the live model "
+                               "(renamed in vLLM's deepencoder2.py?)")
+        for m in modules:
+            m.forward = self._wrap(m.forward)  # an instance attribute shadows the class's forward
+
+    def _wrap(self, original):
+        def forward(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = original(*args, **kwargs)
+            if getattr(out, "is_cuda", False):
+                import torch
+
+                torch.cuda.synchronize()  # the forward's time, not its launch time
+            spent = time.perf_counter() - t0
+            self.encoder_s += spent
+            self.calls += 1
+            if self.scale is not None:
+                pause = self.pct / 100.0 * spent * self.scale
+                time.sleep(pause)
+                self.slept_s += pause
+            return out
+        return forward
+
+    def calibrate(self, ttft_s: list[float]) -> None:
+        if not ttft_s or self.encoder_s <= 0:
+            raise RuntimeError(f"cannot calibrate {SLOW_ENCODER}: the warm-up ran no vision encoder")
+        self.scale = sum(ttft_s) / self.encoder_s
+
+
+class Injection:
+    """``--inject``, applied in one place for every in-process engine (a plain check's, a worker's):
+    a source mutant of vLLM before the engine imports its model code (guard.mutants), the canary
+    (guard.canary) or the slowed encoder into the live model once it runs. Held until ``close``."""
+
+    def __init__(self, spec: str | None, progress: Callable[[str], None]) -> None:
+        self.spec, self.progress = spec, progress
+        self.slow: SlowEncoder | None = None
+        self._canary = None
+
+    def before_start(self) -> None:
+        from guard.canary import LEGACY_MASK
+        from guard.mutants import MUTANT_PREFIX
+
+        if self.spec is None:
+            return
+        if self.spec.startswith(MUTANT_PREFIX):
+            from guard.mutants import install
+
+            mutant = install(self.spec)
+            self.progress(f"MUTANT {mutant.name}: {mutant.what} ({mutant.function}); expected verdict: {mutant.expect}")
+        elif self.spec == LEGACY_MASK:
+            self.progress("CANARY: the pre-#49531 mask is injected; this run must fail")
+        else:
+            parse_inject(self.spec)  # a bad spec fails before a minute of engine start
+
+    def after_start(self, llm) -> None:
+        from guard.canary import LEGACY_MASK, inject_legacy_mask
+        from guard.mutants import MUTANT_PREFIX
+
+        if self.spec is None or self.spec.startswith(MUTANT_PREFIX):
+            return
+        if self.spec == LEGACY_MASK:
+            # Held until close: a dropped generator context would be closed by the garbage
+            # collector, silently restoring the current mask.
+            self._canary = inject_legacy_mask(llm)
+            self._canary.__enter__()
+        else:
+            self.slow = SlowEncoder(llm, parse_inject(self.spec))
+
+    def close(self) -> None:
+        if self._canary is not None:
+            canary, self._canary = self._canary, None
+            canary.__exit__(None, None, None)
+
+
+# ----------------------------------------------------------------------------- the side
+class InProcessSide:
+    """The engine in this process (``guard.measure.side.EngineSide``): the only place that profiles
+    a request, for a plain check and for each worker of an A/B check alike."""
+
+    def __init__(self, profile, progress: Callable[[str], None] = lambda m: None, inject: str | None = None,
+                 speed_reader: Callable[..., Any] | None = None, announce_start: bool = True) -> None:
+        self.profile = profile
+        self.progress = progress
+        self.injection = Injection(inject, progress)
+        self.speed_reader = speed_reader  # None: guard.speedref.measure
+        self.announce_start = announce_start  # a worker's parent says it instead, with the versions
+        self.environment: dict[str, Any] = {}
+        self.llm = None
+        self._resolver = None  # guard.census.QualnameResolver: it compiles each vLLM source once, keep it
+
+    def start(self) -> SideInfo:
+        e = self.profile.engine
+        self.injection.before_start()
+        if self.announce_start:
+            self.progress(f"starting vLLM engine: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
+        t = time.perf_counter()
+        self.llm = start_engine(e, seed=self.profile.workload.seed)
+        init_s = time.perf_counter() - t
+        self.injection.after_start(self.llm)
+        if self.announce_start:
+            self.progress(f"engine ready in {init_s:.1f} s")
+        return SideInfo(init_s=init_s)
+
+    def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome) -> list[RequestOutcome]:
+        slow = self.injection.slow
+        if slow is not None and slow.scale is None and not all(j.warmup for j in jobs):
+            raise RuntimeError(f"{SLOW_ENCODER} is not calibrated: run the warm-up requests first")
+        try:
+            outcomes = run_jobs(self.llm, self.profile.workload, jobs, on_outcome)
+        except EngineDied as exc:
+            raise EngineDied(f"engine died during {label}: {exc}") from exc
+        if slow is not None:
+            if slow.scale is None:
+                slow.calibrate([o.ttft_client_s for o in outcomes if o.success])
+                self.progress(f"{SLOW_ENCODER}: calibrated on {len(outcomes)} warm-up request(s): "
+                              f"+{slow.pct:g} % of TTFT = {slow.pct:g} % x encoder time x {slow.scale:.2f}")
+            elif not all(j.warmup for j in jobs):  # the hook's own account: the true injected slowdown
+                self.environment["injected_sleep_s"] = round(slow.slept_s, 4)
+        return outcomes
+
+    def failed_requests_context(self, label: str, failed: int) -> str | None:
+        return None  # each outcome carries its own error
+
+    def op_count_side(self) -> InProcessSide:
+        return self
+
+    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+        """One request under torch.profiler: op counts per budgeted scope (guard.probes), the census
+        (guard.census), and with ``files`` the scopes' events and, on a failed op budget, the trace."""
+        from guard import format as fmt
+        from guard.probes import attribute, profile_request, save_events, save_trace, scope_events
+
+        outcomes: list[RequestOutcome] = []
+        events, prof = profile_request(lambda: outcomes.extend(self.run([job], "profiled", on_outcome)))
+        size = fmt.size(job.image_size)
+        if files is not None:  # small, and enough to re-attribute
+            files.folder.mkdir(parents=True, exist_ok=True)
+            save_events(scope_events(events, self.profile.ops), files.folder / f"events{files.label}-{size}.json.gz")
+        counts = attribute(events, self.profile.ops, job.image_size)
+        found = ProfiledRequest(outcomes, counts)
+        if self.profile.census is not None:  # each side counts its own vLLM's functions
+            from guard.census import QualnameResolver, count_functions
+
+            t = time.perf_counter()
+            if self._resolver is None:
+                self._resolver = QualnameResolver()
+            found.census = count_functions(events, self.profile.census.roots, self._resolver)
+            found.census_s = time.perf_counter() - t
+        if files is not None:
+            from guard.evaluate import op_checks
+            from guard.results import Status
+
+            if files.traces_always or any(c.status == Status.FAIL for c in op_checks(self.profile, counts)):
+                found.trace = f"trace{files.label}-{size}.json.gz"
+                save_trace(prof, files.folder / found.trace)
+        del prof
+        return found
+
+    def speed_reading(self):
+        """guard's speed reference in the engine's own process (its threads, bound to cores by
+        vLLM), between requests; on a CPU profile only: on a GPU TTFT is the device's. In the
+        engine's dtype: float32 where the engine runs it for want of native bf16
+        (speedref.WORKLOAD_FLOAT32)."""
+        from guard import speedref
+
+        if self.profile.match.cuda:
+            return None
+        try:
+            return (self.speed_reader or speedref.measure)(workload=speedref.workload_for(self.profile.engine.dtype))
+        except Exception as exc:  # noqa: BLE001 - a reading is evidence, not a requirement
+            self.progress(f"speed reference not measured: {exc}")
+            return None
+
+    def process_ids(self) -> frozenset[int]:
+        return frozenset()
+
+    def pause(self) -> None:
+        pass  # guard's own process: nothing else to stop
+
+    def resume(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.injection.close()
