@@ -332,7 +332,7 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
                                  baseline_python=baseline_python, order=list(recorded.ab.order))
 
     monkeypatch.setattr(harness, "run_suite", suite)
-    monkeypatch.setattr(abrunner, "run_ab", ab)
+    monkeypatch.setattr(measure_run, "run_ab", ab)
     monkeypatch.setattr(cli, "COMMANDS", ALL_COMMANDS)
     argv = workflow_argv("perf-guard.yml", "check", {"PROFILE": "cpu", "THRESHOLDS": TH,
                                                      "BASELINE_PYTHON": sys.executable if baseline else ""})
