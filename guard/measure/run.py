@@ -575,14 +575,15 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
            candidate_python: str | None = None) -> ABRecord:
     """The whole A/B run stage. A side that fails makes the record invalid (its reason is kept),
     never raises past here: evaluation turns the record into the verdict."""
-    run = ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline, candidate_python)
-    try:
-        run.start()
-        run.warm_up()
-        if profile.ttft_vs_baseline_pct or profile.ttft_ms:
-            run.measure_until_decided()
-        if profile.has_op_count_pass:
-            run.profile_ops()
-    except InvalidRunError:
-        pass  # recorded in run.record.candidate.invalid_reasons
-    return run.finish()
+    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline,
+               candidate_python) as run:  # the workers end even on an unexpected error
+        try:
+            run.start()
+            run.warm_up()
+            if profile.ttft_vs_baseline_pct or profile.ttft_ms:
+                run.measure_until_decided()
+            if profile.has_op_count_pass:
+                run.profile_ops()
+        except InvalidRunError:
+            pass  # recorded in run.record.candidate.invalid_reasons
+        return run.finish()
