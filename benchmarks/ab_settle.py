@@ -39,7 +39,7 @@ def main() -> int:
     settles = [float(x) for x in args.settle.split(",")]
 
     from guard.ab import pairs
-    from guard.abrunner import ABRun
+    from guard.measure.run import ABRun
     from guard.budgets import load_thresholds
     from guard.hardware import detect, select_profile
 

@@ -98,7 +98,7 @@ def main() -> int:
     from guard.census import QualnameResolver, count_functions, total_calls
     from guard.hardware import detect, select_profile
     from guard.probes import attribute, from_profiler
-    from guard.runner import GuardRun
+    from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()
@@ -108,7 +108,7 @@ def main() -> int:
                    progress=lambda m: print(f"[cost] {m}", flush=True))
     sizes = profile.workload.profile_image_sizes
     for size in sizes:  # warm every size once
-        run._run(run._jobs(1, warmup=True, sizes=[size]), f"warm-up {size[0]}x{size[1]}")
+        run.run_jobs(run._jobs(1, warmup=True, sizes=[size]), f"warm-up {size[0]}x{size[1]}")
     resolver = QualnameResolver()
     rows: dict[tuple, list[float]] = {}
     censuses: dict[tuple, list] = {}
@@ -123,14 +123,14 @@ def main() -> int:
             label = f"{size[0]}x{size[1]}"
             jobs = run._jobs(1, warmup=True, sizes=[size])
             t = time.perf_counter()
-            run._run(jobs, f"bare {label}")
+            run.run_jobs(jobs, f"bare {label}")
             add(size, "bare request", time.perf_counter() - t)
 
             jobs = run._jobs(1, warmup=True, sizes=[size])
             t = time.perf_counter()
             with torch_profile(activities=[ProfilerActivity.CPU], with_stack=True,
                                experimental_config=_ExperimentalConfig(verbose=True)) as prof:
-                run._run(jobs, f"profiled {label}")
+                run.run_jobs(jobs, f"profiled {label}")
             t1 = time.perf_counter()
             events = from_profiler(prof)  # prof.events() and the conversion to ProfEvents
             t2 = time.perf_counter()
@@ -149,7 +149,7 @@ def main() -> int:
             counter = DispatchCensus(roots)
             t = time.perf_counter()
             with counter.mode():
-                run._run(jobs, f"dispatch {label}")
+                run.run_jobs(jobs, f"dispatch {label}")
             t1 = time.perf_counter()
             disp_census = counter.census()
             t2 = time.perf_counter()

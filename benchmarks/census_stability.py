@@ -41,7 +41,7 @@ def main() -> int:
     from guard.census import total_calls, unstable_functions
     from guard.hardware import detect, select_profile
     from guard.probes import profile_request, save_events
-    from guard.runner import GuardRun
+    from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()
@@ -67,7 +67,7 @@ def main() -> int:
         args.save_events.mkdir(parents=True, exist_ok=True)
         for size in profile.workload.profile_image_sizes:
             jobs = run._jobs(1, warmup=True, sizes=[size])
-            events, _ = profile_request(lambda: run._run(jobs, "recorded"))
+            events, _ = profile_request(lambda: run.run_jobs(jobs, "recorded"))
             ops = [e for e in events if e.is_op]  # the census reads only operator events
             path = args.save_events / f"census-{size[0]}x{size[1]}.events.json.gz"
             save_events(ops, path)

@@ -26,7 +26,7 @@ def bare(thresholds: str, profile_name: str, measured: int | None = None) -> Non
     """The baseline: plain vLLM, the same requests, nothing else. ``measured``: as many measured
     requests as guard actually sent in the paired run (its resampling rounds included)."""
     from guard.budgets import load_thresholds, resolve_model
-    from guard.engine import synthetic_image
+    from guard.measure.inprocess import synthetic_image
 
     from guard.hardware import detect
 

@@ -54,7 +54,8 @@ def _engine():
     sys.path.insert(0, str(REPO))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from guard.budgets import load_thresholds
-    from guard.engine import plan_jobs, run_jobs, start_engine
+    from guard.measure.inprocess import run_jobs, start_engine
+    from guard.measure.side import plan_jobs
 
     from guard.hardware import detect
 

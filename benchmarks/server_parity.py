@@ -1,7 +1,7 @@
 """Parity: guard's server-mode TTFT against `vllm bench serve`'s median_ttft_ms, same server.
 
-One `vllm serve` with the profile's engine arguments (guard.server.VllmServer). Against it, in
-turn: guard's client (guard.server.run_jobs_http, the code `guard check --engine-mode server`
+One `vllm serve` with the profile's engine arguments (guard.measure.server.VllmServer). Against it, in
+turn: guard's client (guard.measure.server.run_jobs_http, the code `guard check --engine-mode server`
 runs) and `vllm bench serve --backend openai-chat --dataset-name custom_image` fed a JSONL of the
 very same requests (the prompt and the same PNG data URLs, in the same order), both at the
 profile's concurrency with `--request-rate inf`. Each side is preceded by one warm-up request
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds, resolve_model
 from guard.compat import vllm_cli
-from guard.engine import plan_jobs
+from guard.measure.side import plan_jobs
 from guard.hardware import detect, select_profile
-from guard.server import SERVED_MODEL_NAME, VllmServer, prepare, request_function, run_jobs_http
+from guard.measure.server import SERVED_MODEL_NAME, VllmServer, prepare, request_function, run_jobs_http
 
 
 def bench_serve(url: str, model_path: str, jsonl: Path, n: int, concurrency: int, out_dir: Path, name: str) -> dict:

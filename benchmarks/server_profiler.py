@@ -31,10 +31,10 @@ from collections import Counter
 from pathlib import Path
 
 from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
-from guard.engine import plan_jobs
+from guard.measure.side import plan_jobs
 from guard.hardware import detect, select_profile
 from guard.probes import ProfEvent, attribute
-from guard.server import SERVED_MODEL_NAME, VllmServer, run_jobs_http
+from guard.measure.server import SERVED_MODEL_NAME, VllmServer, run_jobs_http
 
 
 def trace_events(events: list[dict]) -> list[ProfEvent]:

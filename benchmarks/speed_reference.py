@@ -80,7 +80,8 @@ def main() -> int:
 
     from guard import speedref
     from guard.budgets import load_thresholds
-    from guard.engine import plan_jobs, run_jobs, start_engine
+    from guard.measure.inprocess import run_jobs, start_engine
+    from guard.measure.side import plan_jobs
 
     from guard.hardware import detect
 

@@ -1,6 +1,6 @@
 """A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
 
-No I/O and no engine: ``guard.abrunner`` drives the two workers by this schedule, evaluation
+No I/O and no engine: ``guard.measure.run`` drives the two workers by this schedule, evaluation
 judges the pairs with ``decide_ratio``.
 
 Schedule (``block_order``)
@@ -50,12 +50,10 @@ from dataclasses import dataclass
 
 from guard.budgets import Statistics, percentile_value
 from guard import format as fmt
-from guard.results import TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck, to_ms
+from guard.results import BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck, to_ms
 from guard.rules import interval_status
 from guard.stats import centre_estimate, percentile, percentile_interval
 
-CANDIDATE, BASELINE = "candidate", "baseline"
-SIDES = (CANDIDATE, BASELINE)
 
 
 def block_order(block: int) -> tuple[str, str]:

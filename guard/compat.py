@@ -350,14 +350,14 @@ def torch_dispatch_mode() -> Any:
 
 
 # ============================================================================ server mode (issue #13)
-# (this section belongs to server mode: guard/server.py; kept apart from the engine/profiler
+# (this section belongs to server mode: guard/measure/server.py; kept apart from the engine/profiler
 # entries above)
 # vLLM's benchmark client (`vllm bench serve`), vllm/benchmarks/lib/endpoint_request_func.py in
 # vLLM 0.32: ``RequestFuncInput`` and ``async_request_openai_chat_completions(input, session)``.
 # Not a public API, but the definition of TTFT that vLLM users quote: the time from just before the
 # POST to the first streamed SSE message that carries ``choices``. guard calls it so the two cannot
 # drift apart; when it is missing or its shape changed, guard falls back to its own copy of the
-# same rule (guard/server.py ``request_chat_stream``) and records which one measured.
+# same rule (guard/measure/server.py ``request_chat_stream``) and records which one measured.
 
 VLLM_REQUEST_FUNC_FIELDS = ("prompt", "api_url", "prompt_len", "output_len", "model",
                             "multi_modal_content", "ignore_eos", "extra_body")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from guard import format as fmt
 from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
@@ -18,12 +18,9 @@ from guard.census import Baseline, CensusJudgement, judge, size_key
 from guard.contention import busy
 from guard.speedref import speed_notice, speed_problems, unsteady
 from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
-from guard.results import (TOTAL_OPS, ABComparison, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
+from guard.results import (TOTAL_OPS, ABComparison, ABRecord, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
 from guard.rules import judge_ttft
-
-if TYPE_CHECKING:
-    from guard.abrunner import ABRecord
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 

@@ -19,7 +19,7 @@ from guard.budgets import Profile, Thresholds
 from guard.census import read_baseline
 from guard.errors import InvalidRunError
 from guard.evaluate import evaluate
-from guard.opnames import vacuous_budgets
+from guard.measure.run import post_run_checks
 from guard.results import InvalidReason, ReasonKind, Results, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
@@ -145,8 +145,7 @@ def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, inje
     code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, python=python,
                                   **suite_options)
     record = read_record(output / "run.json", code, interrupted, empty_record(profile, thresholds, injected=inject))
-    vacuous = [InvalidReason(ReasonKind.VACUOUS_BUDGET, t) for t in vacuous_budgets(profile, record.op_counts)]
-    record.invalid_reasons.extend(r for r in vacuous if r not in record.invalid_reasons)
+    record.invalid_reasons.extend(r for r in post_run_checks(profile, record) if r not in record.invalid_reasons)
     return record
 
 

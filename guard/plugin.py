@@ -1,7 +1,7 @@
 """pytest plugin (entry point ``pytest11: guard``): hooks and fixtures only.
 
 Inert unless ``--guard-profile`` is given (``guard check`` passes it). Then one session-scoped
-``GuardRun`` (one vLLM engine) serves every perf test; at session end the plugin writes
+``GuardRun`` (guard.measure.run: one engine side) serves every perf test; at session end the plugin writes
 ``run.json`` for ``guard check``, prints the verdict table after pytest's summary, and fails
 the session on a regression or an invalid run.
 """
@@ -16,7 +16,6 @@ import pytest
 from guard.budgets import DEFAULT_THRESHOLDS
 
 RUN_KEY = pytest.StashKey["GuardRun"]()
-_CANARY_KEY = pytest.StashKey[contextlib.ExitStack]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,7 +59,7 @@ def guard_run(pytestconfig: pytest.Config):
     if RUN_KEY not in pytestconfig.stash:
         from guard.budgets import load_thresholds
         from guard.hardware import detect, select_profile
-        from guard.runner import GuardRun
+        from guard.measure.run import GuardRun
 
         thresholds = load_thresholds(pytestconfig.getoption("guard_thresholds"))
         hw = detect()
@@ -74,21 +73,7 @@ def guard_run(pytestconfig: pytest.Config):
         run = GuardRun(thresholds, profile, hw, Path(pytestconfig.getoption("guard_output")),
                        progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"),
                        traces=pytestconfig.getoption("guard_traces"), server_url=server_url)
-        pytestconfig.stash[RUN_KEY] = run
-        if run.record.injected and run.record.injected.startswith("mutant:"):
-            from guard.mutants import install
-
-            mutant = install(run.record.injected)  # before the engine imports vLLM's model code
-            run.progress(f"MUTANT {mutant.name}: {mutant.what} ({mutant.function}); expected verdict: {mutant.expect}")
-        elif run.record.injected:
-            from guard.canary import inject_legacy_mask
-
-            run.progress("CANARY: the pre-#49531 mask is injected; this run must fail")
-            # Held in the stash until the session ends: a dropped generator context would be
-            # closed by the garbage collector, silently restoring the current mask.
-            canary = contextlib.ExitStack()
-            canary.enter_context(inject_legacy_mask(run.llm))
-            pytestconfig.stash[_CANARY_KEY] = canary
+        pytestconfig.stash[RUN_KEY] = run  # --guard-inject: applied by the engine side (guard.measure.inprocess.Injection)
     return pytestconfig.stash[RUN_KEY]
 
 
@@ -97,9 +82,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
-    canary = session.config.stash.get(_CANARY_KEY, None)
-    if canary is not None:
-        canary.close()
     from guard.results import InvalidReason, ReasonKind, run_file_dict, write_json_atomic
 
     record = run.finish()

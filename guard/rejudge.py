@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any
 
-from guard.abrunner import ABRecord
+from guard.results import ABRecord
 from guard.budgets import Profile, Thresholds
 from guard.census import read_baseline
 from guard.errors import UsageError

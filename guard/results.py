@@ -213,6 +213,24 @@ class RunRecord:
         return [o.ttft_engine_s for o in self.measured if o.success and o.ttft_engine_s is not None]
 
 
+CANDIDATE, BASELINE = "candidate", "baseline"  # the two sides of an A/B run (and of guard pr: head, base)
+SIDES = (CANDIDATE, BASELINE)
+
+
+@dataclass
+class ABRecord:
+    """What the A/B run stage hands to evaluation: one run record per side."""
+
+    candidate: RunRecord
+    baseline: RunRecord
+    baseline_python: str
+    order: list[str] = field(default_factory=list)  # per measured block: the side that ran first
+    duration_s: float | None = None
+
+    def side(self, name: str) -> RunRecord:
+        return self.candidate if name == CANDIDATE else self.baseline
+
+
 # ----------------------------------------------------------------------------- checks
 @dataclass(frozen=True)
 class TtftCheck:

@@ -19,7 +19,8 @@ from guard.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op
 from guard.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.results import InvalidReason, ReasonKind, RequestOutcome, ScopeCounts
-from guard.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, parse_inject, worker_env
+from guard.measure.inprocess import parse_inject
+from guard.measure.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, worker_env
 from tests.conftest import benchmark_script
 from tests.test_budgets import GOOD, write
 
@@ -274,7 +275,7 @@ def test_a_paused_worker_dies_with_a_killed_guard(bare_python, tmp_path):
     """guard killed (SIGKILL: no finally, no close) while the idle side is stopped: the stopped
     worker must not stay behind, frozen, holding its engine's memory."""
     parent = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from guard.worker import WorkerClient\n"
+        "import sys, time; from pathlib import Path; from guard.measure.worker import WorkerClient\n"
         f"w = WorkerClient('baseline', {bare_python!r}, Path({str(tmp_path / 'w.log')!r}), cwd=Path({str(tmp_path)!r}))\n"
         "w.pause(); print(w.proc.pid, flush=True); time.sleep(600)\n")],
         stdout=subprocess.PIPE, text=True, cwd=GUARD_ROOT, env=worker_env())
@@ -302,7 +303,7 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     start nothing will use, the reason names the baseline's python with advice about that
     environment (not guard's `uv sync`), and the baseline side shows no versions borrowed from
     guard's own environment."""
-    from guard.abrunner import run_ab
+    from guard.measure.run import run_ab
     from guard.hardware import detect
     from tests.conftest import SHIPPED_THRESHOLDS
 
@@ -334,7 +335,7 @@ import json  # noqa: E402
 
 import jsonschema  # noqa: E402
 
-from guard.abrunner import ABRecord  # noqa: E402
+from guard.results import ABRecord  # noqa: E402
 from guard.evaluate import evaluate_ab  # noqa: E402
 from guard.markdown import render_markdown  # noqa: E402
 from guard.results import Status, Verdict, load_results, results_schema, results_to_dict, write_json_atomic  # noqa: E402
@@ -537,7 +538,7 @@ def test_slow_encoder_adds_its_share_of_ttft_after_calibration():
 
     import torch
 
-    from guard.worker import SlowEncoder
+    from guard.measure.inprocess import SlowEncoder
 
     class Qwen2Decoder2Encoder(torch.nn.Module):  # the vision encoder's class name in vLLM
         def forward(self, x):
@@ -745,7 +746,7 @@ def _straddling(n=100):
 
 
 def _ab_run(tmp_path, ab_profile):
-    from guard.abrunner import ABRun
+    from guard.measure.run import ABRun
     from guard.hardware import detect
 
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
@@ -896,3 +897,107 @@ def test_sprt_separates_no_change_from_twice_the_budget_at_its_error_rates(ab_sp
     assert ab_sprt.sprt_decides(at_mid, 2.5, test, at_cap=False) is None
     assert ab_sprt.sprt_decides([x + 0.001 for x in at_mid], 2.5, test, at_cap=True) is True
     assert ab_sprt.sprt_decides([x - 0.001 for x in at_mid], 2.5, test, at_cap=True) is False
+
+
+# ----------------------------------------------------------------------------- two sides through the one run stage
+class _ScriptedSide:
+    """A scripted engine behind the ``EngineSide`` interface (a test double of the engine, not of
+    the run stage): fixed TTFTs, a profile pass that counts only the twin of each budgeted op, and
+    a shared log of what it was asked to do, and whether the other side was stopped meanwhile."""
+
+    def __init__(self, name, log, paused, ttft_s):
+        self.name, self.log, self.paused, self.ttft_s = name, log, paused, ttft_s
+        self.environment = {}
+
+    def start(self):
+        from guard.measure.side import SideInfo
+
+        self.log.append(("start", self.name))
+        return SideInfo(init_s=0.0)
+
+    def run(self, jobs, label, on_outcome):
+        others_paused = all(v for k, v in self.paused.items() if k != self.name)
+        self.log.append(("run", self.name, tuple(j.index for j in jobs), all(j.warmup for j in jobs), others_paused))
+        out = [_o(j.index, self.ttft_s) for j in jobs]
+        out = [dataclasses.replace(o, image_size=j.image_size, warmup=j.warmup) for o, j in zip(out, jobs)]
+        for o in out:
+            on_outcome(o)
+        return out
+
+    def failed_requests_context(self, label, failed):
+        return None
+
+    def op_count_side(self):
+        return self
+
+    def profile(self, job, on_outcome, files):
+        from guard.measure.side import ProfiledRequest
+        from guard.opnames import PSEUDO_OPS
+
+        self.log.append(("profile", self.name, job.index))
+        counts = []
+        for sb in self._profile.ops:
+            op = next(o for o in sb.ops if o not in PSEUDO_OPS)
+            twin = op[:-1] if op.endswith("_") else op + "_"
+            counts.append(ScopeCounts(sb.name, job.image_size, 1, {twin: 3}, 3))
+        return ProfiledRequest([], counts)
+
+    def speed_reading(self):
+        return None
+
+    def process_ids(self):
+        return frozenset()
+
+    def pause(self):
+        self.log.append(("pause", self.name))
+        self.paused[self.name] = True
+
+    def resume(self):
+        self.paused[self.name] = False
+
+    def kill(self):
+        pass
+
+    def close(self):
+        self.log.append(("close", self.name))
+
+
+def test_two_sides_run_through_the_one_stage_abba_with_the_idle_side_stopped(tmp_path, ab_profile):
+    """The A/B shape of guard.measure.run.RunStage over two scripted sides: the same jobs on both,
+    warm-ups untimed, measured blocks in ABBA order with the idle side stopped, each side profiled
+    on the same image, and the post-run checks a plain check gets (a vacuous op budget) applied to
+    both sides' records."""
+    from guard.hardware import detect
+    from guard.measure.run import ABRun
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=4, concurrency=1,
+                                                                           warmup_requests=1))
+    log, paused = [], {CANDIDATE: False, BASELINE: False}
+    sides = {name: _ScriptedSide(name, log, paused, ttft) for name, ttft in ((CANDIDATE, 6.0), (BASELINE, 6.0))}
+    run = ABRun(load_thresholds(SHIPPED_THRESHOLDS), profile, detect(quick=True), tmp_path, sys.executable,
+                progress=lambda m: None, sides=sides)
+    for side in sides.values():
+        side._profile = run.profile
+    run.start()
+    run.warm_up()
+    run.measure(4)
+    run.profile_ops()
+    rec = run.finish()
+
+    runs = [e for e in log if e[0] == "run"]
+    warm, measured = [e for e in runs if e[3]], [e for e in runs if not e[3]]
+    assert [(e[1], e[2]) for e in warm][:2] == [(CANDIDATE, (0,)), (BASELINE, (0,))]  # the same image on both
+    assert not any(e[4] for e in warm)  # warm-ups are not timed: nothing stopped
+    assert [(e[1], e[2]) for e in measured] == [(CANDIDATE, (1,)), (BASELINE, (1,)), (BASELINE, (2,)), (CANDIDATE, (2,)),
+                                                (CANDIDATE, (3,)), (BASELINE, (3,)), (BASELINE, (4,)), (CANDIDATE, (4,))]
+    assert all(e[4] for e in measured)  # every timed block ran with the other side stopped
+    assert rec.order == [CANDIDATE, BASELINE, CANDIDATE, BASELINE]
+    assert len(run.ratios()) == 4 and set(run.ratios()) == {1.0}
+    profiled = [e for e in log if e[0] == "profile"]
+    assert {e[1] for e in profiled} == {CANDIDATE, BASELINE} and len({e[2] for e in profiled[:2]}) == 1
+    assert rec.candidate.op_counts and rec.baseline.op_counts
+    assert ("close", CANDIDATE) in log and ("close", BASELINE) in log
+    vacuous = [r for r in rec.candidate.invalid_reasons if "can never fail" in r]
+    assert vacuous and any(r.startswith("baseline: op budget") for r in vacuous)
+    assert evaluate_ab(profile, rec).verdict == Verdict.INVALID

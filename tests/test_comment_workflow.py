@@ -311,7 +311,8 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     perf-guard-comment then posts."""
     import sys
 
-    from guard import abrunner, harness, hardware
+    from guard import harness, hardware
+    from guard.measure import run as measure_run
     from guard.commands import check
     from guard.results import run_file_dict, write_json_atomic
 
@@ -327,11 +328,11 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
         return 0, None
 
     def ab(thresholds, profile, hw, output, baseline_python, **kw):
-        return abrunner.ABRecord(candidate=recorded.run, baseline=recorded.ab.baseline,
+        return measure_run.ABRecord(candidate=recorded.run, baseline=recorded.ab.baseline,
                                  baseline_python=baseline_python, order=list(recorded.ab.order))
 
     monkeypatch.setattr(harness, "run_suite", suite)
-    monkeypatch.setattr(abrunner, "run_ab", ab)
+    monkeypatch.setattr(measure_run, "run_ab", ab)
     monkeypatch.setattr(cli, "COMMANDS", ALL_COMMANDS)
     argv = workflow_argv("perf-guard.yml", "check", {"PROFILE": "cpu", "THRESHOLDS": TH,
                                                      "BASELINE_PYTHON": sys.executable if baseline else ""})

@@ -38,6 +38,8 @@ def test_the_wheel_carries_the_suite_the_budgets_and_the_checkpoint(wheel):
     assert {"guard/_suite/pytest.ini", "guard/_thresholds/deepseek-ocr-2.yaml"} <= suite | budgets
     assert suite | budgets | model | {"guard/results.schema.json"} <= names
     assert not any(n.startswith("tests/") for n in names)
+    # the measure stage's subpackage, whose worker a baseline environment runs (python -m guard.measure.worker)
+    assert {"guard/measure/__init__.py", "guard/measure/worker.py", "guard/measure/side.py"} <= names
 
 
 def test_overrides_txt_is_the_projects_override_set():

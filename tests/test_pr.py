@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.abrunner import ABRecord
+from guard.results import ABRecord
 from guard.budgets import load_thresholds
 from guard.evaluate import evaluate_pr
 from guard.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,

@@ -17,8 +17,8 @@ import textwrap
 import pytest
 
 from guard.budgets import load_thresholds
-from guard.engine import RETAIN_FREED_MEMORY_TUNABLES
-from guard.server import server_environment
+from guard.measure.inprocess import RETAIN_FREED_MEMORY_TUNABLES
+from guard.measure.server import server_environment
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
@@ -30,7 +30,7 @@ CHURN = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     import numpy as np
     if sys.argv[1] == "in-process":
-        from guard.engine import retain_freed_memory
+        from guard.measure.inprocess import retain_freed_memory
         retain_freed_memory()
     faults = []
     for _ in range(4):

@@ -1,4 +1,4 @@
-"""guard.runner: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
+"""guard.measure.run: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,26 @@ from guard.contention import ContentionSampler
 from guard.evaluate import evaluate
 from guard.hardware import Hardware
 from guard.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
-from guard.runner import GuardRun
+from guard.measure.inprocess import InProcessSide
+from guard.measure.run import GuardRun
+from guard.measure.side import SideInfo
 from guard.speedref import WORKLOAD, SpeedReading
 from tests.ttft_scenarios import CPU_ENV, budgeted
 
 
-class ScriptedDriver:
-    """Stands in for the engine: each job gets the next scripted TTFT (None: the request timed out)."""
+class ScriptedSide(InProcessSide):
+    """Stands in for the engine: each job gets the next scripted TTFT (None: the request timed out).
+    The rest is the in-process side's own (its speed reading in the engine's dtype)."""
 
-    def __init__(self, script):
+    def __init__(self, profile, script, progress=lambda m: None, speed_reader=None):
+        super().__init__(profile, progress, speed_reader=speed_reader)
         self.script = list(script)
         self.counts: list[int] = []
 
-    def __call__(self, jobs, on_outcome):
+    def start(self):
+        return SideInfo(init_s=0.0)
+
+    def run(self, jobs, label, on_outcome):
         self.counts.append(len(jobs))
         out = []
         for job in jobs:
@@ -40,15 +47,15 @@ QUIET_READING = SpeedReading(WORKLOAD, 80.0, 4.0, 7, 2)  # a recorded reading of
 
 
 def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None, speed=(QUIET_READING,)):
-    """A real GuardRun with the scripted driver injected; returns it, the driver and its progress lines.
+    """A real GuardRun over the scripted side; returns it, the side and its progress lines.
     The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject),
     and the speed readings are ``speed``'s, in turn (guard.speedref is tested on its own)."""
-    driver, lines = ScriptedDriver(script), []
+    lines = []
     readings = iter(speed * 2 if len(speed) == 1 else speed)
+    driver = ScriptedSide(profile, script, lines.append, speed_reader=lambda workload: next(readings))
     run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
-                   progress=lines.append, driver=driver, environment=dict(environment or CPU_ENV),
-                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"),
-                   speed_reader=lambda workload: next(readings))
+                   progress=lines.append, side=driver, environment=dict(environment or CPU_ENV),
+                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"))
     return run, driver, lines
 
 
@@ -162,7 +169,7 @@ def test_a_speed_reading_that_breaks_is_reported_not_fatal(thresholds, cpu, tmp_
         raise RuntimeError("no torch here")
 
     run, _, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
-    run.speed_reader = broken
+    run.side.speed_reader = broken
     run.measure_until_decided()
     assert "speed_reference" not in run.record.environment
     assert "speed reference not measured: no torch here" in lines
@@ -177,7 +184,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
     for native, expected in ((True, WORKLOAD), (False, WORKLOAD_FLOAT32)):
         asked = []
         run, _, _ = scripted_run(thresholds, bf16.on_cpu(native_bf16=native), [7.2] * 20, tmp_path)
-        run.speed_reader = lambda workload: asked.append(workload) or SpeedReading(workload, 80.0, 1.0, 5, 2)
+        run.side.speed_reader = lambda workload: asked.append(workload) or SpeedReading(workload, 80.0, 1.0, 5, 2)
         run.measure_until_decided()
         assert set(asked) == {expected} and run.record.environment["speed_reference"]["workload"] == expected
 

@@ -14,12 +14,12 @@ import jsonschema
 import pytest
 
 from guard.budgets import load_thresholds
-from guard.engine import plan_jobs
+from guard.measure.side import plan_jobs
 from guard.errors import ConfigError, InvalidRunError
 from guard.evaluate import evaluate
 from guard.markdown import render_markdown
 from guard.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Status, Verdict, results_schema, results_to_dict
-from guard.server import (
+from guard.measure.server import (
     SERVED_MODEL_NAME,
     VllmServer,
     port_in_use,
@@ -259,7 +259,7 @@ def test_nothing_listening_is_a_failed_outcome(cpu_workload):
 async def _one(url, workload):
     import aiohttp
 
-    from guard.server import StreamResult, prepare
+    from guard.measure.server import StreamResult, prepare
 
     (req,) = prepare(workload, plan_jobs(workload, 0, 1, False))
     async with aiohttp.ClientSession() as session:
@@ -367,7 +367,7 @@ def test_runner_measures_a_running_server_ttft_only(tmp_path):
     """GuardRun with --server-url: the TTFT pass goes over HTTP, the model name comes from
     /v1/models, the op pass measures nothing, and the environment says how it was measured."""
     from guard.hardware import Hardware
-    from guard.runner import GuardRun
+    from guard.measure.run import GuardRun
     from tests.ttft_scenarios import CPU_ENV
 
     t = load_thresholds(SHIPPED_THRESHOLDS)

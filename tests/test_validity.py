@@ -16,7 +16,7 @@ from guard.evaluate import evaluate
 from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
 from guard.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.contention import ContentionSampler
-from guard.runner import GuardRun
+from guard.measure.run import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
 CPU_HW = Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2)
@@ -277,14 +277,14 @@ def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):
 
 def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monkeypatch, tmp_path):
     start = snap()
-    monkeypatch.setattr("guard.runner.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
+    monkeypatch.setattr("guard.measure.run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
     monkeypatch.setattr("guard.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
 
-    def driver(jobs, on_outcome):
-        return [dataclasses.replace(o, index=j.index) for j, o in zip(jobs, outcomes(len(jobs), 2.283))]
+    from tests.test_runner import ScriptedSide
 
+    side = ScriptedSide(a10, [o.ttft_client_s for o in outcomes(400, 2.283)])
     run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
-                   progress=lambda m: None, driver=driver, contention=ContentionSampler(proc=tmp_path / "no-proc"))
+                   progress=lambda m: None, side=side, contention=ContentionSampler(proc=tmp_path / "no-proc"))
     run.measure_until_decided()
     state = run.record.environment["gpu_state"]
     assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]

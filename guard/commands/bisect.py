@@ -19,7 +19,7 @@ from pathlib import Path
 
 from guard import __version__
 from guard import format as fmt
-from guard.abrunner import ABRecord
+from guard.results import ABRecord
 from guard.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.census import folded
 from guard.commands.check import prepare_output

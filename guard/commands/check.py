@@ -24,7 +24,7 @@ from guard.markdown import render_markdown
 from guard.opnames import check_op_names
 from guard.results import Results, results_to_dict, write_json_atomic
 from guard.terminal import render_terminal
-from guard.worker import SLOW_ENCODER, parse_inject
+from guard.measure.inprocess import SLOW_ENCODER, parse_inject
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,9 +162,9 @@ def write_report(results: Results, output: Path, thresholds: str | None = None) 
 
 
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
-    """A/B mode: both engines here, in alternation (guard.abrunner), judged by guard.evaluate.evaluate_ab."""
+    """A/B mode: both engines here, in alternation (guard.measure.run), judged by guard.evaluate.evaluate_ab."""
     from guard import __version__
-    from guard.abrunner import run_ab
+    from guard.measure.run import run_ab
     from guard.evaluate import evaluate_ab
     from guard.hardware import detect
 

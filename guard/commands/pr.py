@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard import __version__
-from guard.abrunner import ABRecord
+from guard.results import ABRecord
 from guard.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.commands.check import prepare_output, say_dtype, write_report
 from guard.errors import InvalidRunError, UsageError
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                    for name in SIDES}
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
-        from guard.abrunner import run_ab
+        from guard.measure.run import run_ab
 
         say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
         rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),

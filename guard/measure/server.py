@@ -9,7 +9,7 @@ definition, measured by vLLM's own request function when it is importable (guard
 from just before the POST to the first streamed message that carries ``choices``. The time a
 request waits for the semaphore is not part of its TTFT, as in vLLM.
 
-Images are the same deterministic pages as in-process mode (``guard.engine.synthetic_image``),
+Images are the same deterministic pages as in-process mode (``guard.measure.inprocess.synthetic_image``),
 sent as PNG data URLs (lossless: the server decodes the very pixels the in-process engine gets),
 encoded before a round starts. The prompt is sent verbatim: it already holds the model's
 ``<image>`` placeholder, so vLLM adds none, and guard's pass-through chat template
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import io
 import json
 import os
@@ -40,8 +41,10 @@ from typing import Any
 
 from guard.budgets import EngineArgs, Workload, resolve_model
 from guard.compat import vllm_cli
-from guard.engine import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, Job, synthetic_image
 from guard.errors import InvalidRunError
+from guard.measure.inprocess import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, InProcessSide, synthetic_image
+from guard.measure.process import die_with_parent, log_tail
+from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
 from guard.results import RequestOutcome
 
 HOST = "127.0.0.1"
@@ -94,7 +97,7 @@ def server_environment(engine: EngineArgs, base: dict[str, str] | None = None) -
     if engine.cpu_kvcache_space_gb is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gb)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if engine.retain_freed_memory:  # guard.engine.retain_freed_memory, for a process guard starts
+    if engine.retain_freed_memory:  # guard.measure.inprocess.retain_freed_memory, for a process guard starts
         env["GLIBC_TUNABLES"] = ":".join(filter(None, (env.get("GLIBC_TUNABLES"), RETAIN_FREED_MEMORY_TUNABLES)))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs vLLM as users do
     return env
@@ -113,15 +116,6 @@ def port_in_use(port: int, host: str = HOST) -> bool:
         except OSError:
             return True
     return False
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no server log)"
-    kept = [ln for ln in text.splitlines() if ln.strip()][-lines:]
-    return "\n".join(kept) or "(the server log is empty)"
 
 
 # ----------------------------------------------------------------------------- the managed server
@@ -144,7 +138,8 @@ class VllmServer:
         return f"http://{HOST}:{self.port}"
 
     def tail(self) -> str:
-        return log_tail(self.log_path)
+        tail = log_tail(self.log_path, LOG_TAIL_LINES)
+        return "(no server log)" if tail is None else tail or "(the server log is empty)"
 
     def fail(self, what: str) -> InvalidRunError:
         return InvalidRunError(f"{what}; last lines of {self.log_path}:\n{self.tail()}")
@@ -158,7 +153,7 @@ class VllmServer:
         try:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=server_environment(self.engine), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
         except OSError as exc:
             raise InvalidRunError(f"cannot run vllm serve ({self.command[0]}): {exc}") from exc
         finally:
@@ -198,17 +193,6 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM it when guard's process dies (Linux), so a killed guard
-    never leaves a server holding the machine; vLLM's engine core follows its API server."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -319,7 +303,7 @@ def request_function(prefer_vllm: bool = True):
 
     found = vllm_chat_request_func() if prefer_vllm else None
     if found is None:
-        return "guard.server.request_chat_stream", request_chat_stream
+        return "guard.measure.server.request_chat_stream", request_chat_stream
     func, input_cls = found
 
     async def call(url: str, model: str, req: ChatRequest, session) -> StreamResult:
@@ -377,3 +361,89 @@ def run_jobs_http(url: str, model: str, workload: Workload, jobs: list[Job],
         func = request_function()[1]
     requests = prepare(workload, jobs)
     return asyncio.run(_run_round(url, model, requests, workload.concurrency, request_timeout_s, on_outcome, func))
+
+
+# ----------------------------------------------------------------------------- the side
+class ServerSide:
+    """TTFT through a server (``guard.measure.side.EngineSide``): a ``vllm serve`` guard starts and
+    stops, or, with ``url``, one already running (TTFT only). Op counts come from an in-process
+    engine started after the managed server stopped (docs/server-mode.md: why not vLLM's profiler
+    endpoints); a remote server shows no frames, so its op budgets are reported "not measured"."""
+
+    def __init__(self, profile, output: Path, progress: Callable[[str], None] = lambda m: None,
+                 inject: str | None = None, url: str | None = None) -> None:
+        self.profile, self.output, self.progress, self.inject = profile, output, progress, inject
+        self.url = url.rstrip("/") if url else None
+        self.server: VllmServer | None = None  # the managed server (None with a remote url)
+        self.model: str | None = None
+        self.environment: dict[str, Any] = {"server": {}}
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.environment["server"]
+
+    def start(self) -> SideInfo:
+        self.info["request_function"] = request_function()[0]
+        t = time.perf_counter()
+        if self.url:
+            self.progress(f"measuring the running server at {self.url} (TTFT only)")
+            self.info.update(managed=False, url=self.url)
+            self.model = self.info["served_model"] = served_model(self.url)
+            return SideInfo(init_s=0.0)
+        e = self.profile.engine
+        self.server = VllmServer(e, self.profile.workload.seed, self.output / SERVER_LOG)
+        self.info.update(managed=True, command=self.server.command, log=SERVER_LOG)
+        self.server.start(self.progress)
+        self.model = SERVED_MODEL_NAME
+        init_s = time.perf_counter() - t
+        self.progress(f"vllm serve healthy in {init_s:.1f} s")
+        return SideInfo(init_s=init_s)
+
+    def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome) -> list[RequestOutcome]:
+        outcomes = run_jobs_http(self.url or self.server.url, self.model, self.profile.workload, jobs,
+                                 on_outcome=on_outcome)
+        if self.server is not None and not self.server.alive():
+            exc = self.server.fail(f"vllm serve died during {label} (exit status {self.server.proc.returncode})")
+            raise EngineDied(str(exc)) from exc
+        return outcomes
+
+    def failed_requests_context(self, label: str, failed: int) -> str | None:
+        if self.server is None:
+            return None
+        return f"{failed} request(s) failed during {label}; last lines of {self.server.log_path}:\n{self.server.tail()}"
+
+    def op_count_side(self) -> InProcessSide | None:
+        if self.url:
+            return None  # no frames of a remote server
+        if self.server is not None:
+            self.stop()
+            self.progress("op counts: the in-process profile pass, as in in-process mode (docs/server-mode.md: why "
+                          "not vLLM's profiler endpoints)")
+        return InProcessSide(self.profile, self.progress, inject=self.inject)
+
+    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+        raise NotImplementedError("a server is profiled through op_count_side()")
+
+    def speed_reading(self) -> None:
+        return None  # the engine is another process, whose threads guard's reading would not run on
+
+    def process_ids(self) -> frozenset[int]:
+        return frozenset()
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.server is not None and "exit_status" not in self.info:
+            code = self.server.stop()
+            self.info["exit_status"] = code
+            self.progress(f"vllm serve stopped (status {code})")
+
+    def close(self) -> None:
+        self.stop()

@@ -1,5 +1,9 @@
 """An engine in its own process, driven over JSON lines: the two sides of an A/B check.
 
+``WorkerSide`` is the parent's ``guard.measure.side.EngineSide`` over ``WorkerClient``; in the
+process, ``Worker`` runs an ``InProcessSide`` (guard/measure/inprocess.py), so an A/B side starts,
+injects, runs and profiles exactly as a plain check's engine does.
+
 ``guard check --baseline PYTHON`` starts one worker with guard's own interpreter (the candidate)
 and one with PYTHON (the baseline: an environment holding another vLLM, without guard installed).
 guard is pure Python, so the baseline worker imports it from this checkout: the parent puts the
@@ -16,8 +20,10 @@ file (``worker-<side>.log``) whose tail explains a worker that died.
      "seed", "gpu_memory_utilization", "inject",       {"type": "ready", "init_s", "versions",
      "cache_key", "dtype",                             "cache_key", "cache_key_covers"}
      "revision"}
-    {"cmd": "run", "jobs": [[index, [w, h], warmup]]}  {"type": "outcome", ...}* {"type": "done"}
-    {"cmd": "profile", "size": [w, h], "index"}        {"type": "outcome"}* {"type": "counts", "counts"}
+    {"cmd": "run", "jobs": [[index, [w, h], warmup]],  {"type": "outcome", ...}* {"type": "done", "slept_s"}
+     "label"}
+    {"cmd": "profile", "size": [w, h], "index"}        {"type": "outcome"}* {"type": "counts", "counts",
+                                                       "census", "census_s"}
     {"cmd": "shutdown"}                                {"type": "bye"}
     any command that fails                             {"type": "error", "message", "invalid"}
 
@@ -25,7 +31,7 @@ A worker that exits (or closes its stdout) before answering makes the run invali
 ``WorkerClient`` raises ``WorkerDied`` with the worker's exit status and the tail of its log.
 
 While one side's requests are timed, the other side's process is stopped (SIGSTOP, then SIGCONT:
-``WorkerClient.paused``). An idle vLLM engine is not idle: torch.distributed's gloo transport
+``WorkerClient.paused``, through ``WorkerSide.pause``). An idle vLLM engine is not idle: torch.distributed's gloo transport
 keeps threads (``gloo_tcp_loop``) that wake up all the time, together 1.5 % of a core measured
 here, and on a 2-core machine each wake-up preempts one of the timed engine's OpenMP threads.
 Measured: one engine's request-to-request spread was 5.0-5.7 % beside an idle engine, 2.5-3.0 %
@@ -40,6 +46,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -48,16 +55,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-GUARD_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds the guard package
-SLOW_ENCODER = "slow-encoder"
-LEGACY_MASK = "legacy-mask"  # guard.canary.LEGACY_MASK (not imported: the parent side stays light)
-ENCODER_CLASS = "Qwen2Decoder2Encoder"  # vllm/model_executor/models/deepencoder2.py: the vision encoder
+# Standard library and guard.measure's light modules only: a baseline worker says hello (and its
+# start fails with a reason) in an environment without guard's dependencies.
+from guard.measure.process import die_with_parent, log_tail
+from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
+
+GUARD_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the guard package
 LOG_TAIL_LINES = 15
+# What a worker reports about its own environment (``versions``). guard's fingerprint describes
+# guard's environment, which is the candidate's; on the baseline side these stay unknown until its
+# worker has said, so that a baseline that never started shows no borrowed versions.
+WORKER_REPORTED = ("python", "vllm", "vllm_dist", "torch", "transformers", "cuda_runtime")
 
 
 # ============================================================================ the parent's side
 def worker_command(python: str) -> list[str]:
-    return [python, "-m", "guard.worker"]
+    return [python, "-m", "guard.measure.worker"]
 
 
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -66,24 +79,6 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(GUARD_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def parse_inject(spec: str | None) -> float | None:
-    """``slow-encoder:5%`` -> 5.0 (percent of TTFT added to the vision encoder); None -> None."""
-    if spec is None:
-        return None
-    name, _, amount = spec.partition(":")
-    if not amount:
-        amount = "-1"
-    try:
-        pct = float(amount.rstrip("%").strip())
-    except ValueError:
-        pct = -1.0
-    if name != SLOW_ENCODER or not 0 < pct <= 100:
-        from guard.errors import UsageError
-
-        raise UsageError(f"bad --inject value {spec!r}", hint=f"e.g. `--inject {SLOW_ENCODER}:5%` (0 < percent <= 100)")
-    return pct
 
 
 class WorkerError(Exception):
@@ -170,7 +165,7 @@ class WorkerClient:
         except subprocess.TimeoutExpired:
             code = None
         self._log.flush()
-        tail = log_tail(self.log_path)
+        tail = log_tail(self.log_path, LOG_TAIL_LINES)
         status = "is not answering" if code is None else f"exited with status {code}"
         return WorkerDied(self.side, f"the engine process ({self.python}) {status}"
                           + (f"; last lines of {self.log_path}:\n{tail}" if tail else ""))
@@ -247,107 +242,177 @@ def _wait_until_stopped(pid: int, timeout_s: float = 2.0) -> bool:
         time.sleep(0.001)
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+def baseline_hint(python: str) -> str:
+    return (f"{python} is the baseline environment's python: it needs vllm, torch, pyyaml, pillow and numpy "
+            "(not guard, which comes from this checkout); docs/ab.md")
+
+
+def _outcome(msg: dict[str, Any]):
+    from guard.results import RequestOutcome
+
+    fields = {k: v for k, v in msg.items() if k != "type"}
+    fields["image_size"] = tuple(fields["image_size"])
+    return RequestOutcome(**fields)
+
+
+def _counts(d: dict[str, Any]):
+    from guard.results import OpSite, ScopeCounts
+
+    return ScopeCounts(**{**d, "image_size": tuple(d["image_size"]), "sites": tuple(OpSite(**s) for s in d.get("sites", ()))})
+
+
+class WorkerSide:
+    """One side of an A/B check (``guard.measure.side.EngineSide``): an in-process side in a worker
+    process of ``python``, driven over the JSON-lines protocol; paused (SIGSTOP) while the other
+    side is timed."""
+
+    def __init__(self, side: str, python: str, output: Path, *, thresholds: Path, profile,
+                 progress: Callable[[str], None] = lambda m: None, inject: str | None = None,
+                 gpu_memory_utilization: float | None = None, cache_key: bool = False) -> None:
+        self.side, self.python, self.output = side, python, output
+        self.thresholds, self.profile, self.progress, self.inject = thresholds, profile, progress, inject
+        self.gpu_memory_utilization, self.cache_key = gpu_memory_utilization, cache_key
+        self.client: WorkerClient | None = None
+        self.environment: dict[str, Any] = {}
+        self._on_outcome: OnOutcome = lambda o: None
+        self._lock = threading.Lock()
+        self._killed = False
+
+    def _on_message(self, side: str, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "outcome":
+            self._on_outcome(_outcome(msg))
+        elif msg.get("type") == "progress":
+            self.progress(msg.get("message", ""))
+
+    def start(self) -> SideInfo:
+        from guard.errors import InvalidRunError
+
+        try:
+            client = WorkerClient(self.side, self.python, self.output / f"worker-{self.side}.log", cwd=self.output,
+                                  on_message=self._on_message)
+            with self._lock:
+                self.client = client
+                if self._killed:  # the other side failed while this one was spawned
+                    client.kill()
+            self.progress(f"worker {client.hello.pid}: {self.python} (guard from {client.hello.guard_file})")
+            e = self.profile.engine
+            ready = client.call("start", "ready", thresholds=str(self.thresholds), profile=self.profile.name,
+                                seed=self.profile.workload.seed, gpu_memory_utilization=self.gpu_memory_utilization,
+                                inject=self.inject, cache_key=self.cache_key, dtype=e.dtype, revision=e.revision)
+        except WorkerError as exc:
+            never_said_hello = self.client is None
+            if self.side == "baseline" and (never_said_hello or not isinstance(exc, WorkerDied)):
+                exc.hint = baseline_hint(self.python)  # the worker's own hint is about guard's environment
+            raise InvalidRunError(str(exc)) from exc
+        versions = ready["versions"]
+        self.environment["worker"] = {**versions, "guard_file": client.hello.guard_file, "init_s": round(ready["init_s"], 3)}
+        self.environment.update({key: versions[key] for key in WORKER_REPORTED if key in versions})
+        self.progress(f"engine ready in {ready['init_s']:.1f} s: vllm {versions.get('vllm')} ({versions.get('vllm_file')})")
+        return SideInfo(init_s=ready["init_s"], versions=versions, cache_key=ready.get("cache_key"),
+                        cache_key_covers=ready.get("cache_key_covers") or "")
+
+    def _call(self, cmd: str, final: str, on_outcome: OnOutcome, **fields: Any) -> dict[str, Any]:
+        self._on_outcome = on_outcome
+        try:
+            return self.client.call(cmd, final, **fields)
+        except WorkerError as exc:
+            raise EngineDied(str(exc)) from exc
+        finally:
+            self._on_outcome = lambda o: None
+
+    def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome) -> list:
+        outcomes: list = []
+
+        def take(o) -> None:
+            outcomes.append(o)
+            on_outcome(o)
+
+        done = self._call("run", "done", take, jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs], label=label)
+        if self.inject and not all(j.warmup for j in jobs):
+            # the test hook's own account of what it added (worker total, seconds): the true injected slowdown
+            self.environment["injected_sleep_s"] = round(float(done.get("slept_s", 0.0)), 4)
+        return outcomes
+
+    def failed_requests_context(self, label: str, failed: int) -> str | None:
+        return None
+
+    def op_count_side(self) -> WorkerSide:
+        return self
+
+    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+        outcomes: list = []
+
+        def take(o) -> None:
+            outcomes.append(o)
+            on_outcome(o)
+
+        msg = self._call("profile", "counts", take, size=list(job.image_size), index=job.index)
+        return ProfiledRequest(outcomes, [_counts(c) for c in msg["counts"]], msg.get("census"),
+                               float(msg.get("census_s") or 0.0))
+
+    def speed_reading(self) -> None:
+        return None  # read in guard's process, it would not be this engine's threads
+
+    def process_ids(self) -> frozenset[int]:
+        return frozenset({self.client.proc.pid}) if self.client is not None else frozenset()
+
+    def pause(self) -> None:
+        if self.client is not None:
+            self.client.pause()
+
+    def resume(self) -> None:
+        if self.client is not None:
+            self.client.resume()
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+            if self.client is not None:
+                self.client.kill()
+
+    def close(self) -> None:
+        if self.client is not None:  # evidence that the idle side was stopped while the other was timed
+            self.environment.setdefault("worker", {})["stopped_s"] = round(self.client.stopped_s, 3)
+            self.client.close()
 
 
 # ============================================================================ the worker's side
-class SlowEncoder:
-    """Test hook (``--inject slow-encoder:P%``, candidate only): every vision-encoder forward
-    sleeps for P % of a request's TTFT, spread over the request's encoder calls.
-
-    The sleep is proportional to the forward's own measured time: ``sleep = P/100 x forward time
-    x k``, with k = (warm-up TTFT) / (warm-up encoder time), calibrated on the warm-up requests
-    (run without sleeping), so the added time is P % of TTFT whatever the image size or machine.
-    """
-
-    def __init__(self, llm, pct: float) -> None:
-        from guard.compat import model_modules
-
-        self.pct = pct
-        self.scale: float | None = None  # k above; None until calibrated
-        self.encoder_s = 0.0  # encoder forward time since the last calibration reset
-        self.slept_s = 0.0
-        self.calls = 0
-        modules = model_modules(llm, ENCODER_CLASS)
-        if not modules:
-            raise RuntimeError(f"cannot inject {SLOW_ENCODER}: no {ENCODER_CLASS} module in the live model "
-                               "(renamed in vLLM's deepencoder2.py?)")
-        for m in modules:
-            m.forward = self._wrap(m.forward)  # an instance attribute shadows the class's forward
-
-    def _wrap(self, original):
-        def forward(*args, **kwargs):
-            t0 = time.perf_counter()
-            out = original(*args, **kwargs)
-            if getattr(out, "is_cuda", False):
-                import torch
-
-                torch.cuda.synchronize()  # the forward's time, not its launch time
-            spent = time.perf_counter() - t0
-            self.encoder_s += spent
-            self.calls += 1
-            if self.scale is not None:
-                pause = self.pct / 100.0 * spent * self.scale
-                time.sleep(pause)
-                self.slept_s += pause
-            return out
-        return forward
-
-    def calibrate(self, ttft_s: list[float]) -> None:
-        if not ttft_s or self.encoder_s <= 0:
-            raise RuntimeError(f"cannot calibrate {SLOW_ENCODER}: the warm-up ran no vision encoder")
-        self.scale = sum(ttft_s) / self.encoder_s
-
-
 class Worker:
+    """The worker's command loop over one ``guard.measure.inprocess.InProcessSide``: the same
+    engine start, injection, request loop and profile pass as a plain check's."""
+
     def __init__(self, out: IO[str]) -> None:
         self.out = out
-        self.llm = None
-        self.profile = None
-        self.slow: SlowEncoder | None = None
-        self.resolver = None  # guard.census.QualnameResolver: one per engine, as in a plain run
+        self.side = None  # guard.measure.inprocess.InProcessSide, once started
 
     def send(self, kind: str, **fields: Any) -> None:
         self.out.write(json.dumps({"type": kind, **fields}, allow_nan=False) + "\n")
         self.out.flush()
 
+    def _send_outcome(self, outcome) -> None:
+        self.send("outcome", **asdict(outcome))
+
     # ---------------------------------------------------------------- commands
     def start(self, thresholds: str, profile: str, seed: int, gpu_memory_utilization: float | None = None,
               inject: str | None = None, cache_key: bool = False, dtype: str | None = None,
               revision: str | None = None) -> None:
-        """``inject``: ``legacy-mask`` (the canary, guard/canary.py) or ``slow-encoder:P%``;
+        """``inject``: as ``guard check --inject`` (guard.measure.inprocess.Injection);
         ``cache_key``: also say which environment this is (guard.abcache), for the baseline side;
         ``dtype``: the engine's dtype as guard check resolved it for this machine (Profile.on_cpu);
         ``revision``: the model commit guard resolved a moving engine.revision to (guard.weights)."""
         import dataclasses
 
         from guard.budgets import load_thresholds
-        from guard.engine import start_engine
+        from guard.measure.inprocess import InProcessSide
 
         environ = dict(os.environ)  # as given: vLLM sets per-run variables (VLLM_DIST_IDENT) when it starts
         prof = load_thresholds(thresholds).profile(profile)
-        if gpu_memory_utilization is not None:
-            prof = dataclasses.replace(prof, engine=dataclasses.replace(prof.engine, gpu_memory_utilization=gpu_memory_utilization))
-        if dtype is not None:
-            prof = dataclasses.replace(prof, engine=dataclasses.replace(prof.engine, dtype=dtype))
-        if revision is not None:  # the commit guard resolved a moving revision to (guard.weights)
-            prof = dataclasses.replace(prof, engine=dataclasses.replace(prof.engine, revision=revision))
-        self.profile = prof
-        t0 = time.perf_counter()
-        self.llm = start_engine(prof.engine, seed=seed)
-        init_s = time.perf_counter() - t0
-        if inject == LEGACY_MASK:
-            from guard.canary import inject_legacy_mask
-
-            self._canary = inject_legacy_mask(self.llm)
-            self._canary.__enter__()  # held for the worker's life; the process ends with it
-        elif inject is not None:
-            self.slow = SlowEncoder(self.llm, parse_inject(inject))
+        engine = {"gpu_memory_utilization": gpu_memory_utilization, "dtype": dtype, "revision": revision}
+        prof = dataclasses.replace(prof, engine=dataclasses.replace(
+            prof.engine, **{k: v for k, v in engine.items() if v is not None}))
+        self.side = InProcessSide(prof, progress=lambda m: self.send("progress", message=m), inject=inject,
+                                  announce_start=False)
+        info = self.side.start()
         key, covers = (None, "")
         if cache_key:
             from guard.abcache import environment_key
@@ -356,45 +421,24 @@ class Worker:
                 key, covers = environment_key(prof, gpu_memory_utilization, environ)
             except Exception as exc:  # noqa: BLE001 - no key means no cache, never a failed start
                 key, covers = None, f"the environment could not be keyed ({type(exc).__name__}: {exc})"
-        self.send("ready", init_s=init_s, versions=versions(), cache_key=key, cache_key_covers=covers)
+        self.send("ready", init_s=info.init_s, versions=versions(), cache_key=key, cache_key_covers=covers)
 
-    def run(self, jobs: list[list[Any]]) -> None:
-        from guard.engine import EngineDied, Job, run_jobs
-
+    def run(self, jobs: list[list[Any]], label: str = "a run") -> None:
         planned = [Job(int(i), (int(size[0]), int(size[1])), bool(warmup)) for i, size, warmup in jobs]
-        if self.slow is not None and self.slow.scale is None and not all(j.warmup for j in planned):
-            raise RuntimeError(f"{SLOW_ENCODER} is not calibrated: run the warm-up requests first")
         try:
-            outcomes = run_jobs(self.llm, self.profile.workload, planned,
-                                on_outcome=lambda o: self.send("outcome", **asdict(o)))
+            self.side.run(planned, label, self._send_outcome)
         except EngineDied as exc:
-            raise _Invalid(f"engine died: {exc}") from exc
-        if self.slow is not None and self.slow.scale is None:
-            self.slow.calibrate([o.ttft_client_s for o in outcomes if o.success])
-            self.send("progress", message=f"{SLOW_ENCODER}: calibrated on {len(outcomes)} warm-up request(s): "
-                      f"+{self.slow.pct:g} % of TTFT = {self.slow.pct:g} % x encoder time x {self.slow.scale:.2f}")
-        self.send("done", slept_s=self.slow.slept_s if self.slow else 0.0)
+            raise _Invalid(str(exc)) from exc
+        slow = self.side.injection.slow
+        self.send("done", slept_s=slow.slept_s if slow else 0.0)
 
     def profile_one(self, size: list[int], index: int) -> None:
-        from guard.engine import EngineDied, Job, run_jobs
-        from guard.probes import attribute, profile_request
-
         job = Job(int(index), (int(size[0]), int(size[1])), True)
         try:
-            events, prof = profile_request(lambda: run_jobs(self.llm, self.profile.workload, [job],
-                                                            on_outcome=lambda o: self.send("outcome", **asdict(o))))
+            found = self.side.profile(job, self._send_outcome, files=None)
         except EngineDied as exc:
-            raise _Invalid(f"engine died: {exc}") from exc
-        del prof
-        counts = attribute(events, self.profile.ops, job.image_size)
-        census = None
-        if self.profile.census is not None:  # each side counts its own vLLM's functions
-            from guard.census import QualnameResolver, count_functions
-
-            if self.resolver is None:  # it compiles each vLLM source once: keep it across sizes
-                self.resolver = QualnameResolver()
-            census = count_functions(events, self.profile.census.roots, self.resolver)
-        self.send("counts", counts=[asdict(c) for c in counts], census=census)
+            raise _Invalid(str(exc)) from exc
+        self.send("counts", counts=[asdict(c) for c in found.counts], census=found.census, census_s=found.census_s)
 
 
 class _Invalid(Exception):
@@ -421,22 +465,8 @@ def versions() -> dict[str, Any]:
             "torch": version("torch"), "transformers": version("transformers"), "cuda_runtime": torch.version.cuda}
 
 
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when guard exits, even while it is stopped (a stopped process
-    never reads the EOF on its stdin). Elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def main() -> int:
-    die_with_parent()
+    die_with_parent(signal.SIGKILL)
     # Take the real stdout for the protocol; everything printed from now on goes to stderr.
     channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)

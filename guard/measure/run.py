@@ -1,0 +1,576 @@
+"""The run stage: one engine side, or two measured in alternation, recorded into run records.
+
+``RunStage`` is written once over ``guard.measure.side.EngineSide``: job planning, warm-up, the
+timing pass until its budgets are decided (guard.rules), what the machine did meanwhile
+(contention, speed reference, GPU state), the profile pass per side, checkpoints, and the post-run
+checks every side's record gets. Two shapes of it:
+- ``GuardRun``: one side (the in-process engine, a managed ``vllm serve``, or a running server),
+  absolute budgets; used by the pytest suite (tests/perf) through the plugin's ``guard_run``
+  fixture. Each measured round runs all its jobs at once, ``concurrency`` in flight.
+- ``ABRun`` / ``run_ab``: two worker sides (candidate, baseline) on one machine. Both engines start
+  at the same time; then every request runs on both sides in blocks of ``concurrency``, the same
+  images on both sides; measured blocks in ABBA order (guard.ab.block_order), the idle side's
+  process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
+  measured by the same rule as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
+  pairs). The baseline side's profile pass is read from guard.abcache when this baseline
+  environment was profiled before.
+
+Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
+run on both sides at once they took longer than one after the other (two OpenMP teams on two
+cores: a 640x480 warm-up pair 15.2 s instead of 13.4 s, an 800x400 pair 32.6 s instead of
+25.4-29.0 s, measured here; docs/ab.md, "Wall time").
+
+Progress goes to the ``progress`` callback: runs take minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import datetime as dt
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from guard import abcache, speedref
+from guard import format as fmt
+from guard.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
+from guard.budgets import Profile, Thresholds
+from guard.census import size_key
+from guard.contention import ContentionSampler, busy
+from guard.errors import InvalidRunError
+from guard.files import cache_root
+from guard.hardware import Hardware, fingerprint
+from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
+from guard.opnames import vacuous_budgets
+from guard.results import ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
+from guard.rules import TtftDecision, measure_until_decided
+
+TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
+UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
+
+
+def post_run_checks(profile: Profile, record: RunRecord) -> list[InvalidReason]:
+    """Why a finished run's record cannot be judged, found only once it is complete: a budget no op
+    name can meet (guard.opnames). For every run, whichever stage or process recorded it."""
+    return [InvalidReason(ReasonKind.VACUOUS_BUDGET, text) for text in vacuous_budgets(profile, record.op_counts)]
+
+
+class RunStage:
+    """The run stage over ``sides`` (name -> side, in their warm-up order), each recorded into
+    ``records[name]``. The first side's record holds the run's own invalid reasons."""
+
+    def __init__(self, profile: Profile, output: Path, sides: dict[str, EngineSide], records: dict[str, RunRecord],
+                 progress: Callable[[str], None] = print, traces: str = TRACES_ON_FAILURE,
+                 contention: ContentionSampler | None = None, checkpoints: bool = True) -> None:
+        self.profile, self.output, self.progress, self.traces = profile, output, progress, traces
+        self.sides, self.records = sides, records
+        self.infos: dict[str, SideInfo] = {}  # what each side said when it started
+        self.names = tuple(sides)
+        self.paired = len(sides) > 1
+        self.own = records[self.names[0]]  # the run's own reasons (evaluate_ab: "for either side")
+        self.checkpoints = checkpoints  # run.json as it stands after each step (a plain check's child process)
+        # what the rest of the machine does during the timing pass (guard.contention): with two
+        # sides, both workers are this process's children, so "other processes" excludes both engines
+        self.contention = contention if contention is not None else ContentionSampler()
+        self.settle_s = 0.0  # a pause between stopping the idle side and timing the other
+        self.order: list[str] = []  # per measured block (two sides): the side that ran first
+        self._started = False
+        self._start_failed: str | None = None
+        self._started_extra: set[int] = set()
+        self._next_index = 0
+        self._blocks = 0
+        self._warm: dict[int, set[tuple[int, int]]] = {}  # id(side) -> image sizes it has run
+        self._label, self._total, self._done = "", 0, dict.fromkeys(self.names, 0)
+        self._t0 = time.perf_counter()
+        for name in self.names:
+            self._merge(name)
+
+    # -------------------------------------------------------------- sides
+    def _merge(self, name: str) -> None:
+        """What the side says about its environment, into its record (nested dicts are shared)."""
+        self.records[name].environment.update(self.sides[name].environment)
+
+    def _fail(self, exc: Exception) -> InvalidRunError:
+        """``exc``'s reason, recorded as the run's; the InvalidRunError to raise for it."""
+        reason = InvalidReason(ReasonKind.ENGINE, str(exc))
+        if reason not in self.own.invalid_reasons:
+            self.own.invalid_reasons.append(reason)
+        return exc if isinstance(exc, InvalidRunError) else InvalidRunError(reason.text)
+
+    def start(self) -> None:
+        """Start every side, at the same time when there are two. The first side to fail ends the
+        wait at once: the other is killed mid-start instead of finishing an engine start (25-55 s
+        on the CPU default) that nothing will use, e.g. beside a baseline python without vllm."""
+        if self._start_failed is not None:  # a later step of a run whose engine never started
+            raise InvalidRunError(self._start_failed)
+        if self._started:
+            return
+        self._started = True
+        try:
+            if not self.paired:
+                self.infos[self.names[0]] = self.sides[self.names[0]].start()
+                return
+            e = self.profile.engine
+            self.progress(f"starting both vLLM engines: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
+            with ThreadPoolExecutor(max_workers=len(self.sides)) as pool:
+                waits = {pool.submit(side.start): name for name, side in self.sides.items()}
+                try:
+                    for done in as_completed(waits):
+                        self.infos[waits[done]] = done.result()
+                except BaseException:  # a failed side, or Ctrl-C: no thread may wait on an engine start
+                    for side in self.sides.values():
+                        side.kill()
+                    raise
+        except (InvalidRunError, EngineDied) as exc:
+            err = self._fail(exc)
+            self._start_failed = str(exc)
+            if err is exc:
+                raise
+            raise err from exc
+        finally:
+            for name in self.names:
+                self._merge(name)
+
+    def close(self) -> None:
+        for side in self.sides.values():
+            side.close()
+
+    def __enter__(self) -> RunStage:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- requests
+    def _jobs(self, count: int, warmup: bool, sizes=None) -> list[Job]:
+        jobs = plan_jobs(self.profile.workload, self._next_index, count, warmup, sizes)
+        self._next_index += count
+        return jobs
+
+    def _report(self, name: str) -> Callable[[RequestOutcome], None]:
+        prefix = f"{name:9} " if self.paired else ""
+
+        def report(o: RequestOutcome) -> None:
+            self._done[name] += 1
+            where = f"{prefix}{self._label} {self._done[name]}/{self._total} [{fmt.size(o.image_size)}]"
+            if o.success:
+                eng = f", engine {fmt.seconds_as_ms(o.ttft_engine_s)}" if o.ttft_engine_s else ""
+                self.progress(f"{where} TTFT {fmt.seconds_as_ms(o.ttft_client_s)}{eng}")
+            else:
+                self.progress(f"{where} FAILED: {o.error}")
+        return report
+
+    def _ensure_started(self, side: EngineSide) -> None:
+        """Sides start at their first request: the run's own sides all together, a side that only
+        profiles (server mode's in-process engine) on its own."""
+        if any(side is s for s in self.sides.values()):
+            self.start()
+        elif id(side) not in self._started_extra:
+            self._started_extra.add(id(side))
+            try:
+                side.start()
+            except (InvalidRunError, EngineDied) as exc:
+                err = self._fail(exc)
+                if err is exc:
+                    raise
+                raise err from exc
+
+    def _run(self, name: str, jobs: list[Job], side: EngineSide | None = None) -> list[RequestOutcome]:
+        """``jobs`` on one side (``side``: the one its profile pass runs on), into its record."""
+        side = side or self.sides[name]
+        self._ensure_started(side)
+        try:
+            outcomes = side.run(jobs, self._label, self._report(name))
+        except EngineDied as exc:
+            raise self._fail(exc) from exc
+        self.records[name].outcomes.extend(outcomes)
+        self._merge(name)
+        self._warm.setdefault(id(side), set()).update(o.image_size for o in outcomes)
+        failed = sum(not o.success for o in outcomes)
+        why = side.failed_requests_context(self._label, failed) if failed else None
+        if why:  # the side's log says why (5xx, engine errors)
+            self.own.invalid_reasons.append(InvalidReason(ReasonKind.REQUEST_FAILED, why))
+        if self.checkpoints:
+            self.checkpoint(self._label)
+        return outcomes
+
+    def _pass(self, jobs: list[Job], label: str, timed: bool, names: tuple[str, ...] | None = None,
+              op_count_sides: dict[str, EngineSide] | None = None) -> None:
+        """``jobs`` on every side in ``names``. One side: all at once. Two: block by block, each block
+        on both sides back to back; ``timed``: in ABBA order with the idle side stopped."""
+        names = names or self.names
+        self._label, self._total, self._done = label, len(jobs), dict.fromkeys(self.names, 0)
+        sides = op_count_sides or {}
+        if not self.paired:
+            self._run(names[0], jobs, sides.get(names[0]))
+            return
+        for block in blocks([j.index for j in jobs], self.profile.workload.concurrency):
+            block_jobs = [j for j in jobs if j.index in set(block)]
+            order = block_order(self._blocks) if timed else names
+            if timed:
+                self.order.append(order[0])
+                self._blocks += 1
+            for name in order:
+                idle = [self.sides[n] for n in self.names if n != name] if timed else []
+                with self._paused(idle):
+                    self._run(name, block_jobs, sides.get(name))
+
+    @contextlib.contextmanager
+    def _paused(self, idle: list[EngineSide]):
+        """The idle sides stopped while the other's requests run, ``settle_s`` after they were."""
+        for side in idle:
+            side.pause()
+        try:
+            if idle and self.settle_s:
+                time.sleep(self.settle_s)
+            yield
+        finally:
+            for side in idle:
+                side.resume()
+
+    def checkpoint(self, after: str) -> None:
+        """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
+        `guard check` still reports what was measured, as an invalid run. The session's final
+        run.json replaces it."""
+        from guard.results import run_file_dict, write_json_atomic
+
+        snapshot = dataclasses.replace(self.own, invalid_reasons=[*self.own.invalid_reasons,
+                                                                    InvalidReason(ReasonKind.UNFINISHED, f"{UNFINISHED_PREFIX} {after}")],
+                                       duration_s=round(time.perf_counter() - self._t0, 3))
+        try:
+            write_json_atomic(self.output / "run.json", run_file_dict(snapshot))
+        except OSError as exc:  # a full disk must not stop the measurement; the final write will report it
+            self.progress(f"could not write the run.json checkpoint: {exc}")
+
+    # -------------------------------------------------------------- timing pass
+    def warm_up(self) -> None:
+        n = self.profile.workload.warmup_requests
+        if n:
+            self._pass(self._jobs(n, warmup=True), "warm-up", timed=False)
+
+    def measure(self, count: int) -> list[float]:
+        """One round of ``count`` measured requests on every side; its new samples (``samples``)."""
+        before = len(self.samples())
+        for rec in self.records.values():
+            rec.rounds += 1
+        self._pass(self._jobs(count, warmup=False), f"round {self.own.rounds}", timed=True)
+        return self.samples()[before:]  # samples come in order: the new ones are last
+
+    def ratios(self) -> list[float]:
+        """Two sides: the paired ratios (candidate / baseline TTFT), in job-index order."""
+        return [p.ratio for p in pairs(self.records[CANDIDATE].outcomes, self.records[BASELINE].outcomes)]
+
+    def samples(self) -> list[float]:
+        """What the budgets judge: one side's TTFT samples (seconds), or two sides' paired ratios."""
+        if self.paired:
+            return self.ratios()
+        return [o.ttft_client_s for o in self.own.measured if o.success and o.ttft_client_s is not None]
+
+    def measure_until_decided(self) -> None:
+        """The workload's measured requests, then more batches while a budgeted percentile's interval
+        straddles its budget (guard.rules: the verdict's own rule, so the two agree): TTFT against
+        absolute budgets for one side, the paired ratio against ratio budgets for two."""
+        from guard.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
+
+        env = self.own.environment
+
+        def measure(count: int) -> list[float]:
+            before = len(self.samples())
+            self.measure(count)
+            return self.samples()[before:]  # samples come in order: the new ones are last
+
+        if self.paired:
+            stats, budgets = self.profile.ab_statistics, self.profile.ttft_vs_baseline_pct
+            rule: dict[str, Any] = {"undecided_in": lambda ratios: undecided_ratios(budgets, ratios, stats)}
+
+            def say(pending: list[RatioDecision], extra: int) -> None:
+                self.progress(f"inconclusive after {len(self.ratios())} pairs: "
+                              + "; ".join(f"{d.key} interval [{d.interval_pct[0]:+.1f}, {d.interval_pct[1]:+.1f}] % "
+                                          f"vs budget +{d.budget_pct:g} %" for d in pending)
+                              + f"; measuring {extra} more pairs (cap {stats.max_requests})")
+
+            def keep_going() -> bool:  # contention is recorded and shown, never a gate here
+                return all(o.success for rec in self.records.values() for o in rec.measured)
+        else:
+            stats, rule = self.profile.statistics, {}
+            # Budgets measured on another CPU are shown, not judged: more requests would decide nothing.
+            budgets = self.profile.ttft_ms if (env.get("ttft_hardware_match") or {}).get("ok", True) else {}
+            limit = self.profile.validity.max_other_cpu_pct
+
+            def say(pending: list[TtftDecision], extra: int) -> None:
+                self.progress(f"inconclusive after {len(self.own.measured)} requests: "
+                              + "; ".join(d.describe() for d in pending)
+                              + f"; measuring {extra} more (round {self.own.rounds + 1}, cap {stats.max_requests})")
+
+            def keep_going() -> bool:
+                if not all(o.success for o in self.own.measured):
+                    return False  # a failed request makes the run invalid: stop measuring
+                so_far = self.contention.peek()
+                # over the limit: the run is invalid already, and more requests on a busy machine would not fix it
+                return so_far is None or busy(so_far.as_dict(), limit) is None
+
+        gpu_state = env.get("gpu_state")
+        # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only
+        sampler = GpuStateSampler() if gpu_state is not None else contextlib.nullcontext()
+        reference = self.sides[self.names[0]]
+        before = reference.speed_reading()
+        self.contention.start()
+        with sampler:
+            measure_until_decided(budgets, stats, self.profile.workload.requests, measure,
+                                  on_undecided=say, keep_going=keep_going, **rule)
+        reading = self.contention.stop()
+        env["cpu_contention"] = reading.as_dict() if reading else None
+        if reading:
+            self.progress(f"CPU during measurement: {fmt.contention(reading, ab=self.paired)}")
+        if gpu_state is not None:  # the end of the timing pass, while the engines hold the device
+            pids = frozenset().union(*(side.process_ids() for side in self.sides.values()))
+            gpu_state["during"] = sampler.snapshots
+            gpu_state["end"] = read_gpu_state(own_pids=frozenset({os.getpid(), *pids})) if pids else read_gpu_state()
+        speed = speedref.combined(before, reference.speed_reading())
+        if speed is not None:
+            env["speed_reference"] = speed
+            self.progress(f"speed reference: {fmt.speed_reference(speed, self.profile.speed_reference_ms)}")
+
+    # -------------------------------------------------------------- profile pass
+    def profile_ops(self, label: str = "") -> list[ScopeCounts]:
+        """One profiled request per profile image size on each side, in steady state, the same image
+        on every side: op counts per scope and the census, into each side's record. Returns the
+        first side's counts. A side whose engine shows no frames (a remote server) measures none."""
+        cached = self._cached_baseline_pass() if self.paired and self.profile.has_op_count_pass else None
+        profiled = {}
+        for name in self.names:
+            if name == BASELINE and cached is not None:
+                continue
+            side = self.sides[name].op_count_side()
+            if side is not None:
+                profiled[name] = side
+        found: list[ScopeCounts] = []
+        if not profiled:
+            return found  # e.g. a remote server: its op budgets are reported "not measured"
+        for size in self.profile.workload.profile_image_sizes:
+            cold = tuple(n for n, side in profiled.items() if size not in self._warm.get(id(side), ()))
+            if cold:  # first request of a size fills its caches
+                self._pass(self._jobs(1, warmup=True, sizes=[size]), f"profile warm-up {fmt.size(size)}",
+                           timed=False, names=cold, op_count_sides=profiled)
+            (job,) = self._jobs(1, warmup=True, sizes=[size])  # profiled requests are not TTFT samples
+            for name, side in profiled.items():
+                prefix = f"{name:9} " if self.paired else ""
+                self.progress(f"{prefix}profiling one {fmt.size(size)} request{label and ' (' + label.strip('-') + ')'} ...")
+                self._label, self._total, self._done[name] = "profiled", 1, 0
+                files = None if self.paired else ProfileFiles(self.output, label, self.traces == TRACES_ALWAYS)
+                self._ensure_started(side)
+                try:
+                    got = side.profile(job, self._report(name), files)
+                except EngineDied as exc:
+                    raise self._fail(exc) from exc
+                rec = self.records[name]
+                rec.outcomes.extend(got.outcomes)
+                if got.trace is not None:
+                    rec.traces.append(got.trace)
+                if got.census is not None:
+                    rec.census_s = round(rec.census_s + got.census_s, 3)
+                self._take_counts(name, size, got.counts, got.census, census_s=got.census_s)
+                if name == self.names[0]:
+                    found.extend(got.counts)
+            if self.checkpoints:
+                self.checkpoint(f"profiling {size[0]}x{size[1]}")
+        if self.paired and cached is None and BASELINE in profiled:
+            self._remember_baseline_pass()
+        return found
+
+    def _take_counts(self, name: str, size: tuple[int, int], counts: list[ScopeCounts], census: Any,
+                     census_s: float | None = None) -> None:
+        rec = self.records[name]
+        prefix = f"{name:9} " if self.paired else ""
+        rec.op_counts.extend(counts)
+        if census is not None:
+            rec.census[size_key(size)] = census
+            if census_s is not None:
+                calls = sum(n for ops in census.values() for n in ops.values())
+                roots = ", ".join(self.profile.census.roots) if self.profile.census else ""
+                self.progress(f"{prefix}  census [{size[0]}x{size[1]}]: {len(census)} functions under {roots}, "
+                              f"{calls} op calls ({census_s:.2f} s)")
+        for c in counts:
+            ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
+            self.progress(f"{prefix}  scope {c.scope} [{fmt.size(size)}]: entered {c.entries}x, "
+                          f"{fmt.calls(c.total_calls)} ({ops})")
+
+    # The baseline side's op-count cache (guard.abcache): a baseline environment profiled before.
+    cache_key: str | None = None
+    cache_covers: str = ""
+    fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
+
+    def _cache_note(self, **fields: Any) -> None:
+        self.records[BASELINE].environment.setdefault("worker", {})["op_counts_cache"] = {"key": self.cache_key, **fields}
+
+    def _cached_baseline_pass(self) -> abcache.CachedPass | None:
+        """The baseline side's remembered pass, taken into its record; None: profile it now."""
+        info = self.infos.get(BASELINE)
+        if info is not None:
+            self.cache_key, self.cache_covers = info.cache_key, info.cache_key_covers
+        root = cache_root()
+        if root is None or self.cache_key is None or self.fresh_baseline:
+            why = ("GUARD_CACHE_DIR is empty" if root is None else "--fresh-baseline" if self.fresh_baseline
+                   else "the baseline environment has no key: " + (self.cache_covers or "unknown"))
+            self._cache_note(status="not used", reason=why)
+            return None
+        cached = abcache.load(root, self.cache_key)
+        sizes = [size_key(s) for s in self.profile.workload.profile_image_sizes]
+        if cached is None or not all(k in cached.sizes for k in sizes):
+            self._cache_note(status="miss")
+            return None
+        self._cache_note(status="hit", recorded_at=cached.recorded_at, path=str(cached.path), covers=self.cache_covers)
+        self.progress(f"{BASELINE:9} op counts{' and census' if self.profile.census else ''} from guard's cache: this "
+                      f"baseline environment was profiled {cached.recorded_at} (key {self.cache_key}); "
+                      "`--fresh-baseline` profiles it again")
+        from guard.measure.worker import _counts
+
+        for size, key in zip(self.profile.workload.profile_image_sizes, sizes):
+            self._take_counts(BASELINE, size, [_counts(c) for c in cached.sizes[key]["counts"]], cached.sizes[key]["census"])
+        return cached
+
+    def _remember_baseline_pass(self) -> None:
+        """Remember the baseline side's pass when it was measured in full and every scope was entered."""
+        rec = self.records[BASELINE]
+        sizes = {}
+        for size in self.profile.workload.profile_image_sizes:
+            key = size_key(size)
+            counts = [c for c in rec.op_counts if tuple(c.image_size) == tuple(size)]
+            if any(c.entries == 0 for c in counts) or (self.profile.census is not None and key not in rec.census):
+                return  # an invalid pass is reported, never remembered
+            sizes[key] = {"counts": [dataclasses.asdict(c) for c in counts], "census": rec.census.get(key)}
+        path = abcache.store(cache_root(), self.cache_key, sizes, covers=self.cache_covers)
+        if path is not None:
+            self._cache_note(status="stored", path=str(path))
+
+    # -------------------------------------------------------------- finish
+    def finish_records(self) -> float:
+        """Close every side, then the post-run checks on every side's record; the run's duration."""
+        self.close()
+        duration = round(time.perf_counter() - self._t0, 3)
+        for name in self.names:
+            self._merge(name)
+            rec = self.records[name]
+            rec.duration_s = duration
+            for reason in post_run_checks(self.profile, rec):
+                reason = reason if name == self.names[0] else InvalidReason(reason.kind, f"{name}: {reason.text}")
+                if reason not in self.own.invalid_reasons:
+                    self.own.invalid_reasons.append(reason)
+        return duration
+
+
+class GuardRun(RunStage):
+    """One side: ``side`` (tests: a scripted engine), by default the profile's engine mode's: the
+    in-process vLLM engine, a managed ``vllm serve``, or with ``server_url`` a running server.
+    Every side starts lazily, at its first request. ``environment``: the fingerprint to record; by
+    default this machine's."""
+
+    def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
+                 progress: Callable[[str], None] = print, injected: str | None = None,
+                 traces: str = TRACES_ON_FAILURE, side: EngineSide | None = None,
+                 environment: dict | None = None, server_url: str | None = None,
+                 contention: ContentionSampler | None = None) -> None:
+        self.thresholds = thresholds
+        self.mode = "server" if server_url else profile.engine.mode
+        if side is None and self.mode == "server":
+            from guard.measure.server import ServerSide
+
+            side = ServerSide(profile, output, progress, inject=injected, url=server_url)
+        elif side is None:
+            from guard.measure.inprocess import InProcessSide
+
+            side = InProcessSide(profile, progress, inject=injected)
+        self.record = RunRecord(
+            profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
+            environment=fingerprint(hw, profile) if environment is None else environment, injected=injected,
+            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        )
+        self.record.environment["engine_mode"] = self.mode
+        super().__init__(profile, output, {"": side}, {"": self.record}, progress=progress, traces=traces,
+                         contention=contention, checkpoints=True)
+
+    @property
+    def side(self) -> EngineSide:
+        return self.sides[""]
+
+    @property
+    def llm(self):
+        """The in-process engine, started now if need be: for benchmarks that reach into the model."""
+        self.start()
+        return self.side.llm
+
+    def run_jobs(self, jobs: list[Job], label: str) -> list[RequestOutcome]:
+        """``jobs`` through the side, recorded and checkpointed: for benchmarks that time their own passes."""
+        self._label, self._total, self._done = label, len(jobs), {"": 0}
+        return self._run("", jobs)
+
+    def use_record(self, record: RunRecord) -> None:
+        """Record from now on into ``record`` (a benchmark's fresh pool on the same engine)."""
+        self.record = self.own = self.records[""] = record
+
+    def finish(self) -> RunRecord:
+        self.finish_records()
+        return self.record
+
+
+class ABRun(RunStage):
+    """Two worker sides: the candidate in ``candidate_python`` (default guard's own interpreter;
+    ``guard pr`` passes head's), the baseline in ``baseline_python``; ``sides``: others (tests)."""
+
+    def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
+                 progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
+                 candidate_python: str | None = None, sides: dict[str, EngineSide] | None = None) -> None:
+        from guard.measure.worker import WORKER_REPORTED, WorkerSide
+        from guard.weights import hub_resolver, pin
+
+        self.thresholds = thresholds
+        # a moving engine.revision (main): both sides load, and the records name, the same commit
+        profile = pin(profile, hub_resolver(download=False))
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        env = fingerprint(hw, profile)
+        records = {side: RunRecord(profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
+                                   environment=copy.deepcopy(env), started_at=now,
+                                   injected=inject if side == CANDIDATE else None) for side in SIDES}
+        records[BASELINE].environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
+        self.record = ABRecord(candidate=records[CANDIDATE], baseline=records[BASELINE], baseline_python=baseline_python)
+        pythons = {CANDIDATE: candidate_python or sys.executable, BASELINE: baseline_python}
+        if sides is None:
+            sides = {side: WorkerSide(side, pythons[side], output, thresholds=thresholds.path.resolve(), profile=profile,
+                                      progress=lambda m, side=side: progress(f"{side:9} {m}"),
+                                      inject=inject if side == CANDIDATE else None,
+                                      gpu_memory_utilization=profile.ab.gpu_memory_utilization(side),
+                                      cache_key=side == BASELINE and profile.has_op_count_pass)
+                     for side in SIDES}
+        super().__init__(profile, output, sides, records, progress=progress, checkpoints=False)
+        self.order = self.record.order  # the record's own list: blocks append to it
+        self.fresh_baseline = fresh_baseline
+
+    def finish(self) -> ABRecord:
+        self.record.duration_s = self.finish_records()
+        return self.record
+
+
+def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
+           progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
+           candidate_python: str | None = None) -> ABRecord:
+    """The whole A/B run stage. A side that fails makes the record invalid (its reason is kept),
+    never raises past here: evaluation turns the record into the verdict."""
+    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline,
+               candidate_python) as run:  # the workers end even on an unexpected error
+        try:
+            run.start()
+            run.warm_up()
+            if profile.ttft_vs_baseline_pct or profile.ttft_ms:
+                run.measure_until_decided()
+            if profile.has_op_count_pass:
+                run.profile_ops()
+        except InvalidRunError:
+            pass  # recorded in run.record.candidate.invalid_reasons
+        return run.finish()
