@@ -315,6 +315,9 @@ class InProcessSide:
         self.llm = None
         self._resolver = None  # guard.census.QualnameResolver: it compiles each vLLM source once, keep it
 
+    def launch(self) -> None:
+        pass  # nothing to spawn ahead of start
+
     def start(self) -> SideInfo:
         e = self.profile.engine
         self.injection.before_start()

@@ -382,6 +382,9 @@ class ServerSide:
     def info(self) -> dict[str, Any]:
         return self.environment["server"]
 
+    def launch(self) -> None:
+        pass  # nothing to spawn ahead of start
+
     def start(self) -> SideInfo:
         self.info["request_function"] = request_function()[0]
         t = time.perf_counter()

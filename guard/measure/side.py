@@ -87,6 +87,11 @@ class EngineSide(Protocol):
 
     environment: dict[str, Any]  # what the side adds to its record's environment, filled as it goes
 
+    def launch(self) -> None:
+        """Begin starting without waiting (a worker spawns its process here, in the calling thread);
+        a no-op where starting spawns nothing. ``start`` launches first if need be."""
+        ...
+
     def start(self) -> SideInfo: ...
 
     def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome) -> list[RequestOutcome]: ...
