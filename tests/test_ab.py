@@ -931,7 +931,7 @@ class _ScriptedSide:
     def op_count_side(self):
         return self
 
-    def profile(self, job, on_outcome, files):
+    def count_ops(self, job, on_outcome, files):
         from guard.measure.side import ProfiledRequest
         from guard.opnames import PSEUDO_OPS
 

@@ -387,7 +387,7 @@ class RunStage:
                 files = None if self.paired else ProfileFiles(self.output, label, self.traces == TRACES_ALWAYS)
                 self._ensure_started(side)
                 try:
-                    got = side.profile(job, self._report(name), files)
+                    got = side.count_ops(job, self._report(name), files)
                 except EngineDied as exc:
                     raise self._fail(exc) from exc
                 rec = self.records[name]

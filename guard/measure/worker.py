@@ -349,7 +349,7 @@ class WorkerSide:
     def op_count_side(self) -> WorkerSide:
         return self
 
-    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+    def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
         outcomes: list = []
 
         def take(o) -> None:
@@ -443,7 +443,7 @@ class Worker:
     def profile_one(self, size: list[int], index: int) -> None:
         job = Job(int(index), (int(size[0]), int(size[1])), True)
         try:
-            found = self.side.profile(job, self._send_outcome, files=None)
+            found = self.side.count_ops(job, self._send_outcome, files=None)
         except EngineDied as exc:
             raise _Invalid(str(exc)) from exc
         self.send("counts", counts=[asdict(c) for c in found.counts], census=found.census, census_s=found.census_s)
