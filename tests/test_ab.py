@@ -909,6 +909,9 @@ class _ScriptedSide:
         self.name, self.log, self.paused, self.ttft_s = name, log, paused, ttft_s
         self.environment = {}
 
+    def launch(self):
+        self.log.append(("launch", self.name))
+
     def start(self):
         from guard.measure.side import SideInfo
 
@@ -930,7 +933,7 @@ class _ScriptedSide:
     def op_count_side(self):
         return self
 
-    def profile(self, job, on_outcome, files):
+    def count_ops(self, job, on_outcome, files):
         from guard.measure.side import ProfiledRequest
         from guard.opnames import PSEUDO_OPS
 
@@ -985,6 +988,7 @@ def test_two_sides_run_through_the_one_stage_abba_with_the_idle_side_stopped(tmp
     run.profile_ops()
     rec = run.finish()
 
+    assert [e for e in log if e[0] == "launch"] == [("launch", CANDIDATE), ("launch", BASELINE)]  # both spawned by the stage's own thread
     runs = [e for e in log if e[0] == "run"]
     warm, measured = [e for e in runs if e[3]], [e for e in runs if not e[3]]
     assert [(e[1], e[2]) for e in warm][:2] == [(CANDIDATE, (0,)), (BASELINE, (0,))]  # the same image on both

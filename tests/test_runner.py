@@ -206,3 +206,22 @@ def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresh
     assert [r.text for r in second.invalid_reasons] == ["the run did not finish: the last checkpoint was written after round 1"]
     assert run.record.invalid_reasons == []  # the live record is not marked: only the file on disk
     assert evaluate(cpu, second).verdict == Verdict.INVALID
+
+
+def test_every_side_offers_the_whole_interface(cpu, tmp_path):
+    """Each engine side answers every EngineSide method with a method (no attribute of the same
+    name shadows one), before anything is started."""
+    import sys
+
+    from guard.measure.server import ServerSide
+    from guard.measure.side import EngineSide
+    from guard.measure.worker import WorkerSide
+
+    methods = [n for n, v in vars(EngineSide).items() if callable(v) and not n.startswith("_")]
+    assert {"start", "launch", "run", "count_ops", "op_count_side", "pause", "resume", "kill", "close"} <= set(methods)
+    sides = (InProcessSide(cpu), ServerSide(cpu, tmp_path), ServerSide(cpu, tmp_path, url="http://127.0.0.1:1"),
+             WorkerSide("candidate", sys.executable, tmp_path, thresholds=tmp_path / "t.yaml", profile=cpu))
+    for side in sides:
+        for name in methods:
+            assert callable(getattr(side, name)), f"{type(side).__name__}.{name}"
+        assert isinstance(side.environment, dict)

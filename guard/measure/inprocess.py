@@ -315,6 +315,9 @@ class InProcessSide:
         self.llm = None
         self._resolver = None  # guard.census.QualnameResolver: it compiles each vLLM source once, keep it
 
+    def launch(self) -> None:
+        pass  # nothing to spawn ahead of start
+
     def start(self) -> SideInfo:
         e = self.profile.engine
         self.injection.before_start()
@@ -351,7 +354,7 @@ class InProcessSide:
     def op_count_side(self) -> InProcessSide:
         return self
 
-    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+    def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
         """One request under torch.profiler: op counts per budgeted scope (guard.probes), the census
         (guard.census), and with ``files`` the scopes' events and, on a failed op budget, the trace."""
         from guard import format as fmt

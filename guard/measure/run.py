@@ -118,16 +118,23 @@ class RunStage:
                 self.infos[self.names[0]] = self.sides[self.names[0]].start()
                 return
             e = self.profile.engine
-            self.progress(f"starting both vLLM engines: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
-            with ThreadPoolExecutor(max_workers=len(self.sides)) as pool:
-                waits = {pool.submit(side.start): name for name, side in self.sides.items()}
-                try:
-                    for done in as_completed(waits):
-                        self.infos[waits[done]] = done.result()
-                except BaseException:  # a failed side, or Ctrl-C: no thread may wait on an engine start
-                    for side in self.sides.values():
-                        side.kill()
-                    raise
+            try:
+                for side in self.sides.values():  # spawned from this thread, which outlives the run
+                    side.launch()
+                self.progress(f"starting both vLLM engines: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
+                with ThreadPoolExecutor(max_workers=len(self.sides)) as pool:
+                    waits = {pool.submit(side.start): name for name, side in self.sides.items()}
+                    try:
+                        for done in as_completed(waits):
+                            self.infos[waits[done]] = done.result()
+                    except BaseException:  # before the pool waits: no thread may wait on an engine start
+                        for side in self.sides.values():
+                            side.kill()
+                        raise
+            except BaseException:  # a failed launch, or Ctrl-C
+                for side in self.sides.values():
+                    side.kill()
+                raise
         except (InvalidRunError, EngineDied) as exc:
             err = self._fail(exc)
             self._start_failed = str(exc)
@@ -367,7 +374,7 @@ class RunStage:
                 files = None if self.paired else ProfileFiles(self.output, label, self.traces == TRACES_ALWAYS)
                 self._ensure_started(side)
                 try:
-                    got = side.profile(job, self._report(name), files)
+                    got = side.count_ops(job, self._report(name), files)
                 except EngineDied as exc:
                     raise self._fail(exc) from exc
                 rec = self.records[name]

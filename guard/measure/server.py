@@ -382,6 +382,9 @@ class ServerSide:
     def info(self) -> dict[str, Any]:
         return self.environment["server"]
 
+    def launch(self) -> None:
+        pass  # nothing to spawn ahead of start
+
     def start(self) -> SideInfo:
         self.info["request_function"] = request_function()[0]
         t = time.perf_counter()
@@ -421,7 +424,7 @@ class ServerSide:
                           "not vLLM's profiler endpoints)")
         return InProcessSide(self.profile, self.progress, inject=self.inject)
 
-    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+    def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
         raise NotImplementedError("a server is profiled through op_count_side()")
 
     def speed_reading(self) -> None:

@@ -82,10 +82,15 @@ class ProfiledRequest:
 
 
 class EngineSide(Protocol):
-    """One engine the run stage drives. ``run`` and ``profile`` raise ``EngineDied``; requests that
+    """One engine the run stage drives. ``run`` and ``count_ops`` raise ``EngineDied``; requests that
     fail one by one come back as unsuccessful outcomes."""
 
     environment: dict[str, Any]  # what the side adds to its record's environment, filled as it goes
+
+    def launch(self) -> None:
+        """Begin starting without waiting (a worker spawns its process here, in the calling thread);
+        a no-op where starting spawns nothing. ``start`` launches first if need be."""
+        ...
 
     def start(self) -> SideInfo: ...
 
@@ -100,7 +105,9 @@ class EngineSide(Protocol):
         engine started after the server stopped, or None where no frames can be seen."""
         ...
 
-    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest: ...
+    def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+        """One request under the profiler: its op counts per budgeted scope and its census."""
+        ...
 
     def speed_reading(self) -> SpeedReading | None:
         """guard's speed reference measured in the engine's own process, where that means something."""

@@ -46,7 +46,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -275,8 +274,6 @@ class WorkerSide:
         self.client: WorkerClient | None = None
         self.environment: dict[str, Any] = {}
         self._on_outcome: OnOutcome = lambda o: None
-        self._lock = threading.Lock()
-        self._killed = False
 
     def _on_message(self, side: str, msg: dict[str, Any]) -> None:
         if msg.get("type") == "outcome":
@@ -284,26 +281,39 @@ class WorkerSide:
         elif msg.get("type") == "progress":
             self.progress(msg.get("message", ""))
 
-    def start(self) -> SideInfo:
+    def _invalid(self, exc: WorkerError):
         from guard.errors import InvalidRunError
 
+        never_said_hello = self.client is None
+        if self.side == "baseline" and (never_said_hello or not isinstance(exc, WorkerDied)):
+            exc.hint = baseline_hint(self.python)  # the worker's own hint is about guard's environment
+        return InvalidRunError(str(exc))
+
+    def launch(self) -> None:
+        """Spawn the worker and ask it to start its engine, without waiting. Call it from the thread
+        that outlives the run: Linux's parent-death signal (die_with_parent) follows the thread that
+        spawned the process, so a worker spawned from a pool thread is killed when that thread ends."""
+        if self.client is not None:
+            return
         try:
-            client = WorkerClient(self.side, self.python, self.output / f"worker-{self.side}.log", cwd=self.output,
-                                  on_message=self._on_message)
-            with self._lock:
-                self.client = client
-                if self._killed:  # the other side failed while this one was spawned
-                    client.kill()
-            self.progress(f"worker {client.hello.pid}: {self.python} (guard from {client.hello.guard_file})")
+            self.client = WorkerClient(self.side, self.python, self.output / f"worker-{self.side}.log",
+                                       cwd=self.output, on_message=self._on_message)
+            hello = self.client.hello
+            self.progress(f"worker {hello.pid}: {self.python} (guard from {hello.guard_file})")
             e = self.profile.engine
-            ready = client.call("start", "ready", thresholds=str(self.thresholds), profile=self.profile.name,
-                                seed=self.profile.workload.seed, gpu_memory_utilization=self.gpu_memory_utilization,
-                                inject=self.inject, cache_key=self.cache_key, dtype=e.dtype, revision=e.revision)
+            self.client.send("start", thresholds=str(self.thresholds), profile=self.profile.name,
+                             seed=self.profile.workload.seed, gpu_memory_utilization=self.gpu_memory_utilization,
+                             inject=self.inject, cache_key=self.cache_key, dtype=e.dtype, revision=e.revision)
         except WorkerError as exc:
-            never_said_hello = self.client is None
-            if self.side == "baseline" and (never_said_hello or not isinstance(exc, WorkerDied)):
-                exc.hint = baseline_hint(self.python)  # the worker's own hint is about guard's environment
-            raise InvalidRunError(str(exc)) from exc
+            raise self._invalid(exc) from exc
+
+    def start(self) -> SideInfo:
+        self.launch()
+        client = self.client
+        try:
+            ready = client.wait("ready")
+        except WorkerError as exc:
+            raise self._invalid(exc) from exc
         versions = ready["versions"]
         self.environment["worker"] = {**versions, "guard_file": client.hello.guard_file, "init_s": round(ready["init_s"], 3)}
         self.environment.update({key: versions[key] for key in WORKER_REPORTED if key in versions})
@@ -339,7 +349,7 @@ class WorkerSide:
     def op_count_side(self) -> WorkerSide:
         return self
 
-    def profile(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+    def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
         outcomes: list = []
 
         def take(o) -> None:
@@ -365,10 +375,8 @@ class WorkerSide:
             self.client.resume()
 
     def kill(self) -> None:
-        with self._lock:
-            self._killed = True
-            if self.client is not None:
-                self.client.kill()
+        if self.client is not None:
+            self.client.kill()
 
     def close(self) -> None:
         if self.client is not None:  # evidence that the idle side was stopped while the other was timed
@@ -435,7 +443,7 @@ class Worker:
     def profile_one(self, size: list[int], index: int) -> None:
         job = Job(int(index), (int(size[0]), int(size[1])), True)
         try:
-            found = self.side.profile(job, self._send_outcome, files=None)
+            found = self.side.count_ops(job, self._send_outcome, files=None)
         except EngineDied as exc:
             raise _Invalid(str(exc)) from exc
         self.send("counts", counts=[asdict(c) for c in found.counts], census=found.census, census_s=found.census_s)
