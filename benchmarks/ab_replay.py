@@ -2,9 +2,9 @@
 
 A live run stops where its own rule decided; a changed rule (another interval, another batch)
 would have stopped elsewhere on the same pairs. This replays each run's recorded pairs through
-the profile's A/B rule through the run stage's own loop (guard.rules.measure_until_decided:
+the profile's A/B rule through the run stage's own loop (guard.judge.rules.measure_until_decided:
 ``workload.requests`` pairs, then ``ab.batch`` more while a ratio budget is undecided, up to
-``statistics.max_requests``; then guard.ab.judge_ratio) and prints, per run, the verdict and the
+``statistics.max_requests``; then guard.judge.ab.judge_ratio) and prints, per run, the verdict and the
 pairs the rule needed, or "needs more" when the recorded run stopped before the rule would have.
 The wall time a run would have taken is its recorded wall time minus the requests it would not
 have measured (their TTFTs, both sides).
@@ -21,10 +21,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guard.ab import judge_ratio, undecided_ratios
-from guard.budgets import load_thresholds
-from guard.results import Pair, Status
-from guard.rules import measure_until_decided
+from guard.judge.ab import judge_ratio, undecided_ratios
+from guard.config.budgets import load_thresholds
+from guard.report.results import Pair, Status
+from guard.judge.rules import measure_until_decided
 
 
 class _RecordingEnds(Exception):

@@ -7,12 +7,12 @@
    ``--inject slow-encoder:5%``. An existing pool file is reused; no engine is started.
 2. Simulation. Each trial bootstraps a run from a pool: ``workload.requests`` pairs drawn with
    replacement, then ``ab.batch`` (default ``statistics.batch``) more while any ratio budget is undecided, up to
-   ``statistics.max_requests`` pairs, through the run stage's own loop (guard.rules.measure_until_decided
-   with guard.ab.undecided_ratios), judged by guard.ab.judge_ratio. Rows:
+   ``statistics.max_requests`` pairs, through the run stage's own loop (guard.judge.rules.measure_until_decided
+   with guard.judge.ab.undecided_ratios), judged by guard.judge.ab.judge_ratio. Rows:
    - the identical pool as recorded (false alarms), and with every ratio multiplied by 1 + s
      (a synthetic slowdown s: detection);
    - the slowed pool as recorded (detection of the real injected slowdown);
-   - the absolute rule on the same candidate samples (guard.evaluate.ttft_check against the
+   - the absolute rule on the same candidate samples (guard.judge.evaluate.ttft_check against the
      profile's ``ttft_ms`` budget), for the A/B vs absolute table.
 3. Coverage. For the identical pool, the share of simulated intervals (at fixed n) that contain
    the pool's own percentile of the ratio: the interval's real confidence on this data.
@@ -32,12 +32,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guard import format as fmt
-from guard.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
-from guard.results import Pair, Status
-from guard.budgets import Profile, load_thresholds
-from guard.rules import judge_ttft, measure_until_decided, undecided
-from guard.stats import percentile
+from guard.report import format as fmt
+from guard.judge.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
+from guard.report.results import Pair, Status
+from guard.config.budgets import Profile, load_thresholds
+from guard.judge.rules import judge_ttft, measure_until_decided, undecided
+from guard.judge.stats import percentile
 
 POOL_SCHEMA = "guard/ab-pool"
 
@@ -45,7 +45,7 @@ POOL_SCHEMA = "guard/ab-pool"
 # ----------------------------------------------------------------------------- pools
 def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> None:
     from guard.measure.run import run_ab
-    from guard.hardware import detect, select_profile
+    from guard.measure.hardware import detect, select_profile
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()
@@ -102,7 +102,7 @@ def slowed(pool: Sequence[Pair], shift_pct: float) -> list[Pair]:
 
 # ----------------------------------------------------------------------------- simulation
 def _draw_until_decided(draw, first: int, stats, undecided_in) -> tuple[list, int]:
-    """One simulated run through the run stage's own loop (guard.rules.measure_until_decided),
+    """One simulated run through the run stage's own loop (guard.judge.rules.measure_until_decided),
     ``draw(k)`` standing in for measuring k samples: (every sample, rounds)."""
     drawn: list = []
 

@@ -38,10 +38,10 @@ def main() -> int:
     args = ap.parse_args()
     settles = [float(x) for x in args.settle.split(",")]
 
-    from guard.ab import pairs
+    from guard.judge.ab import pairs
     from guard.measure.run import ABRun
-    from guard.budgets import load_thresholds
-    from guard.hardware import detect, select_profile
+    from guard.config.budgets import load_thresholds
+    from guard.measure.hardware import detect, select_profile
 
     thresholds = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml")
     hw = detect()

@@ -13,7 +13,7 @@ the cap decides by the side of the midpoint the mean is on. sigma is not known a
 from the run's own pairs: their SD, or (``huber``) 1.4826 x their MAD with every log ratio
 clipped at 1.5 of it from their median, since single requests here run up to 45 % slow; either
 way at least the variant's floor (``VARIANTS``). Each variant is simulated on the shipped looks
-(guard.rules.measure_until_decided: ``workload.requests`` pairs, then ``ab.batch``, up to
+(guard.judge.rules.measure_until_decided: ``workload.requests`` pairs, then ``ab.batch``, up to
 ``statistics.max_requests``) and bootstrap draws from recorded pools as
 benchmarks/ab_sensitivity.py draws them, beside the shipped rule on the same pools.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pools and the shipped rule's replay
 from ab_sensitivity import load_pool, simulate_ab, slowed  # noqa: E402
 
-from guard.budgets import Profile, load_thresholds  # noqa: E402
-from guard.results import Pair  # noqa: E402
-from guard.rules import measure_until_decided  # noqa: E402
+from guard.config.budgets import Profile, load_thresholds  # noqa: E402
+from guard.report.results import Pair  # noqa: E402
+from guard.judge.rules import measure_until_decided  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

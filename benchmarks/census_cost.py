@@ -6,7 +6,7 @@ In one engine, per profiled image size and repetition, three ways to run the sam
   profiler  what `guard check`'s profile pass does: torch.profiler with Python stacks, then
             the profiler's results -> ProfEvents (guard.compat's lean reader; the named scopes need
             these anyway), then the census
-            (guard.census.count_functions) -- its added cost is the last step alone;
+            (guard.measure.census.count_functions) -- its added cost is the last step alone;
   dispatch  a TorchDispatchMode counter around the request that walks Python frames itself
             (sys._getframe, cached per code object) and charges each op to the innermost
             function under the roots; no profiler at all.
@@ -94,10 +94,10 @@ def main() -> int:
     ap.add_argument("--profile", default="cpu")
     args = ap.parse_args()
 
-    from guard.budgets import DEFAULT_ROOTS, load_thresholds
-    from guard.census import QualnameResolver, count_functions, total_calls
-    from guard.hardware import detect, select_profile
-    from guard.probes import attribute, from_profiler
+    from guard.config.budgets import DEFAULT_ROOTS, load_thresholds
+    from guard.measure.census import QualnameResolver, count_functions, total_calls
+    from guard.measure.hardware import detect, select_profile
+    from guard.measure.probes import attribute, from_profiler
     from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)

@@ -1,6 +1,6 @@
 """Does the census catch each loop mutant, and let the clean rewrite and the refactors pass?
 
-For every mutant in guard/mutants.py, runs the real `guard check --only ops --inject mutant:NAME` (a
+For every mutant in guard/measure/mutants.py, runs the real `guard check --only ops --inject mutant:NAME` (a
 fresh process and engine each; op counts only) on a small copy of the CPU profile (one profiled
 request per size), and prints its exit code, whether that is the expected one (1 for a loop
 mutant; 0 for the rewrite and for the `move-*` refactors, whose ops only move into a new helper),
@@ -44,7 +44,7 @@ def small_yaml(tmp: Path, sizes: list[list[int]]) -> Path:
 
 
 def main() -> int:
-    from guard.mutants import MUTANTS
+    from guard.measure.mutants import MUTANTS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated mutant names (default: all)")

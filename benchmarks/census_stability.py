@@ -37,10 +37,10 @@ def main() -> int:
     ap.add_argument("--write-census", type=Path, default=None, metavar="JSON")
     args = ap.parse_args()
 
-    from guard.budgets import CensusRule, load_thresholds
-    from guard.census import total_calls, unstable_functions
-    from guard.hardware import detect, select_profile
-    from guard.probes import profile_request, save_events
+    from guard.config.budgets import CensusRule, load_thresholds
+    from guard.measure.census import total_calls, unstable_functions
+    from guard.measure.hardware import detect, select_profile
+    from guard.measure.probes import profile_request, save_events
     from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)

@@ -9,7 +9,7 @@ warm-up, then 6-24 measured requests. Taken in the order the campaign ran them (
 interleaving: identical 1, slowed 1, identical 2, ...), each machine's runs are a history of main in
 which nothing changed: the history a change-point method must leave alone.
 
-Per run: p50/p90/p99 of that side's TTFT (``guard.stats.percentile``, as `guard record` computes
+Per run: p50/p90/p99 of that side's TTFT (``guard.judge.stats.percentile``, as `guard record` computes
 them), the number of requests, and
 - commit: a **synthetic placeholder** (sha1 of "guard history placeholder <machine> <n>"): every
   run measured the same commit;
@@ -42,7 +42,7 @@ from ab_live import IDENTICAL, SLOW, plan  # noqa: E402
 
 from guard.history.store import (  # noqa: E402
     PERCENTILES, HistoryRecord, census_digest, census_totals, parse_history, to_line)
-from guard.stats import percentile  # noqa: E402
+from guard.judge.stats import percentile  # noqa: E402
 
 POOLS = REPO / "benchmarks"
 CANDIDATE, BASELINE = "candidate", "baseline"

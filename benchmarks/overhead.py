@@ -25,10 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 def bare(thresholds: str, profile_name: str, measured: int | None = None) -> None:
     """The baseline: plain vLLM, the same requests, nothing else. ``measured``: as many measured
     requests as guard actually sent in the paired run (its resampling rounds included)."""
-    from guard.budgets import load_thresholds, resolve_model
+    from guard.config.budgets import load_thresholds, resolve_model
     from guard.measure.inprocess import synthetic_image
 
-    from guard.hardware import detect
+    from guard.measure.hardware import detect
 
     profile = load_thresholds(thresholds).profile(profile_name).on_cpu(detect(quick=True).native_bf16)  # as guard check runs it
     e, w = profile.engine, profile.workload
@@ -78,7 +78,7 @@ def timed(cmd: list[str]) -> float:
 
 def requests_sent(results_json: Path) -> tuple[int, int]:
     """(all requests guard sent, measured ones) from the run it recorded: resampling rounds show here."""
-    from guard.results import load_results
+    from guard.report.results import load_results
 
     run = load_results(results_json).run
     return len(run.outcomes), len(run.measured)

@@ -53,11 +53,11 @@ RELEASE = "REQUEST_NOISE_RELEASE_FREED_MEMORY"
 def _engine():
     sys.path.insert(0, str(REPO))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from guard.budgets import load_thresholds
+    from guard.config.budgets import load_thresholds
     from guard.measure.inprocess import run_jobs, start_engine
     from guard.measure.side import plan_jobs
 
-    from guard.hardware import detect
+    from guard.measure.hardware import detect
 
     profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu").on_cpu(detect(quick=True).native_bf16)
     engine = profile.engine

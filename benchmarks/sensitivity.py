@@ -5,8 +5,8 @@
    the --pool JSON file; an existing pool file is reused and no engine is started.
 2. Simulation. Each trial bootstraps a run from the pool: ``workload.requests`` samples drawn with
    replacement, then, while any budgeted percentile is inconclusive, ``statistics.batch`` more up
-   to ``statistics.max_requests``, by the run stage's own rule (guard.rules.measure_until_decided),
-   and every percentile judged by the verdict's (guard.rules.judge_ttft). The budgets are
+   to ``statistics.max_requests``, by the run stage's own rule (guard.judge.rules.measure_until_decided),
+   and every percentile judged by the verdict's (guard.judge.rules.judge_ttft). The budgets are
    placed relative to the pool's own percentiles: the true value s % above the budget
    (budget = true / (1 + s)) gives the detection rate (share of trials that FAIL), s % below
    (budget = true / (1 - s)) the false-alarm rate. All budgeted percentiles move together, as a
@@ -17,7 +17,7 @@
 3. --live-slowdown. With the live engine: measure clean TTFT, set the p50 budget just above it
    (clean p50 x (1 + --margin-pct)), then wrap the forward of every ``Qwen2Decoder2Encoder``
    module (the vision encoder) with a sleep worth --delay-pct of the clean TTFT, and run the real
-   run stage (GuardRun.measure_until_decided) and guard.evaluate against that budget. It must FAIL.
+   run stage (GuardRun.measure_until_decided) and guard.judge.evaluate against that budget. It must FAIL.
 
 Targets: >= 95 % detection at +3 %, <= 1 % false alarms at -3 %.
 
@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard import format as fmt
-from guard.budgets import Profile, load_thresholds, percentile_value
-from guard.results import RunRecord, Status
-from guard.rules import judge_ttft, measure_until_decided
-from guard.stats import percentile
+from guard.report import format as fmt
+from guard.config.budgets import Profile, load_thresholds, percentile_value
+from guard.report.results import RunRecord, Status
+from guard.judge.rules import judge_ttft, measure_until_decided
+from guard.judge.stats import percentile
 
 POOL_SCHEMA = "guard/ttft-pool"
 ENCODER_CLASS = "Qwen2Decoder2Encoder"  # vllm/model_executor/models/deepencoder2.py: the vision encoder
@@ -154,7 +154,7 @@ def render_table(cells: Sequence[Cell], pool: Sequence[float], profile: Profile,
 
 # ----------------------------------------------------------------------------- live engine
 def start_run(thresholds_path: str, profile_name: str, output: Path):
-    from guard.hardware import detect, select_profile
+    from guard.measure.hardware import detect, select_profile
     from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(thresholds_path, require_decidable=False)  # a simulation studies any rule
@@ -207,7 +207,7 @@ def slowed_encoder(llm, seconds: float) -> Iterator[list[int]]:
 
 def live_slowdown(run, delay_pct: float, margin_pct: float, clean_requests: int) -> list[str]:
     """Clean TTFT -> p50 budget just above it -> slowed encoder -> the real run stage and verdict."""
-    from guard.evaluate import evaluate
+    from guard.judge.evaluate import evaluate
 
     base = dataclasses.replace(run.profile, ops=())  # TTFT only: the profile pass is not part of this
     with slowed_encoder(run.llm, 0.0) as calls:  # count encoder calls per request while warming up

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from guard.budgets import DEFAULT_THRESHOLDS
+from guard.config.budgets import DEFAULT_THRESHOLDS
 
 
 def run_check(mode: str, thresholds: str, out: Path) -> tuple[float, int, dict]:

@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds, resolve_model
+from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds, resolve_model
 from guard.compat import vllm_cli
 from guard.measure.side import plan_jobs
-from guard.hardware import detect, select_profile
+from guard.measure.hardware import detect, select_profile
 from guard.measure.server import SERVED_MODEL_NAME, VllmServer, prepare, request_function, run_jobs_http
 
 

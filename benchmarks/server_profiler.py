@@ -14,7 +14,7 @@ The in-process profile pass's cost is in docs/measurements.md ("What guard costs
     flock /tmp/guard-engine.lock uv run --extra cpu python benchmarks/server_profiler.py
     uv run --extra cpu python benchmarks/server_profiler.py --trace PATH.pt.trace.json.gz   # no server
 
-Each trace is also fed to guard's own attribution (guard.probes.attribute) after turning its
+Each trace is also fed to guard's own attribution (guard.measure.probes.attribute) after turning its
 `cpu_op` events into ProfEvents whose stack is the `python_function` events enclosing them in time
 on the same thread, so the counts compare directly with the in-process pass's.
 """
@@ -30,10 +30,10 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.measure.side import plan_jobs
-from guard.hardware import detect, select_profile
-from guard.probes import ProfEvent, attribute
+from guard.measure.hardware import detect, select_profile
+from guard.measure.probes import ProfEvent, attribute
 from guard.measure.server import SERVED_MODEL_NAME, VllmServer, run_jobs_http
 
 
@@ -76,7 +76,7 @@ def analyse(path: Path, profile) -> None:
     print(f"  aten::_index_put_impl_ events: {names.get('aten::_index_put_impl_', 0)} (whole trace)")
     t = time.perf_counter()
     for c in attribute(trace_events(events), profile.ops, (0, 0)):
-        print(f"  guard.probes.attribute: scope {c.scope}: entered {c.entries}x, {c.total_calls} op calls "
+        print(f"  guard.measure.probes.attribute: scope {c.scope}: entered {c.entries}x, {c.total_calls} op calls "
               f"{dict(c.calls_by_op)} ({time.perf_counter() - t:.1f} s)")
 
 

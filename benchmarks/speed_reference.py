@@ -1,4 +1,4 @@
-"""Does guard's speed reference (guard.speedref) move with TTFT when the machine slows down, and
+"""Does guard's speed reference (guard.measure.speedref) move with TTFT when the machine slows down, and
 how much does it move on its own?
 
 One in-process engine (the `cpu` profile), one warm-up, then cycles of: a speed reading, one
@@ -78,12 +78,12 @@ def main() -> int:
     if any(q is not None for _, q in conditions) and not ROOT_CGROUP.exists():
         raise SystemExit("quota conditions need cgroup v1's cpu controller at /sys/fs/cgroup/cpu (and root)")
 
-    from guard import speedref
-    from guard.budgets import load_thresholds
+    from guard.measure import speedref
+    from guard.config.budgets import load_thresholds
     from guard.measure.inprocess import run_jobs, start_engine
     from guard.measure.side import plan_jobs
 
-    from guard.hardware import detect
+    from guard.measure.hardware import detect
 
     profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu").on_cpu(detect(quick=True).native_bf16)
     t = time.perf_counter()

@@ -2,8 +2,8 @@
 
 Each head is what a real pull request could do. ``expect`` is ``guard pr``'s exit code:
 1 a regression, 0 a refactor that changes no work, 3 a head that does not import, 6 a change only
-to compiled code. The loops are written for these tests from the descriptions in guard/canary.py
-and guard/mutants.py (the pre-#49531 mask, a per-token ``.item()``).
+to compiled code. The loops are written for these tests from the descriptions in guard/measure/canary.py
+and guard/measure/mutants.py (the pre-#49531 mask, a per-token ``.item()``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from guard.mutants import MUTANTS
+from guard.measure.mutants import MUTANTS
 
 ENC2 = "vllm/model_executor/models/deepencoder2.py"
 SAM = "vllm/model_executor/models/deepencoder.py"

@@ -1,4 +1,4 @@
-"""A/B mode's pure core (guard.ab), its budgets in the YAML, and the worker protocol with real
+"""A/B mode's pure core (guard.judge.ab), its budgets in the YAML, and the worker protocol with real
 worker processes (no engine: the protocol, the path mechanism and a dying worker)."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from guard.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op_diff, pairs,
+from guard.judge.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op_diff, pairs,
                       undecided_ratios)
-from guard.budgets import Statistics, load_thresholds
+from guard.config.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError
-from guard.results import InvalidReason, ReasonKind, RequestOutcome, ScopeCounts
+from guard.report.results import InvalidReason, ReasonKind, RequestOutcome, ScopeCounts
 from guard.measure.inprocess import parse_inject
 from guard.measure.worker import GUARD_ROOT, WorkerClient, WorkerDied, WorkerError, worker_env
 from tests.conftest import benchmark_script
@@ -154,7 +154,7 @@ def test_ab_fail_confidence_sets_the_level_a_failing_look_needs(tmp_path: Path):
 
 
 def test_a_look_fails_only_on_the_stricter_lower_end():
-    from guard.ab import decide_ratio
+    from guard.judge.ab import decide_ratio
 
     ratios = [1.045, 1.09, 1.05, 1.08, 1.025, 1.10]  # 80 %: [+4.5, +9.0] %; 95 %: [+2.5, +10.0] %
     sym = decide_ratio("p50", 3.0, ratios, 0.8)
@@ -304,7 +304,7 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     environment (not guard's `uv sync`), and the baseline side shows no versions borrowed from
     guard's own environment."""
     from guard.measure.run import run_ab
-    from guard.hardware import detect
+    from guard.measure.hardware import detect
     from tests.conftest import SHIPPED_THRESHOLDS
 
     said: list[str] = []
@@ -335,11 +335,11 @@ import json  # noqa: E402
 
 import jsonschema  # noqa: E402
 
-from guard.results import ABRecord  # noqa: E402
-from guard.evaluate import evaluate_ab  # noqa: E402
-from guard.markdown import render_markdown  # noqa: E402
-from guard.results import Status, Verdict, load_results, results_schema, results_to_dict, write_json_atomic  # noqa: E402
-from guard.terminal import render_terminal  # noqa: E402
+from guard.report.results import ABRecord  # noqa: E402
+from guard.judge.evaluate import evaluate_ab  # noqa: E402
+from guard.report.markdown import render_markdown  # noqa: E402
+from guard.report.results import Status, Verdict, load_results, results_schema, results_to_dict, write_json_atomic  # noqa: E402
+from guard.report.terminal import render_terminal  # noqa: E402
 from tests.ttft_scenarios import record  # noqa: E402
 
 DRIFT = [6.0, 6.1, 6.9, 7.4, 7.0, 6.2, 6.05, 7.3]  # the machine's own drift, shared by both sides of each pair
@@ -437,7 +437,7 @@ def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
     """One busy core (0.81 of 2 cores, measured live: docs/ab-campaigns.md, "One busy core") would make an absolute
     check invalid; in A/B mode both members of every pair ran under it, so it is said, and the ratio
     verdict stands either way."""
-    from guard.contention import ContentionReading
+    from guard.measure.contention import ContentionReading
 
     busy = ContentionReading(window_s=600.0, cpus=2, other_cores=0.81, steal_cores=0.0, own_cores=1.17,
                              tree_processes=3).as_dict()
@@ -462,7 +462,7 @@ def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
 
 
 def test_pair_spread_is_the_sd_of_the_log_ratio():
-    from guard.ab import pair_spread_pct
+    from guard.judge.ab import pair_spread_pct
 
     ratios = [math.exp(x) for x in (-0.05, 0.0, 0.05)]
     assert pair_spread_pct(ratios) == pytest.approx(5.0)
@@ -474,7 +474,7 @@ def test_pairs_to_settle_lands_the_nearer_end_on_the_budget(centre_pct, level):
     """Normal pairs at the spread, centred where the run's estimate was: after the number of pairs
     the note quotes, the interval end that would decide (lower for a failure, at the failing
     level; upper for a pass) sits on the budget, within a small share of the distance."""
-    from guard.ab import decide_ratio, pairs_to_settle
+    from guard.judge.ab import decide_ratio, pairs_to_settle
 
     spread, budget = 8.0, 3.0
     n = pairs_to_settle(centre_pct, budget, spread, 0.8, 0.95)
@@ -489,8 +489,8 @@ def test_pairs_to_settle_lands_the_nearer_end_on_the_budget(centre_pct, level):
 
 
 def test_the_cap_note_gives_the_spread_and_the_pairs_it_would_take():
-    from guard.ab import judge_ratio
-    from guard.results import Pair
+    from guard.judge.ab import judge_ratio
+    from guard.report.results import Pair
 
     rng = random.Random(5)
     paired = [Pair(i, 6.0 * 1.05 * math.exp(rng.gauss(0, 0.10)), 6.0) for i in range(24)]
@@ -524,7 +524,7 @@ def test_ab_results_round_trip_validate_and_render_both_sides(ab_profile, tmp_pa
 
 
 def test_plain_results_have_no_ab_section(cpu):
-    from guard.evaluate import evaluate
+    from guard.judge.evaluate import evaluate
 
     res = evaluate(cpu, record([6.0] * 6))
     data = results_to_dict(res)
@@ -615,7 +615,7 @@ def ab_sensitivity():
 
 
 def test_simulated_ab_rule_separates_identical_from_slowed(ab_sensitivity, ab_profile):
-    from guard.results import Pair
+    from guard.report.results import Pair
 
     rng = random.Random(3)
     pool = [Pair(i, b * rng.gauss(1, 0.01), b) for i, b in enumerate(6 + rng.random() for _ in range(40))]
@@ -667,7 +667,7 @@ def test_cap_rules_table_compares_the_point_estimate_with_undecided(ab_sensitivi
 def test_a_run_level_lean_survives_any_number_of_pairs_in_the_simulation(ab_sensitivity, ab_profile):
     """A pool without per-pair noise never fails when pairs are all there is; a lean shared by
     each run's pairs (SD 3 %) leaves clean runs above a +2.5 % budget about P(N(0,3%) > 2.5%) ~ 20 %."""
-    from guard.results import Pair
+    from guard.report.results import Pair
 
     flat = [Pair(i, 6.0, 6.0) for i in range(40)]
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
@@ -747,7 +747,7 @@ def _straddling(n=100):
 
 def _ab_run(tmp_path, ab_profile):
     from guard.measure.run import ABRun
-    from guard.hardware import detect
+    from guard.measure.hardware import detect
 
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
     from tests.conftest import SHIPPED_THRESHOLDS
@@ -779,7 +779,7 @@ def test_ab_resampling_goes_on_in_batches_up_to_the_cap_while_undecided(tmp_path
 
 
 def test_ab_resampling_decides_at_ab_confidence(tmp_path, ab_profile):
-    from guard.ab import decide_ratio
+    from guard.judge.ab import decide_ratio
 
     first = [1.00, 1.01, 0.99, 1.005, 0.995, 1.045]  # one outlier: the 95 % interval reaches +4.5 %
     assert decide_ratio("p50", 3.0, first, 0.95).status == Status.INCONCLUSIVE
@@ -806,8 +806,8 @@ def test_ab_resampling_fails_a_look_only_at_ab_fail_confidence(tmp_path, ab_prof
         run.measure_until_decided()
         calls[fail] = run.measure.calls
     assert calls[None] == [6] and calls[0.95][0] == 6 and len(calls[0.95]) > 1
-    from guard.ab import judge_ratio
-    from guard.results import Pair
+    from guard.judge.ab import judge_ratio
+    from guard.report.results import Pair
 
     paired = [Pair(i, 6.0 * r, 6.0) for i, r in enumerate(first)]
     check = judge_ratio("p50", 3.0, paired, 1, Statistics(confidence=0.8, max_requests=6, fail_confidence=0.95))
@@ -935,7 +935,7 @@ class _ScriptedSide:
 
     def count_ops(self, job, on_outcome, files):
         from guard.measure.side import ProfiledRequest
-        from guard.opnames import PSEUDO_OPS
+        from guard.judge.opnames import PSEUDO_OPS
 
         self.log.append(("profile", self.name, job.index))
         counts = []
@@ -970,7 +970,7 @@ def test_two_sides_run_through_the_one_stage_abba_with_the_idle_side_stopped(tmp
     warm-ups untimed, measured blocks in ABBA order with the idle side stopped, each side profiled
     on the same image, and the post-run checks a plain check gets (a vacuous op budget) applied to
     both sides' records."""
-    from guard.hardware import detect
+    from guard.measure.hardware import detect
     from guard.measure.run import ABRun
     from tests.conftest import SHIPPED_THRESHOLDS
 

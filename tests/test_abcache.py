@@ -1,4 +1,4 @@
-"""guard.abcache: the baseline side's op-count pass, remembered per baseline environment.
+"""guard.measure.abcache: the baseline side's op-count pass, remembered per baseline environment.
 
 The key is computed from this test's own environment (the same code path as a baseline worker's);
 every change that can change the baseline's op counts must change the key, and nothing else may.
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from guard import abcache
-from guard.budgets import load_thresholds
+from guard.measure import abcache
+from guard.config.budgets import load_thresholds
 from guard.errors import UsageError
 from guard.files import cache_root
 from tests.conftest import SHIPPED_THRESHOLDS

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import load_thresholds, resolve_model
+from guard.config.budgets import load_thresholds, resolve_model
 from guard.errors import ConfigError, ExitCode
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
 
@@ -266,7 +266,7 @@ def test_a_server_mode_budget_is_held_to_the_same_cap(tmp_path: Path) -> None:
 
 
 def test_the_shipped_profiles_budget_only_what_they_can_decide() -> None:
-    from guard.rules import min_samples_for_upper_bound
+    from guard.judge.rules import min_samples_for_upper_bound
 
     for p in load_thresholds(SHIPPED_THRESHOLDS).profiles.values():
         for budgets in (p.ttft_ms, *p.ttft_ms_by_mode.values()):

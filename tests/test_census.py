@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guard import format as fmt
-from guard.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
-from guard.census import (QualnameResolver, compare, count_functions, fold, folded, function_of, load_baseline,
+from guard.report import format as fmt
+from guard.config.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
+from guard.measure.census import (QualnameResolver, compare, count_functions, fold, folded, function_of, load_baseline,
                           render_baseline,
                           total_calls, unstable_functions)
 from guard.errors import ConfigError, InvalidRunError
-from guard.mutants import MUTANTS, Edit, Mutant, mutate
-from guard.probes import ProfEvent, load_events
-from guard.results import Status
+from guard.measure.mutants import MUTANTS, Edit, Mutant, mutate
+from guard.measure.probes import ProfEvent, load_events
+from guard.report.results import Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 MASK_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model."
@@ -36,7 +36,7 @@ def test_legacy_mask_ops_are_charged_to_the_innermost_vllm_function_by_qualified
     census = count_functions(ev, ("vllm",), QualnameResolver())
     assert census[MASK_FN]["aten::_index_put_impl_"] == 513
     assert census[MASK_FN]["aten::_local_scalar_dense"] == 512
-    # guard/canary.py is not under the root: its ops belong to the vLLM function that called it
+    # guard/measure/canary.py is not under the root: its ops belong to the vLLM function that called it
     assert not any(fn.startswith("guard/") for fn in census)
 
 

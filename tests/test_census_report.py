@@ -9,14 +9,14 @@ import pytest
 import yaml
 
 from guard import cli
-from guard.budgets import load_thresholds
-from guard.census import load_baseline, render_baseline
+from guard.config.budgets import load_thresholds
+from guard.measure.census import load_baseline, render_baseline
 from guard.commands import update_thresholds as ut
-from guard.evaluate import evaluate
-from guard.markdown import render_markdown
-from guard.results import (ReasonKind, RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict,
+from guard.judge.evaluate import evaluate
+from guard.report.markdown import render_markdown
+from guard.report.results import (ReasonKind, RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict,
                            write_json_atomic)
-from guard.terminal import render_terminal
+from guard.report.terminal import render_terminal
 from tests.conftest import SHIPPED_THRESHOLDS
 
 LOOP = "vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features"

@@ -1,4 +1,4 @@
-"""`guard comment` and guard.publish: real github3.py over real HTTP against a local imitation of the
+"""`guard comment` and guard.github.publish: real github3.py over real HTTP against a local imitation of the
 GitHub REST endpoints it uses (pytest-httpserver), with state, so each test asserts what ended up on
 the "pull request", not which functions were called.
 """
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from guard import cli, publish
-from guard.budgets import DEFAULT_THRESHOLDS
-from guard.markdown import render_markdown
+from guard import cli
+from guard.github import publish
+from guard.config.budgets import DEFAULT_THRESHOLDS
+from guard.report.markdown import render_markdown
 from guard.errors import ExitCode, UsageError
-from guard.results import InvalidReason, ReasonKind, Results, Status, TtftCheck, Verdict, load_results, results_to_dict
+from guard.report.results import InvalidReason, ReasonKind, Results, Status, TtftCheck, Verdict, load_results, results_to_dict
 from tests.conftest import clear_github_context
 from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,

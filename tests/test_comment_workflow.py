@@ -3,7 +3,7 @@
 The arguments are the workflow's own (read from .github/workflows/perf-guard-comment.yml by
 tests/workflow_commands.py), so the trust policy is on: the artifact's verdict is a claim, re-judged
 from its run record against the default branch's thresholds file and the census baselines beside
-it (guard.rejudge). The results files were written by real `guard check` runs of each kind guard
+it (guard.judge.rejudge). The results files were written by real `guard check` runs of each kind guard
 has (tests/fixtures/runs/README.md says how each was made). Posting goes to the local GitHub of
 tests/fakes/github.py over real HTTP; ``--dry-run`` prints the same verdict without it.
 
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from guard import cli
-from guard.budgets import load_thresholds
-from guard.evaluate import ran_bf16_fallback
-from guard.rejudge import judged_profile, rejudge
-from guard.results import ReasonKind, load_results
+from guard.config.budgets import load_thresholds
+from guard.judge.evaluate import ran_bf16_fallback
+from guard.judge.rejudge import judged_profile, rejudge
+from guard.report.results import ReasonKind, load_results
 from tests.conftest import REPO, clear_github_context
 from tests.fakes.github import FORK, HEAD, FakeGitHub
 from tests.workflow_commands import workflow_argv
@@ -311,10 +311,10 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     perf-guard-comment then posts."""
     import sys
 
-    from guard import harness, hardware
+    from guard.measure import harness, hardware
     from guard.measure import run as measure_run
     from guard.commands import check
-    from guard.results import run_file_dict, write_json_atomic
+    from guard.report.results import run_file_dict, write_json_atomic
 
     recorded = load_results(fixture(name))
     env = recorded.run.environment
@@ -351,10 +351,10 @@ def test_the_history_workflows_check_and_record_steps_with_their_own_arguments(c
                                                                                  monkeypatch):
     """guard-history's `guard check` (engine replaced by a recorded clean run, as above) then its
     `guard record` into a fresh store, each with the arguments read from the workflow file."""
-    from guard import harness, hardware
+    from guard.measure import harness, hardware
     from guard.commands import check
     from guard.history.store import load_history
-    from guard.results import run_file_dict, write_json_atomic
+    from guard.report.results import run_file_dict, write_json_atomic
 
     recorded = load_results(fixture("cpu-float32-clean"))
     env = recorded.run.environment

@@ -1,4 +1,4 @@
-"""guard.contention on recorded /proc text: the parsers, the tree walk, the reading and the gate.
+"""guard.measure.contention on recorded /proc text: the parsers, the tree walk, the reading and the gate.
 
 tests/fixtures/proc/busy-child-and-other/ is a real capture on this project's 2-core VM, trimmed
 to the processes that matter (README.txt): a root process with a busy child (ours) and a sleeping
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from guard import format as fmt
-from guard.contention import (
+from guard.report import format as fmt
+from guard.measure.contention import (
     ContentionReading,
     ContentionSampler,
     Snapshot,

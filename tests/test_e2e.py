@@ -18,8 +18,8 @@ import jsonschema
 import pytest
 import yaml
 
-from guard.results import RESULTS_SCHEMA_VERSION, results_schema
-from guard.speedref import unsteady
+from guard.report.results import RESULTS_SCHEMA_VERSION, results_schema
+from guard.measure.speedref import unsteady
 
 from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard
 
@@ -95,7 +95,7 @@ def test_check_passes_and_writes_results(passing_run) -> None:
     for key in ("cpu", "vllm", "torch", "transformers", "guard", "model"):
         assert env.get(key), key
     assert (out / "report.md").read_text().strip()
-    speed = env["speed_reference"]  # guard.speedref, read in the engine's process around the timing pass
+    speed = env["speed_reference"]  # guard.measure.speedref, read in the engine's process around the timing pass
     assert speed["before"]["ms"] > 0 and speed["after"]["ms"] > 0
     assert speed["ms"] == pytest.approx((speed["before"]["ms"] + speed["after"]["ms"]) / 2, abs=0.01)
     assert res["run"]["traces"] == []  # traces are written to explain a failing op budget
@@ -121,10 +121,10 @@ def test_benchmark_json_carries_the_samples(passing_run) -> None:
 
 
 def test_census_catches_a_source_mutant_and_a_tight_ttft_budget_in_one_run(tmp_path: Path) -> None:
-    """A source-level edit of vLLM's vision path (guard/mutants.py), outside every named scope,
+    """A source-level edit of vLLM's vision path (guard/measure/mutants.py), outside every named scope,
     measured against a 1 ms p50 budget: one valid run over two budgets of different kinds exits 1
     and names both, the census function with its op deltas and the TTFT percentile."""
-    from guard.mutants import MUTANTS
+    from guard.measure.mutants import MUTANTS
 
     m = MUTANTS["token-item"]
     out = tmp_path / "out"
@@ -149,7 +149,7 @@ def test_census_catches_a_source_mutant_and_a_tight_ttft_budget_in_one_run(tmp_p
 
 
 def test_the_clean_rewrite_mutant_passes_the_census(tmp_path: Path) -> None:
-    """The same vision code rewritten without changing its work (guard/mutants.py): no function
+    """The same vision code rewritten without changing its work (guard/measure/mutants.py): no function
     grows, so the census passes. Op counts only: no TTFT to time for this question."""
     out = tmp_path / "out"
     proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path)), "--output", str(out),
@@ -248,7 +248,7 @@ def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
     import os
     import signal
 
-    from guard.budgets import load_thresholds
+    from guard.config.budgets import load_thresholds
 
     shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
     out = tmp_path / "out"
@@ -277,7 +277,7 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 
 def steady_clean_run(tmp_path: Path, passing_run, attempts: int = 2) -> dict:
     """A clean run fit to write a budget and its speed reference from, by update-thresholds' own
-    rule (guard.speedref.unsteady: readings before and after the measured requests within twice
+    rule (guard.measure.speedref.unsteady: readings before and after the measured requests within twice
     validity.max_slowdown_pct, 10 in small_cpu_yaml). In CI on 2 December this VM slowed inside
     the shared clean run (readings 194 then 311 ms, requests 13.0 then 17.4 s): a budget and
     reference averaged across such a phase describe no machine, and the 1.3-core run after it read

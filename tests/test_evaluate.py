@@ -1,9 +1,9 @@
-"""guard.evaluate: budgets + run record -> checks, verdict and notices (no engine)."""
+"""guard.judge.evaluate: budgets + run record -> checks, verdict and notices (no engine)."""
 
 from __future__ import annotations
 
-from guard.evaluate import evaluate
-from guard.results import InvalidReason, ReasonKind, Verdict
+from guard.judge.evaluate import evaluate
+from guard.report.results import InvalidReason, ReasonKind, Verdict
 from tests.ttft_scenarios import budgeted, record, spread
 
 
@@ -55,9 +55,9 @@ def test_a_stopped_in_process_run_is_not_said_to_be_a_remote_server():
     import copy
     from pathlib import Path
 
-    from guard.budgets import load_thresholds
-    from guard.rejudge import judged_profile
-    from guard.results import load_results
+    from guard.config.budgets import load_thresholds
+    from guard.judge.rejudge import judged_profile
+    from guard.report.results import load_results
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)

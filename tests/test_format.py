@@ -1,4 +1,4 @@
-"""guard.format: how every view writes numbers, intervals, sizes, rules and failures."""
+"""guard.report.format: how every view writes numbers, intervals, sizes, rules and failures."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from guard import format as fmt
-from guard.results import TOTAL_OPS, OpCheck, Rule, Status, TtftCheck
+from guard.report import format as fmt
+from guard.report.results import TOTAL_OPS, OpCheck, Rule, Status, TtftCheck
 
 
 def op(measured: int, budget: int, rule: Rule = Rule.MAX, name: str = "aten::copy_") -> OpCheck:

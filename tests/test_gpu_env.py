@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from guard import compat, hardware
-from guard.budgets import load_thresholds
+from guard import compat
+from guard.measure import hardware
+from guard.config.budgets import load_thresholds
 from guard.errors import InvalidRunError
 from tests.conftest import SHIPPED_THRESHOLDS
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from guard import cli
-from guard.budgets import load_thresholds
-from guard import harness
+from guard.config.budgets import load_thresholds
+from guard.measure import harness
 from guard.commands import check
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
-from guard.opnames import check_op_names, problems, vacuous_budgets
-from guard.results import RunRecord, ScopeCounts
-from guard.sanitize import no_workflow_commands, one_line
+from guard.judge.opnames import check_op_names, problems, vacuous_budgets
+from guard.report.results import RunRecord, ScopeCounts
+from guard.github.sanitize import no_workflow_commands, one_line
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -140,7 +140,7 @@ def test_vacuous_twin_on_recorded_legacy_mask_events():
     misspelt: the run is invalid, never a pass."""
     import dataclasses
 
-    from guard.probes import attribute, load_events
+    from guard.measure.probes import attribute, load_events
 
     t = load_thresholds(SHIPPED_THRESHOLDS)
     prof = t.profile("cpu")
@@ -358,7 +358,7 @@ def test_one_line(raw, want):
 
 # ----------------------------------------------------------------------------- 7. guard check's run stage, without an engine
 def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_path):
-    from guard.results import InvalidReason, ReasonKind, RequestOutcome, run_file_dict, write_json_atomic
+    from guard.report.results import InvalidReason, ReasonKind, RequestOutcome, run_file_dict, write_json_atomic
 
     rec = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={},
                     outcomes=[RequestOutcome(0, (640, 480), True, True, 6.0),
@@ -385,7 +385,7 @@ def test_no_run_json_is_invalid_never_a_crash(code, interrupted, fragment, tmp_p
 
 
 def test_evaluating_a_fallback_record_is_invalid(tmp_path):
-    from guard.evaluate import evaluate
+    from guard.judge.evaluate import evaluate
 
     t = load_thresholds(GOOD_BASE)
     fallback = RunRecord(profile="cpu", thresholds_path=str(GOOD_BASE), model=t.model, environment={})

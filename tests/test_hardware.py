@@ -1,4 +1,4 @@
-"""guard.hardware's TTFT binding: which CPU a budget belongs to, written and read back."""
+"""guard.measure.hardware's TTFT binding: which CPU a budget belongs to, written and read back."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import TtftHardware, load_thresholds
-from guard.hardware import (Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for,
+from guard.config.budgets import TtftHardware, load_thresholds
+from guard.measure.hardware import (Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for,
                             ttft_hardware_problem)
 from tests.conftest import SHIPPED_THRESHOLDS
 
@@ -85,7 +85,7 @@ def test_engine_dtype_follows_native_bf16():
 
 
 def test_fingerprint_records_whether_ttft_is_judged_here(monkeypatch):
-    monkeypatch.setattr("guard.hardware.git_commit", lambda cwd=None: None)
+    monkeypatch.setattr("guard.measure.hardware.git_commit", lambda cwd=None: None)
     cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
     here = fingerprint(Hardware(cuda=False, gpu_name=None, cpu_name="AMD EPYC", cpu_count=2, cpu_isa=BUDGET_ISA), cpu)
     assert here["ttft_hardware_match"] == {"ok": True, "reason": None} and here["cpu_isa"] == list(BUDGET_ISA)

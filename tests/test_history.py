@@ -19,9 +19,9 @@ from guard.history.analysis import analyse, standing
 from guard.history.changepoints import change_points
 from guard.history.store import (append, census_digest, load_history, parse_history,
                                  record_from_results, record_to_dict, to_line)
-from guard.markdown import render_markdown
-from guard.results import Results, Verdict, load_results, write_json_atomic
-from guard.stats import percentile
+from guard.report.markdown import render_markdown
+from guard.report.results import Results, Verdict, load_results, write_json_atomic
+from guard.judge.stats import percentile
 from tests.conftest import run_guard
 
 FIXTURES = Path(__file__).parent / "fixtures"

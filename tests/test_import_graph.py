@@ -45,7 +45,7 @@ def import_graph() -> dict[str, set[str]]:
                     module = ".".join(base + ([node.module] if node.module else []))
                 else:
                     module = node.module or ""
-                # `from guard import format` imports the module guard.format; `from guard.x import y` imports guard.x
+                # `from guard import format` imports the module guard.report.format; `from guard.x import y` imports guard.x
                 targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
             graph[name] |= {t for t in targets if t in mods and t != name}
     return graph
@@ -124,9 +124,9 @@ def test_the_cycle_finder_finds_a_late_import_cycle():
 
 def test_the_graph_sees_late_and_from_package_imports():
     graph = import_graph()
-    assert "guard.format" in graph["guard.rules"]  # `from guard import format as fmt`
-    assert "guard.contention" in graph["guard.format"]
-    assert "guard.files" in graph["guard.results"]  # imported inside a function
+    assert "guard.report.format" in graph["guard.judge.rules"]  # `from guard import format as fmt`
+    assert "guard.measure.contention" in graph["guard.report.format"]
+    assert "guard.files" in graph["guard.report.results"]  # imported inside a function
 
 
 def test_every_guard_module_imports_in_a_fresh_interpreter():

@@ -1,4 +1,4 @@
-"""guard.markdown: the report people read on the PR, and what run data can (not) do to it."""
+"""guard.report.markdown: the report people read on the PR, and what run data can (not) do to it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.markdown import code, render_markdown, text
-from guard.stats import percentile
-from guard.results import InvalidReason, ReasonKind, OpSite, Results, Status, Verdict, load_results
+from guard.report.markdown import code, render_markdown, text
+from guard.judge.stats import percentile
+from guard.report.results import InvalidReason, ReasonKind, OpSite, Results, Status, Verdict, load_results
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 HOSTILE = ("x | y `z` <img src=x onerror=alert(1)> </details> & [a](javascript:alert(1)) **b** _c_ @maintainers"
@@ -217,7 +217,7 @@ def test_the_accept_these_numbers_recipe_works_off_the_runner(tmp_path):
     import shlex
     import shutil
 
-    from guard.results import load_results
+    from guard.report.results import load_results
     from tests.conftest import REPO, run_guard
 
     source = REPO / "tests" / "fixtures" / "runs" / "cpu-float32-clean.json"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from guard.results import ABRecord
-from guard.budgets import load_thresholds
-from guard.evaluate import evaluate_pr
-from guard.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,
+from guard.report.results import ABRecord
+from guard.config.budgets import load_thresholds
+from guard.judge.evaluate import evaluate_pr
+from guard.report.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,
                            results_to_dict, validate)
 from guard.revisions import git, overlay
 from guard.revisions.functions import function_spans, lines_inside
@@ -198,7 +198,7 @@ def recorded(name: str):
 
 @pytest.fixture(scope="module")
 def cpu_profile():
-    from guard.hardware import detect, select_profile
+    from guard.measure.hardware import detect, select_profile
 
     return select_profile(load_thresholds(SHIPPED_THRESHOLDS), "cpu", detect(quick=True))
 
@@ -242,7 +242,7 @@ def test_pr_results_round_trip_and_validate() -> None:
 
 
 def test_the_poster_re_judges_pr_results_as_guard_pr_judged_them(repo: Path, heads: dict[str, str], tmp_path: Path) -> None:
-    from guard.rejudge import rejudge
+    from guard.judge.rejudge import rejudge
 
     trusted = load_thresholds(SHIPPED_THRESHOLDS)
     res, _ = recorded("mask-loop")

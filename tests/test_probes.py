@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import OpBudget, Scope, ScopeBudget
-from guard.canary import expected_index_puts
-from guard.probes import CUDA_SYNC, MEMCPY_HTOD, ProfEvent, attribute, frame_matches, from_profiler, load_events
+from guard.config.budgets import OpBudget, Scope, ScopeBudget
+from guard.measure.canary import expected_index_puts
+from guard.measure.probes import CUDA_SYNC, MEMCPY_HTOD, ProfEvent, attribute, frame_matches, from_profiler, load_events
 
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 MASK = ScopeBudget(

@@ -1,4 +1,4 @@
-"""guard.results: results.json v3 round trip, reading v2 files, the shipped JSON Schema, and files guard must refuse."""
+"""guard.report.results: results.json v3 round trip, reading v2 files, the shipped JSON Schema, and files guard must refuse."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from guard.errors import ConfigError
-from guard.evaluate import evaluate
-from guard.results import (
+from guard.judge.evaluate import evaluate
+from guard.report.results import (
     RESULTS_SCHEMA_VERSION, SCHEMA_FILE, InvalidReason, OpCheck, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
     TtftCheck, classify_v2_reason, field_names, to_ms, load_results, load_run, results_schema, results_to_dict, run_file_dict,
     write_json_atomic,
@@ -223,7 +223,7 @@ def test_version_1_is_refused_with_the_fix(tmp_path):
 def test_cpu_contention_reading_is_described_by_the_schema(cpu, tmp_path):
     """environment.cpu_contention: every field of ContentionReading (plus lost_cores) is in the schema,
     a recorded reading validates and round-trips, and a nonsense one is refused naming its path."""
-    from guard.contention import ContentionReading
+    from guard.measure.contention import ContentionReading
 
     props = json.loads(SCHEMA_FILE.read_text())["$defs"]["cpu_contention"]["properties"]
     assert set(props) == set(field_names(ContentionReading)) | {"lost_cores"}
@@ -248,8 +248,8 @@ def test_the_synthetic_a10_fixture_is_what_guard_itself_would_judge_from_its_run
     re-judging its run record against the shipped thresholds (what `guard comment` does) gives back
     its checks, notices and verdict exactly. Its first version claimed a p99 pass at n=100, whose
     95 % interval has no upper end (p99 needs 368 samples)."""
-    from guard.budgets import load_thresholds
-    from guard.rejudge import rejudge
+    from guard.config.budgets import load_thresholds
+    from guard.judge.rejudge import rejudge
     from tests.conftest import SHIPPED_THRESHOLDS
 
     stored = load_results(FIXTURE)
@@ -269,5 +269,5 @@ def test_seconds_become_milliseconds_in_one_place():
              for path in sorted(guard_dir.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
              and any(isinstance(x, ast.Constant) and x.value == 1000 for x in (node.left, node.right))]
-    assert len(found) == 1 and found[0].startswith("guard/results.py:"), found
+    assert len(found) == 1 and found[0].startswith("guard/report/results.py:"), found
     assert to_ms(1.5) == 1500.0

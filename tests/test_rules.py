@@ -1,4 +1,4 @@
-"""guard.rules: the TTFT decision rule and the sequential resampling rule, on synthetic samples."""
+"""guard.judge.rules: the TTFT decision rule and the sequential resampling rule, on synthetic samples."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from guard.budgets import Statistics
-from guard.evaluate import evaluate
-from guard.results import Status, Verdict
-from guard.rules import decide_ttft, judge_ttft, measure_until_decided, next_batch, undecided
+from guard.config.budgets import Statistics
+from guard.judge.evaluate import evaluate
+from guard.report.results import Status, Verdict
+from guard.judge.rules import decide_ttft, judge_ttft, measure_until_decided, next_batch, undecided
 from tests.ttft_scenarios import budgeted, record, spread
 
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import Statistics, TtftHardware
-from guard.contention import ContentionSampler
-from guard.evaluate import evaluate
-from guard.hardware import Hardware
-from guard.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
+from guard.config.budgets import Statistics, TtftHardware
+from guard.measure.contention import ContentionSampler
+from guard.judge.evaluate import evaluate
+from guard.measure.hardware import Hardware
+from guard.report.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.measure.inprocess import InProcessSide
 from guard.measure.run import GuardRun
 from guard.measure.side import SideInfo
-from guard.speedref import WORKLOAD, SpeedReading
+from guard.measure.speedref import WORKLOAD, SpeedReading
 from tests.ttft_scenarios import CPU_ENV, budgeted
 
 
@@ -49,7 +49,7 @@ QUIET_READING = SpeedReading(WORKLOAD, 80.0, 4.0, 7, 2)  # a recorded reading of
 def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None, speed=(QUIET_READING,)):
     """A real GuardRun over the scripted side; returns it, the side and its progress lines.
     The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject),
-    and the speed readings are ``speed``'s, in turn (guard.speedref is tested on its own)."""
+    and the speed readings are ``speed``'s, in turn (guard.measure.speedref is tested on its own)."""
     lines = []
     readings = iter(speed * 2 if len(speed) == 1 else speed)
     driver = ScriptedSide(profile, script, lines.append, speed_reader=lambda workload: next(readings))
@@ -177,7 +177,7 @@ def test_a_speed_reading_that_breaks_is_reported_not_fatal(thresholds, cpu, tmp_
 
 def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path):
     """Where the engine runs float32 for want of native bf16, so does the reference (bf16 is emulated there)."""
-    from guard.speedref import WORKLOAD, WORKLOAD_FLOAT32, SpeedReading
+    from guard.measure.speedref import WORKLOAD, WORKLOAD_FLOAT32, SpeedReading
 
     bf16 = dataclasses.replace(cpu, engine=dataclasses.replace(cpu.engine, dtype="bfloat16",
                                                                dtype_without_native_bf16="float32"))
@@ -192,7 +192,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
 def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):
     """If the process dies after any round (SIGKILL, OOM), run.json holds what was measured so far,
     marked unfinished, so `guard check` reports an invalid run with those samples (issue #11, 7)."""
-    from guard.results import load_run
+    from guard.report.results import load_run
 
     run, driver, _ = scripted_run(thresholds, cpu, [7.0] * 40, tmp_path)
     run.warm_up()

@@ -13,12 +13,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from guard.budgets import load_thresholds
+from guard.config.budgets import load_thresholds
 from guard.measure.side import plan_jobs
 from guard.errors import ConfigError, InvalidRunError
-from guard.evaluate import evaluate
-from guard.markdown import render_markdown
-from guard.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Status, Verdict, results_schema, results_to_dict
+from guard.judge.evaluate import evaluate
+from guard.report.markdown import render_markdown
+from guard.report.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Status, Verdict, results_schema, results_to_dict
 from guard.measure.server import (
     SERVED_MODEL_NAME,
     VllmServer,
@@ -29,7 +29,7 @@ from guard.measure.server import (
     server_command,
     server_environment,
 )
-from guard.terminal import render_terminal
+from guard.report.terminal import render_terminal
 from tests.conftest import SHIPPED_THRESHOLDS
 from tests.test_budgets import GOOD, write
 
@@ -366,7 +366,7 @@ def test_report_keeps_the_server_log_tail_line_by_line():
 def test_runner_measures_a_running_server_ttft_only(tmp_path):
     """GuardRun with --server-url: the TTFT pass goes over HTTP, the model name comes from
     /v1/models, the op pass measures nothing, and the environment says how it was measured."""
-    from guard.hardware import Hardware
+    from guard.measure.hardware import Hardware
     from guard.measure.run import GuardRun
     from tests.ttft_scenarios import CPU_ENV
 

@@ -1,4 +1,4 @@
-"""guard.speedref: the reference workload on real torch, the record of a run, and the gate."""
+"""guard.measure.speedref: the reference workload on real torch, the record of a run, and the gate."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from guard import format as fmt
-from guard import speedref
-from guard.results import Status, TtftCheck
-from guard.speedref import (WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, change_pct, combined, slowdown_pct,
+from guard.report import format as fmt
+from guard.measure import speedref
+from guard.report.results import Status, TtftCheck
+from guard.measure.speedref import (WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, change_pct, combined, slowdown_pct,
                             speed_notice, speed_problems, unsteady)
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
@@ -44,7 +44,7 @@ def _reading_in_subprocess(group: Path | None) -> float:
     """One reading in a fresh python; with ``group``, it joins that cgroup once torch is loaded."""
     code = textwrap.dedent(f"""
         import os
-        from guard import speedref
+        from guard.measure import speedref
         speedref.measure(repeats=1)  # torch loaded and warm before any quota applies
         group = {str(group) if group else None!r}
         if group:

@@ -1,4 +1,4 @@
-"""guard.stats: percentiles, order-statistic and signed-rank intervals and their coverage; the sensitivity
+"""guard.judge.stats: percentiles, order-statistic and signed-rank intervals and their coverage; the sensitivity
 simulation (benchmarks/sensitivity.py) on synthetic pools. No engine."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import load_thresholds
-from guard.stats import (binomial_cdf, centre_estimate, order_statistic_ranks, percentile, percentile_interval,
+from guard.config.budgets import load_thresholds
+from guard.judge.stats import (binomial_cdf, centre_estimate, order_statistic_ranks, percentile, percentile_interval,
                          signed_rank_cdf, walsh_cut)
 from tests.conftest import benchmark_script
 

@@ -1,12 +1,12 @@
-"""guard.terminal: the tables and the verdict line, from the recorded regression fixture."""
+"""guard.report.terminal: the tables and the verdict line, from the recorded regression fixture."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from guard.results import InvalidReason, ReasonKind, Status, Verdict, load_results
-from guard.terminal import render_terminal, sites_lines
+from guard.report.results import InvalidReason, ReasonKind, Status, Verdict, load_results
+from guard.report.terminal import render_terminal, sites_lines
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from guard import trust
-from guard.budgets import load_thresholds
+from guard.github import trust
+from guard.config.budgets import load_thresholds
 from tests.conftest import SHIPPED_THRESHOLDS
 from tests.test_comment import (BOT, FORK, HEAD, MARK, OTHER, OWNER, REPO, artifact, clean_env, fake,  # noqa: F401
                                 gh_env, guard)
@@ -45,7 +45,7 @@ def status_of(fake) -> dict:
 @pytest.mark.parametrize("filename, status, previous, protected", [
     (".github/workflows/perf-guard.yml", "modified", None, True),
     (".github/workflows/new.yml", "added", None, True),
-    ("guard/evaluate.py", "modified", None, True),
+    ("guard/judge/evaluate.py", "modified", None, True),
     ("guard/models/tiny-deepseek-ocr2/config.json", "modified", None, True),
     ("tests/perf/test_deepseek_ocr2.py", "modified", None, True),
     ("tests/perf/pytest.ini", "removed", None, True),
@@ -66,7 +66,7 @@ def test_protected_places(filename, status, previous, protected):
 
 
 @pytest.mark.parametrize("filename", [
-    ".github/workflows/perf-guard.yml", "guard/evaluate.py", "tests/perf/test_deepseek_ocr2.py"])
+    ".github/workflows/perf-guard.yml", "guard/judge/evaluate.py", "tests/perf/test_deepseek_ocr2.py"])
 def test_a_pr_changing_what_guard_trusts_gets_status_error(gh_env, guard, tmp_path, repo_root, filename):
     gh_env.change(7, "README.md")
     gh_env.change(7, filename)
@@ -150,7 +150,7 @@ def test_comment_only_change_to_thresholds_still_needs_approval(gh_env, guard, t
     ([], False),
 ])
 def test_a_maintainers_review_of_the_head_commit_approves(gh_env, guard, tmp_path, repo_root, reviews, approved):
-    gh_env.change(7, "guard/evaluate.py")
+    gh_env.change(7, "guard/judge/evaluate.py")
     for login, state, commit, assoc in reviews:
         gh_env.review(7, login, state, commit, assoc)
     code, _, err = post(guard, tmp_path)
@@ -158,7 +158,7 @@ def test_a_maintainers_review_of_the_head_commit_approves(gh_env, guard, tmp_pat
     body = gh_env.comments[7][0]["body"]
     if approved:
         assert status_of(gh_env)["state"] == "failure"  # the verdict itself
-        assert "Approved by a maintainer" in body and "`guard/evaluate.py`" in body
+        assert "Approved by a maintainer" in body and "`guard/judge/evaluate.py`" in body
     else:
         assert status_of(gh_env)["state"] == "error"
         assert "needs a run approved by a maintainer" in body

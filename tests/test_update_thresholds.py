@@ -1,6 +1,6 @@
 """guard update-thresholds: golden files, minimal diffs, ratchet, hysteresis, refusals, atomic write.
 
-Results are recorded data built from guard.results' dataclasses (no engine). Goldens live in
+Results are recorded data built from guard.report.results' dataclasses (no engine). Goldens live in
 tests/fixtures/update/<case>/{input,expected}.yaml; REGEN_GOLDEN=1 rewrites the expected files.
 """
 
@@ -17,20 +17,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guard import cli, yamledit
-from guard.budgets import load_thresholds
+from guard import cli
+from guard.config import yamledit
+from guard.config.budgets import load_thresholds
 from guard.commands import update_thresholds as ut
 from guard.errors import ConfigError
-from guard.results import (
+from guard.report.results import (
     InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict,
     results_to_dict, write_json_atomic,
 )
-from guard.speedref import SpeedReading, combined
+from guard.measure.speedref import SpeedReading, combined
 
 FIXTURES = Path(__file__).parent / "fixtures" / "update"
 REAL = Path(__file__).parent.parent / "thresholds" / "deepseek-ocr-2.yaml"
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-# Keys as guard.hardware.fingerprint writes them.
+# Keys as guard.measure.hardware.fingerprint writes them.
 ENV = {"hardware_profile": "cpu", "git_commit": "0123456789abcdef0123456789abcdef01234567", "gpu": None,
        "cpu": "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "cpu_count": 2, "cpu_isa": ["avx2", "avx512f"],
        "vllm": "0.32.0"}
@@ -627,7 +628,7 @@ def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
     --only ttft) gives a budget for this CPU that the same run is then judged against."""
     import dataclasses
 
-    from guard.evaluate import evaluate
+    from guard.judge.evaluate import evaluate
 
     profile = dataclasses.replace(load_thresholds(REAL).profile("cpu"), ops=(), census=None)  # TTFT alone here
     outcomes = [RequestOutcome(index=i, image_size=(640, 480), warmup=False, success=True, ttft_client_s=9.0 + i / 100)

@@ -1,5 +1,5 @@
 """The validity gate: each condition that makes a run untrustworthy gives exit 3 (INVALID) with its
-reason, never a regression. Hand-built RunRecords through guard.evaluate.evaluate; GPU state as
+reason, never a regression. Hand-built RunRecords through guard.judge.evaluate.evaluate; GPU state as
 recorded dicts and through a fake pynvml (no GPU needed)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from guard.errors import ExitCode
-from guard.evaluate import evaluate
-from guard.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
-from guard.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
-from guard.contention import ContentionSampler
+from guard.judge.evaluate import evaluate
+from guard.measure.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
+from guard.report.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
+from guard.measure.contention import ContentionSampler
 from guard.measure.run import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
@@ -94,7 +94,7 @@ def test_a_run_that_stopped_lists_its_own_reason_not_what_it_therefore_never_mea
     """The engine never started: no TTFT samples, no op counts and no census follow from that
     one reason and would only bury it (a failed request would still be a reason of its own)."""
     from tests.conftest import SHIPPED_THRESHOLDS
-    from guard.budgets import load_thresholds
+    from guard.config.budgets import load_thresholds
 
     shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")  # op budgets and a census rule
     died = InvalidReason(ReasonKind.ENGINE, "engine failed to start: no space left on device")
@@ -145,7 +145,7 @@ def test_a_mismatch_is_reported_once(cpu):
 
 def test_fingerprint_records_the_match_and_no_gpu_state_on_cpu(cpu, a10, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # no torch import in a unit test
-    monkeypatch.setattr("guard.hardware.git_commit", lambda cwd=None: None)
+    monkeypatch.setattr("guard.measure.hardware.git_commit", lambda cwd=None: None)
     fp = fingerprint(CPU_HW, cpu)
     assert fp["hardware_profile"] == "cpu" and fp["cuda"] is False
     assert fp["hardware_match"]["ok"] is True and fp["gpu_state"] is None
@@ -278,7 +278,7 @@ def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):
 def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monkeypatch, tmp_path):
     start = snap()
     monkeypatch.setattr("guard.measure.run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
-    monkeypatch.setattr("guard.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
+    monkeypatch.setattr("guard.measure.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
 
     from tests.test_runner import ScriptedSide
 
@@ -292,11 +292,11 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
 
 
 # ----------------------------------------------------------------------------- CPU contention, hardware-bound TTFT
-from guard.budgets import TtftHardware, Validity  # noqa: E402
-from guard.contention import ContentionReading  # noqa: E402
-from guard.markdown import render_markdown  # noqa: E402
-from guard.results import Status  # noqa: E402
-from guard.terminal import render_terminal  # noqa: E402
+from guard.config.budgets import TtftHardware, Validity  # noqa: E402
+from guard.measure.contention import ContentionReading  # noqa: E402
+from guard.report.markdown import render_markdown  # noqa: E402
+from guard.report.results import Status  # noqa: E402
+from guard.report.terminal import render_terminal  # noqa: E402
 
 BOUND_HERE = TtftHardware(cpu_model_regex="^Test CPU$", cpu_count=(2, 2))
 BOUND_ELSEWHERE = TtftHardware(cpu_model_regex="^AMD EPYC$", cpu_count=(2, 2))

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import load_thresholds
+from guard.config.budgets import load_thresholds
 from guard.commands.update_thresholds import provenance_for
 from guard.commands.weights import fetch
 from guard.errors import GuardError
-from guard.hardware import detect, fingerprint
-from guard.results import load_results
-from guard.weights import hub_resolver, pin
+from guard.measure.hardware import detect, fingerprint
+from guard.report.results import load_results
+from guard.config.weights import hub_resolver, pin
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -118,7 +118,7 @@ def test_ab_mode_pins_both_sides_to_one_commit(tmp_path, monkeypatch) -> None:
     """A/B starts two engines from the thresholds file: both get the commit resolved once, and the
     run records name it, so a push to the Hub between the two starts cannot split the sides."""
     from guard.measure import run as measure_run
-    from guard import weights
+    from guard.config import weights
 
     monkeypatch.setattr(weights, "hub_resolver", lambda download: (lambda m, r: SHA))
     run = measure_run.ABRun(load_thresholds(SHIPPED_THRESHOLDS), A10, detect(quick=True), tmp_path, sys.executable)

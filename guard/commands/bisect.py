@@ -2,7 +2,7 @@
 
 Stages: budgets and the line of commits (validated before a minute is spent) -> good measured
 (guard.revisions.sides, the same environments and cache as ``guard pr``) -> guard.revisions.bisect
-probes commits, each judged against good by guard.evaluate.evaluate_pr (or only in the named
+probes commits, each judged against good by guard.judge.evaluate.evaluate_pr (or only in the named
 function or op) -> the culprit against its parent, with the lines it added inside the grown
 function -> terminal, and ``bisect.json`` in the output folder.
 
@@ -18,16 +18,16 @@ import time
 from pathlib import Path
 
 from guard import __version__
-from guard import format as fmt
-from guard.results import ABRecord
-from guard.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
-from guard.census import folded
+from guard.report import format as fmt
+from guard.report.results import ABRecord
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
+from guard.measure.census import folded
 from guard.commands.check import prepare_output
 from guard.errors import ExitCode, InvalidRunError, UsageError
-from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr
-from guard.hardware import detect, select_profile
-from guard.opnames import check_op_names
-from guard.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
+from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
+from guard.measure.hardware import detect, select_profile
+from guard.judge.opnames import check_op_names
+from guard.report.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)
 from guard.revisions import bisect, git, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules

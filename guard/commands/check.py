@@ -1,7 +1,7 @@
 """Run the perf suite on this machine and judge it against the budgets.
 
-Stages: budgets (validated here, before a minute is spent) -> run and verdict (guard.harness: the
-pytest suite in a child process, then guard.evaluate) -> report (terminal, results.json, report.md).
+Stages: budgets (validated here, before a minute is spent) -> run and verdict (guard.measure.harness: the
+pytest suite in a child process, then guard.judge.evaluate) -> report (terminal, results.json, report.md).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-from guard.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
-from guard.canary import LEGACY_MASK
+from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
+from guard.measure.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
-from guard.mutants import INJECTABLE
-from guard.evaluate import DEFAULT_OUTPUT
-from guard.harness import OPS_ONLY, run_and_judge
-from guard.hardware import detect, select_profile
-from guard.markdown import render_markdown
-from guard.opnames import check_op_names
-from guard.results import Results, results_to_dict, write_json_atomic
-from guard.terminal import render_terminal
+from guard.measure.mutants import INJECTABLE
+from guard.judge.evaluate import DEFAULT_OUTPUT
+from guard.measure.harness import OPS_ONLY, run_and_judge
+from guard.measure.hardware import detect, select_profile
+from guard.report.markdown import render_markdown
+from guard.judge.opnames import check_op_names
+from guard.report.results import Results, results_to_dict, write_json_atomic
+from guard.report.terminal import render_terminal
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
 
 
@@ -162,11 +162,11 @@ def write_report(results: Results, output: Path, thresholds: str | None = None) 
 
 
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
-    """A/B mode: both engines here, in alternation (guard.measure.run), judged by guard.evaluate.evaluate_ab."""
+    """A/B mode: both engines here, in alternation (guard.measure.run), judged by guard.judge.evaluate.evaluate_ab."""
     from guard import __version__
     from guard.measure.run import run_ab
-    from guard.evaluate import evaluate_ab
-    from guard.hardware import detect
+    from guard.judge.evaluate import evaluate_ab
+    from guard.measure.hardware import detect
 
     if not profile.ttft_vs_baseline_pct and not profile.ops:
         raise ConfigError(str(thresholds.path), profile.line, f"profiles.{profile.name}.budgets.ttft_vs_baseline_pct",

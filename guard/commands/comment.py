@@ -13,15 +13,15 @@ import os
 import secrets
 from pathlib import Path
 
-from guard import publish
-from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
+from guard.github import publish
+from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
 from guard.history.store import load_history
-from guard.markdown import render_markdown
-from guard.rejudge import rejudge
-from guard.results import load_results
-from guard.sanitize import no_workflow_commands, one_line
-from guard.trust import TrustPolicy
+from guard.report.markdown import render_markdown
+from guard.judge.rejudge import rejudge
+from guard.report.results import load_results
+from guard.github.sanitize import no_workflow_commands, one_line
+from guard.github.trust import TrustPolicy
 
 DEFAULT_RESULTS = "guard-results/results.json"
 

@@ -3,7 +3,7 @@
 Stages: budgets and revisions (validated before a minute is spent) -> one environment per side
 (guard.revisions.overlay: the revision's ``vllm/`` over the installed engine stack, cached by tree
 hash) -> an import check per side -> run (``--only ops``: each side's profile pass, one after the
-other; else A/B, head as the candidate and base as the baseline) -> guard.evaluate.evaluate_pr ->
+other; else A/B, head as the candidate and base as the baseline) -> guard.judge.evaluate.evaluate_pr ->
 the lines the pull request added inside each function that moved -> report (terminal,
 results.json, report.md), as ``guard check`` writes them.
 """
@@ -17,18 +17,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard import __version__
-from guard.results import ABRecord
-from guard.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
+from guard.report.results import ABRecord
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.commands.check import prepare_output, say_dtype, write_report
 from guard.errors import InvalidRunError, UsageError
-from guard.evaluate import DEFAULT_OUTPUT, evaluate_pr, pr_notices
-from guard.hardware import detect, select_profile
-from guard.harness import OPS_ONLY, empty_record
-from guard.opnames import check_op_names
-from guard.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
+from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr, pr_notices
+from guard.measure.hardware import detect, select_profile
+from guard.measure.harness import OPS_ONLY, empty_record
+from guard.judge.opnames import check_op_names
+from guard.report.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.revisions import git, overlay
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
-from guard.terminal import render_terminal
+from guard.report.terminal import render_terminal
 
 SIDES = ("base", "head")
 

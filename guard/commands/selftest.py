@@ -1,6 +1,6 @@
 """Prove on this machine that the op-count probe still sees the regression it guards.
 
-Two op-count runs through the same harness and verdict path as ``guard check`` (guard.harness):
+Two op-count runs through the same harness and verdict path as ``guard check`` (guard.measure.harness):
 the current code (every op budget must hold), then ``--inject legacy-mask`` (the pre-#49531 mask
 in the live engine: the mask-path budget must fail with exactly 513 index_put calls per S=512
 image and 289 per S=288 tile). Exit 0 when the canary is caught and the clean code passes; 1 when
@@ -13,17 +13,17 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from guard import format as fmt
-from guard.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
-from guard.canary import LEGACY_MASK, expected_index_puts
+from guard.report import format as fmt
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
+from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError
-from guard.evaluate import DEFAULT_OUTPUT
+from guard.judge.evaluate import DEFAULT_OUTPUT
 from guard.commands.check import write_report
-from guard.harness import OPS_ONLY, run_and_judge
-from guard.hardware import detect, select_profile
-from guard.results import Results, Status, Verdict, reasons_text
-from guard.terminal import render_terminal, sites_lines
+from guard.measure.harness import OPS_ONLY, run_and_judge
+from guard.measure.hardware import detect, select_profile
+from guard.report.results import Results, Status, Verdict, reasons_text
+from guard.report.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"
 GLOBAL_VIEW_S, TILE_S = 512, 288  # encoder sequence lengths: 1024 px global view, 768 px tiles

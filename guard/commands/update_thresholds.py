@@ -6,7 +6,7 @@ new value differs from the old one by more than a third of the headroom, so re-r
 numbers leaves the file alone. Op counts ratchet: lowered to the measured count (the maximum over
 the profiled image sizes) automatically; raised only with --allow-increase, and loudly.
 
-Only the changed scalars are rewritten (``guard.yamledit``); a ``provenance:`` mapping in the
+Only the changed scalars are rewritten (``guard.config.yamledit``); a ``provenance:`` mapping in the
 profile records where the numbers came from. The write is atomic; --dry-run only prints the diff.
 """
 
@@ -24,12 +24,14 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any, TextIO
 
-from guard import files, speedref, yamledit
-from guard.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
-from guard.census import CensusPlan, plan_census, write_census_atomic
+from guard import files
+from guard.measure import speedref
+from guard.config import yamledit
+from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
+from guard.measure.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
-from guard.hardware import git_commit, recorded_isa, ttft_hardware_for
-from guard.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
+from guard.measure.hardware import git_commit, recorded_isa, ttft_hardware_for
+from guard.report.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
 
 SIGNIFICANT_FIGURES = 3
 HYSTERESIS_FRACTION = 1 / 3  # of the headroom: smaller moves are noise, not a new baseline
@@ -58,7 +60,7 @@ class Plan:
     changes: tuple[Change, ...]
     provenance: dict[str, Any] = field(default_factory=dict)
     ttft_hardware: dict[str, Any] | None = None  # budgets.ttft_hardware to write (with the TTFT budgets)
-    speed_reference_ms: float | None = None  # the run's guard.speedref reading, written with the TTFT budgets
+    speed_reference_ms: float | None = None  # the run's guard.measure.speedref reading, written with the TTFT budgets
     bound_to: str = ""  # the hardware the old TTFT budgets were bound to, for the summary
 
     @property
@@ -247,7 +249,7 @@ def _rebinding(profile: Profile, env: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _speed_reference(profile: Profile, env: dict[str, Any]) -> float | None:
-    """The run's speed reference (guard.speedref), to bind the new TTFT budgets to this machine's
+    """The run's speed reference (guard.measure.speedref), to bind the new TTFT budgets to this machine's
     speed as well as its CPU; None on a GPU profile or for a run that recorded none."""
     recorded = env.get("speed_reference") or {}
     if profile.match.cuda or recorded.get("workload") not in speedref.WORKLOADS or not recorded.get("ms"):
@@ -291,7 +293,7 @@ def _utcnow() -> dt.datetime:  # one place for tests to pin the clock
 
 
 def _hardware(env: dict[str, Any]) -> str:
-    """From guard.hardware.fingerprint: the GPU when there is one, else the CPU and its core
+    """From guard.measure.hardware.fingerprint: the GPU when there is one, else the CPU and its core
     count (CPU TTFT scales with cores)."""
     if env.get("gpu"):
         return str(env["gpu"])
@@ -309,7 +311,7 @@ def provenance_for(results: Results, headroom_pct: float, cwd: Path) -> dict[str
         "vllm": str(env.get("vllm") or "unknown"),
         "samples": len(results.run.ttft_client_s()),
         "headroom_pct": _num(headroom_pct),
-        # the Hub commit the weights were loaded at (guard.weights resolves a moving `main`)
+        # the Hub commit the weights were loaded at (guard.config.weights resolves a moving `main`)
         **({"model_revision": str(env["model_revision"])} if env.get("model_revision") else {}),
     }
 

@@ -2,7 +2,7 @@
 
 The workflow's download step: ``guard weights --profile a10`` fetches the snapshot into the Hugging
 Face cache (``HF_HOME``) and prints the commit it resolved; the measuring step then runs offline
-and loads that same commit (guard.weights.pin reads it from the cache's ref). With
+and loads that same commit (guard.config.weights.pin reads it from the cache's ref). With
 ``--github-output`` the commit is also written as ``commit=<sha>`` to ``$GITHUB_OUTPUT``.
 Exit 0 with nothing to do for an embedded or local model; 2 when the revision cannot be resolved.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from guard.budgets import DEFAULT_THRESHOLDS, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import ExitCode
-from guard.weights import Resolver, hub_resolver, is_hub_model, pin
+from guard.config.weights import Resolver, hub_resolver, is_hub_model, pin
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

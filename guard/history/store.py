@@ -2,7 +2,7 @@
 
 Each line is a ``HistoryRecord`` under a schema header (``guard/history``, version 1, described by
 ``record.schema.json`` beside this module): the commit, when and where it ran, TTFT p50/p90/p99 in
-milliseconds (the percentiles of ``guard.stats``, the same estimate the budgets use), and the
+milliseconds (the percentiles of ``guard.judge.stats``, the same estimate the budgets use), and the
 census totals per profiled image size with a digest of the whole census, so a change that moves
 calls between functions without changing a total is still seen. The file's order is the order main
 was measured in; ``append`` writes atomically (``guard.files``) and re-reads the new file before it
@@ -23,8 +23,8 @@ from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import write_text_atomic
-from guard.results import ImageSize, Results, Verdict, reasons_text, to_ms
-from guard.stats import percentile
+from guard.report.results import ImageSize, Results, Verdict, reasons_text, to_ms
+from guard.judge.stats import percentile
 
 HISTORY_SCHEMA = "guard/history"
 HISTORY_SCHEMA_VERSION = 1

@@ -2,7 +2,7 @@
 profile one request.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the profiler pass
-(guard/probes.py) sees the model's Python frames and the canary can be injected into the live
+(guard/measure/probes.py) sees the model's Python frames and the canary can be injected into the live
 model. Requests are driven through ``LLMEngine.add_request``/``step`` in a closed loop that keeps
 ``concurrency`` requests in flight, like a client that sends the next request when one returns.
 """
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from guard import compat
-from guard.budgets import EngineArgs, Workload, resolve_model
+from guard.config.budgets import EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
-from guard.results import RequestOutcome
+from guard.report.results import RequestOutcome
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
@@ -255,8 +255,8 @@ class SlowEncoder:
 
 class Injection:
     """``--inject``, applied in one place for every in-process engine (a plain check's, a worker's):
-    a source mutant of vLLM before the engine imports its model code (guard.mutants), the canary
-    (guard.canary) or the slowed encoder into the live model once it runs. Held until ``close``."""
+    a source mutant of vLLM before the engine imports its model code (guard.measure.mutants), the canary
+    (guard.measure.canary) or the slowed encoder into the live model once it runs. Held until ``close``."""
 
     def __init__(self, spec: str | None, progress: Callable[[str], None]) -> None:
         self.spec, self.progress = spec, progress
@@ -264,13 +264,13 @@ class Injection:
         self._canary = None
 
     def before_start(self) -> None:
-        from guard.canary import LEGACY_MASK
-        from guard.mutants import MUTANT_PREFIX
+        from guard.measure.canary import LEGACY_MASK
+        from guard.measure.mutants import MUTANT_PREFIX
 
         if self.spec is None:
             return
         if self.spec.startswith(MUTANT_PREFIX):
-            from guard.mutants import install
+            from guard.measure.mutants import install
 
             mutant = install(self.spec)
             self.progress(f"MUTANT {mutant.name}: {mutant.what} ({mutant.function}); expected verdict: {mutant.expect}")
@@ -280,8 +280,8 @@ class Injection:
             parse_inject(self.spec)  # a bad spec fails before a minute of engine start
 
     def after_start(self, llm) -> None:
-        from guard.canary import LEGACY_MASK, inject_legacy_mask
-        from guard.mutants import MUTANT_PREFIX
+        from guard.measure.canary import LEGACY_MASK, inject_legacy_mask
+        from guard.measure.mutants import MUTANT_PREFIX
 
         if self.spec is None or self.spec.startswith(MUTANT_PREFIX):
             return
@@ -309,11 +309,11 @@ class InProcessSide:
         self.profile = profile
         self.progress = progress
         self.injection = Injection(inject, progress)
-        self.speed_reader = speed_reader  # None: guard.speedref.measure
+        self.speed_reader = speed_reader  # None: guard.measure.speedref.measure
         self.announce_start = announce_start  # a worker's parent says it instead, with the versions
         self.environment: dict[str, Any] = {}
         self.llm = None
-        self._resolver = None  # guard.census.QualnameResolver: it compiles each vLLM source once, keep it
+        self._resolver = None  # guard.measure.census.QualnameResolver: it compiles each vLLM source once, keep it
 
     def launch(self) -> None:
         pass  # nothing to spawn ahead of start
@@ -355,10 +355,10 @@ class InProcessSide:
         return self
 
     def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
-        """One request under torch.profiler: op counts per budgeted scope (guard.probes), the census
-        (guard.census), and with ``files`` the scopes' events and, on a failed op budget, the trace."""
-        from guard import format as fmt
-        from guard.probes import attribute, profile_request, save_events, save_trace, scope_events
+        """One request under torch.profiler: op counts per budgeted scope (guard.measure.probes), the census
+        (guard.measure.census), and with ``files`` the scopes' events and, on a failed op budget, the trace."""
+        from guard.report import format as fmt
+        from guard.measure.probes import attribute, profile_request, save_events, save_trace, scope_events
 
         outcomes: list[RequestOutcome] = []
         events, prof = profile_request(lambda: outcomes.extend(self.run([job], "profiled", on_outcome)))
@@ -369,7 +369,7 @@ class InProcessSide:
         counts = attribute(events, self.profile.ops, job.image_size)
         found = ProfiledRequest(outcomes, counts)
         if self.profile.census is not None:  # each side counts its own vLLM's functions
-            from guard.census import QualnameResolver, count_functions
+            from guard.measure.census import QualnameResolver, count_functions
 
             t = time.perf_counter()
             if self._resolver is None:
@@ -377,8 +377,8 @@ class InProcessSide:
             found.census = count_functions(events, self.profile.census.roots, self._resolver)
             found.census_s = time.perf_counter() - t
         if files is not None:
-            from guard.evaluate import op_checks
-            from guard.results import Status
+            from guard.judge.evaluate import op_checks
+            from guard.report.results import Status
 
             if files.traces_always or any(c.status == Status.FAIL for c in op_checks(self.profile, counts)):
                 found.trace = f"trace{files.label}-{size}.json.gz"
@@ -391,7 +391,7 @@ class InProcessSide:
         vLLM), between requests; on a CPU profile only: on a GPU TTFT is the device's. In the
         engine's dtype: float32 where the engine runs it for want of native bf16
         (speedref.WORKLOAD_FLOAT32)."""
-        from guard import speedref
+        from guard.measure import speedref
 
         if self.profile.match.cuda:
             return None

@@ -1,7 +1,7 @@
 """The run stage: one engine side, or two measured in alternation, recorded into run records.
 
 ``RunStage`` is written once over ``guard.measure.side.EngineSide``: job planning, warm-up, the
-timing pass until its budgets are decided (guard.rules), what the machine did meanwhile
+timing pass until its budgets are decided (guard.judge.rules), what the machine did meanwhile
 (contention, speed reference, GPU state), the profile pass per side, checkpoints, and the post-run
 checks every side's record gets. Two shapes of it:
 - ``GuardRun``: one side (the in-process engine, a managed ``vllm serve``, or a running server),
@@ -9,10 +9,10 @@ checks every side's record gets. Two shapes of it:
   fixture. Each measured round runs all its jobs at once, ``concurrency`` in flight.
 - ``ABRun`` / ``run_ab``: two worker sides (candidate, baseline) on one machine. Both engines start
   at the same time; then every request runs on both sides in blocks of ``concurrency``, the same
-  images on both sides; measured blocks in ABBA order (guard.ab.block_order), the idle side's
+  images on both sides; measured blocks in ABBA order (guard.judge.ab.block_order), the idle side's
   process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
   measured by the same rule as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
-  pairs). The baseline side's profile pass is read from guard.abcache when this baseline
+  pairs). The baseline side's profile pass is read from guard.measure.abcache when this baseline
   environment was profiled before.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
@@ -38,19 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guard import abcache, speedref
-from guard import format as fmt
-from guard.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
-from guard.budgets import Profile, Thresholds
-from guard.census import size_key
-from guard.contention import ContentionSampler, busy
+from guard.measure import abcache, speedref
+from guard.report import format as fmt
+from guard.judge.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
+from guard.config.budgets import Profile, Thresholds
+from guard.measure.census import size_key
+from guard.measure.contention import ContentionSampler, busy
 from guard.errors import InvalidRunError
 from guard.files import cache_root
-from guard.hardware import Hardware, fingerprint
+from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
-from guard.opnames import vacuous_budgets
-from guard.results import ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
-from guard.rules import TtftDecision, measure_until_decided
+from guard.judge.opnames import vacuous_budgets
+from guard.report.results import ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
+from guard.judge.rules import TtftDecision, measure_until_decided
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
@@ -58,7 +58,7 @@ UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written aft
 
 def post_run_checks(profile: Profile, record: RunRecord) -> list[InvalidReason]:
     """Why a finished run's record cannot be judged, found only once it is complete: a budget no op
-    name can meet (guard.opnames). For every run, whichever stage or process recorded it."""
+    name can meet (guard.judge.opnames). For every run, whichever stage or process recorded it."""
     return [InvalidReason(ReasonKind.VACUOUS_BUDGET, text) for text in vacuous_budgets(profile, record.op_counts)]
 
 
@@ -76,7 +76,7 @@ class RunStage:
         self.paired = len(sides) > 1
         self.own = records[self.names[0]]  # the run's own reasons (evaluate_ab: "for either side")
         self.checkpoints = checkpoints  # run.json as it stands after each step (a plain check's child process)
-        # what the rest of the machine does during the timing pass (guard.contention): with two
+        # what the rest of the machine does during the timing pass (guard.measure.contention): with two
         # sides, both workers are this process's children, so "other processes" excludes both engines
         self.contention = contention if contention is not None else ContentionSampler()
         self.settle_s = 0.0  # a pause between stopping the idle side and timing the other
@@ -246,7 +246,7 @@ class RunStage:
         """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
         `guard check` still reports what was measured, as an invalid run. The session's final
         run.json replaces it."""
-        from guard.results import run_file_dict, write_json_atomic
+        from guard.report.results import run_file_dict, write_json_atomic
 
         snapshot = dataclasses.replace(self.own, invalid_reasons=[*self.own.invalid_reasons,
                                                                     InvalidReason(ReasonKind.UNFINISHED, f"{UNFINISHED_PREFIX} {after}")],
@@ -282,9 +282,9 @@ class RunStage:
 
     def measure_until_decided(self) -> None:
         """The workload's measured requests, then more batches while a budgeted percentile's interval
-        straddles its budget (guard.rules: the verdict's own rule, so the two agree): TTFT against
+        straddles its budget (guard.judge.rules: the verdict's own rule, so the two agree): TTFT against
         absolute budgets for one side, the paired ratio against ratio budgets for two."""
-        from guard.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
+        from guard.measure.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
 
         env = self.own.environment
 
@@ -409,7 +409,7 @@ class RunStage:
             self.progress(f"{prefix}  scope {c.scope} [{fmt.size(size)}]: entered {c.entries}x, "
                           f"{fmt.calls(c.total_calls)} ({ops})")
 
-    # The baseline side's op-count cache (guard.abcache): a baseline environment profiled before.
+    # The baseline side's op-count cache (guard.measure.abcache): a baseline environment profiled before.
     cache_key: str | None = None
     cache_covers: str = ""
     fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
@@ -535,7 +535,7 @@ class ABRun(RunStage):
                  progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
                  candidate_python: str | None = None, sides: dict[str, EngineSide] | None = None) -> None:
         from guard.measure.worker import WORKER_REPORTED, WorkerSide
-        from guard.weights import hub_resolver, pin
+        from guard.config.weights import hub_resolver, pin
 
         self.thresholds = thresholds
         # a moving engine.revision (main): both sides load, and the records name, the same commit

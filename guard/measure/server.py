@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard.budgets import EngineArgs, Workload, resolve_model
+from guard.config.budgets import EngineArgs, Workload, resolve_model
 from guard.compat import vllm_cli
 from guard.errors import InvalidRunError
 from guard.measure.inprocess import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, InProcessSide, synthetic_image
 from guard.measure.process import die_with_parent, log_tail
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
-from guard.results import RequestOutcome
+from guard.report.results import RequestOutcome
 
 HOST = "127.0.0.1"
 SERVED_MODEL_NAME = "guard-model"

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from guard.budgets import Workload
-    from guard.results import RequestOutcome, ScopeCounts
-    from guard.speedref import SpeedReading
+    from guard.config.budgets import Workload
+    from guard.report.results import RequestOutcome, ScopeCounts
+    from guard.measure.speedref import SpeedReading
 
 OnOutcome = Callable[["RequestOutcome"], None]
 
@@ -55,7 +55,7 @@ class SideInfo:
 
     init_s: float  # engine start, seconds
     versions: dict[str, Any] = field(default_factory=dict)  # a worker's own environment (guard.measure.worker.versions)
-    cache_key: str | None = None  # the environment's op-count cache key (guard.abcache), when asked for
+    cache_key: str | None = None  # the environment's op-count cache key (guard.measure.abcache), when asked for
     cache_key_covers: str = ""
 
 

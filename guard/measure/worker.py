@@ -225,7 +225,7 @@ class WorkerClient:
 def _wait_until_stopped(pid: int, timeout_s: float = 2.0) -> bool:
     """Linux: poll /proc until ``pid`` is in the stopped state (T), at most ``timeout_s``; elsewhere
     (no /proc) return at once. False: not seen stopped (gone, or still stopping at the deadline)."""
-    from guard.contention import parse_pid_stat
+    from guard.measure.contention import parse_pid_stat
 
     stat = Path(f"/proc/{pid}/stat")
     deadline = time.perf_counter() + timeout_s
@@ -247,7 +247,7 @@ def baseline_hint(python: str) -> str:
 
 
 def _outcome(msg: dict[str, Any]):
-    from guard.results import RequestOutcome
+    from guard.report.results import RequestOutcome
 
     fields = {k: v for k, v in msg.items() if k != "type"}
     fields["image_size"] = tuple(fields["image_size"])
@@ -255,7 +255,7 @@ def _outcome(msg: dict[str, Any]):
 
 
 def _counts(d: dict[str, Any]):
-    from guard.results import OpSite, ScopeCounts
+    from guard.report.results import OpSite, ScopeCounts
 
     return ScopeCounts(**{**d, "image_size": tuple(d["image_size"]), "sites": tuple(OpSite(**s) for s in d.get("sites", ()))})
 
@@ -405,12 +405,12 @@ class Worker:
               inject: str | None = None, cache_key: bool = False, dtype: str | None = None,
               revision: str | None = None) -> None:
         """``inject``: as ``guard check --inject`` (guard.measure.inprocess.Injection);
-        ``cache_key``: also say which environment this is (guard.abcache), for the baseline side;
+        ``cache_key``: also say which environment this is (guard.measure.abcache), for the baseline side;
         ``dtype``: the engine's dtype as guard check resolved it for this machine (Profile.on_cpu);
-        ``revision``: the model commit guard resolved a moving engine.revision to (guard.weights)."""
+        ``revision``: the model commit guard resolved a moving engine.revision to (guard.config.weights)."""
         import dataclasses
 
-        from guard.budgets import load_thresholds
+        from guard.config.budgets import load_thresholds
         from guard.measure.inprocess import InProcessSide
 
         environ = dict(os.environ)  # as given: vLLM sets per-run variables (VLLM_DIST_IDENT) when it starts
@@ -423,7 +423,7 @@ class Worker:
         info = self.side.start()
         key, covers = (None, "")
         if cache_key:
-            from guard.abcache import environment_key
+            from guard.measure.abcache import environment_key
 
             try:
                 key, covers = environment_key(prof, gpu_memory_utilization, environ)

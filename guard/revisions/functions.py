@@ -1,6 +1,6 @@
 """Where a census function lives in a revision's source, and what a pull request added inside it.
 
-The census names a function ``file:qualname`` (guard.census); the source's syntax tree gives the
+The census names a function ``file:qualname`` (guard.measure.census); the source's syntax tree gives the
 same qualified names Python gives code objects (``Outer.method``, ``f.<locals>.inner``), with the
 lines each one spans, decorators included.
 """

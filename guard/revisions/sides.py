@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from guard.budgets import Profile, Thresholds
-from guard.harness import OPS_ONLY, record_suite
-from guard.results import FunctionChange, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
+from guard.config.budgets import Profile, Thresholds
+from guard.measure.harness import OPS_ONLY, record_suite
+from guard.report.results import FunctionChange, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
 

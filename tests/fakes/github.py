@@ -11,7 +11,7 @@ from typing import Any
 
 from werkzeug import Request, Response
 
-from guard import publish
+from guard.github import publish
 
 OWNER, REPO = "acme", "guarded"
 TOKEN = "ghs_test_token"

@@ -2,7 +2,7 @@
 
 Run it with `guard check` (which also writes results.json and report.md), or directly:
     pytest tests/perf -c tests/perf/pytest.ini --guard-profile cpu
-The budgets are judged once, by guard.evaluate, at the end of the session; these tests assert
+The budgets are judged once, by guard.judge.evaluate, at the end of the session; these tests assert
 that the measurement itself is complete.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from guard.plugin import TTFT_BENCHMARK
+from guard.measure.plugin import TTFT_BENCHMARK
 
 
 def test_ttft(benchmark, guard_run) -> None:

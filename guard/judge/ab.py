@@ -14,7 +14,7 @@ Statistic: the percentile of the paired ratio
     on the same image. ``ttft_vs_baseline_pct: {p50: 5}`` budgets the p50 of r, minus 1, in
     percent: "the typical request is at most 5 % slower than its baseline twin".
 
-    p50: the centre of log r_i, with Wilcoxon's signed-rank interval (guard.stats.centre_estimate;
+    p50: the centre of log r_i, with Wilcoxon's signed-rank interval (guard.judge.stats.centre_estimate;
     estimate: Hodges-Lehmann). That interval is exact when the log r_i are symmetric about their
     centre, and here symmetry is not an assumption about TTFT but a consequence of the design:
     with identical sides the two members of a pair are exchangeable (same code, same image, each
@@ -25,7 +25,7 @@ Statistic: the percentile of the paired ratio
     efficiency 0.64 against 0.955, normal noise); simulated on the recorded pairs:
     ``benchmarks/ab_sensitivity.py``. Its centre is the median of r whenever log r_i is symmetric.
 
-    Other percentiles (p90 of r...): guard.stats' distribution-free order-statistic interval on
+    Other percentiles (p90 of r...): guard.judge.stats' distribution-free order-statistic interval on
     the r_i, the same interval as absolute TTFT budgets (no symmetry to lean on in a tail).
 
     Why not a bootstrap of p50(cand) / p50(base):
@@ -48,11 +48,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from guard.budgets import Statistics, percentile_value
-from guard import format as fmt
-from guard.results import BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck, to_ms
-from guard.rules import interval_status
-from guard.stats import centre_estimate, percentile, percentile_interval
+from guard.config.budgets import Statistics, percentile_value
+from guard.report import format as fmt
+from guard.report.results import BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck, to_ms
+from guard.judge.rules import interval_status
+from guard.judge.stats import centre_estimate, percentile, percentile_interval
 
 
 
@@ -184,7 +184,7 @@ def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int
     """The final check of one ratio budget, after the run stage measured up to the cap
     (``stats``: ``Profile.ab_statistics``): the interval's decision, or else the point estimate
     (FAIL above the budget, INCONCLUSIVE at or below it) with a note saying so and how many pairs
-    this machine's spread would have needed. The same rule as guard.rules.judge_ttft: calling such
+    this machine's spread would have needed. The same rule as guard.judge.rules.judge_ttft: calling such
     a run undecided instead (exit 3) would leave most real +5 % slowdowns uncaught on a noisy
     machine (``benchmarks/ab_sensitivity.py --cap-rules``, docs/ab.md)."""
     ratios = [p.ratio for p in paired]

@@ -8,7 +8,7 @@ carries its unit in its name (``_s``, ``_ms``, ``_calls``).
 A check is a typed record (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``): its
 identity is its ``key`` (built from its fields: percentile; scope, image size and op; function and
 image size), never a string to parse back, and its ``label`` is the one short name every view shows.
-How the rest of a check reads to people is ``guard.format``'s business. ``verdict_of`` is the one
+How the rest of a check reads to people is ``guard.report.format``'s business. ``verdict_of`` is the one
 roll-up from checks and invalid reasons to a verdict. An invalid reason is typed the same way
 (``InvalidReason``: a ``ReasonKind`` for code to filter on, the text for people), never matched by
 substring.
@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from guard.budgets import Rule
+from guard.config.budgets import Rule
 from guard.errors import ConfigError, ExitCode
 
 RESULTS_SCHEMA = "guard/results"
@@ -54,7 +54,7 @@ ENGINE_MODE_SERVER = "server"
 
 def to_ms(seconds: float) -> float:
     """Seconds, guard's unit inside, as the milliseconds a ``_ms`` field or a reader sees: the one
-    place that multiplies by 1000 (``guard.format`` words it, ``seconds_as_ms``)."""
+    place that multiplies by 1000 (``guard.report.format`` words it, ``seconds_as_ms``)."""
     return seconds * 1000.0
 
 
@@ -142,8 +142,8 @@ class ReasonKind(StrEnum):
     TOO_FEW_SAMPLES = "too_few_samples"  # TTFT samples, or A/B pairs
     HARDWARE_MISMATCH = "hardware_mismatch"  # not the profile's machine
     GPU_STATE = "gpu_state"  # another process on the GPU, or throttled clocks
-    BUSY_MACHINE = "busy_machine"  # other processes took the CPU (guard.contention)
-    SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.speedref)
+    BUSY_MACHINE = "busy_machine"  # other processes took the CPU (guard.measure.contention)
+    SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.measure.speedref)
     SCOPE_NEVER_ENTERED = "scope_never_entered"
     SCOPE_NOT_MEASURED = "scope_not_measured"  # budgeted, but no counts recorded
     VACUOUS_BUDGET = "vacuous_budget"  # an op budget naming the variant that is never called
@@ -234,7 +234,7 @@ class ABRecord:
 # ----------------------------------------------------------------------------- checks
 @dataclass(frozen=True)
 class TtftCheck:
-    """A TTFT percentile budget judged by its confidence interval (guard.rules)."""
+    """A TTFT percentile budget judged by its confidence interval (guard.judge.rules)."""
 
     percentile: str  # "p50"
     budget_ms: float
@@ -302,7 +302,7 @@ class UnmeasuredOpCheck:
 @dataclass(frozen=True)
 class TtftRatioCheck:
     """A/B mode: a percentile of the paired ratio candidate TTFT / baseline TTFT, as a slowdown in
-    percent, judged by its confidence interval against ``ttft_vs_baseline_pct`` (guard.ab)."""
+    percent, judged by its confidence interval against ``ttft_vs_baseline_pct`` (guard.judge.ab)."""
 
     percentile: str  # "p50"
     budget_pct: float  # allowed slowdown of the candidate, percent
@@ -381,7 +381,7 @@ class CensusOpDelta:
 @dataclass(frozen=True)
 class CensusCheck:
     """One function whose operator census differs from the committed baseline, for one profiled
-    image size (guard.census). Functions whose counts equal the baseline have no record."""
+    image size (guard.measure.census). Functions whose counts equal the baseline have no record."""
 
     function: str  # "file:qualname", the file relative to its package's folder; no line numbers
     image_size: ImageSize
@@ -416,7 +416,7 @@ def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[InvalidReason]
     """The one roll-up from checks to a verdict: invalid when there is any reason to distrust the
     run, else a regression when any check failed, else not measurable when ``guard pr`` saw changes
     this engine stack cannot measure (``unmeasurable``), else a pass. ``guard check``'s, ``guard
-    pr``'s and ``guard comment``'s re-judged verdict (guard.rejudge) are all this function's."""
+    pr``'s and ``guard comment``'s re-judged verdict (guard.judge.rejudge) are all this function's."""
     if any(True for _ in invalid_reasons):
         return Verdict.INVALID
     if any(c.status == Status.FAIL for c in checks):

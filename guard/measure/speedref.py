@@ -1,7 +1,7 @@
 """How fast this machine runs a fixed reference workload, against the machine a TTFT budget was
 measured on.
 
-The contention gate (guard.contention) sees other processes in /proc. It cannot see a slowdown
+The contention gate (guard.measure.contention) sees other processes in /proc. It cannot see a slowdown
 from outside the process table: a VM's host giving its cores less (seen here: a clean run's p50
 23 % over its usual value for an hour, /proc quiet, steal 0), a container's CPU quota, a laptop
 on battery. The engine then spends more CPU time on the same work, and an absolute TTFT budget
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from guard.results import Status, TtftCheck, to_ms
+from guard.report.results import Status, TtftCheck, to_ms
 
 WORKLOAD = "speedref-1"
 # The same workload in float32, for an engine that runs float32 for want of native bf16

@@ -14,12 +14,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from guard import format as fmt
-from guard.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
-from guard.budgets import percentile_value
+from guard.report import format as fmt
+from guard.report.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
+from guard.config.budgets import percentile_value
 from guard.history.analysis import short, standing
 from guard.history.store import HistoryRecord, census_totals, machine_summary
-from guard.stats import percentile
+from guard.judge.stats import percentile
 
 MAX_SITES = 10  # offending code sites listed per failed op check
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from guard import format as fmt
-from guard.results import Results, Status, Verdict
-from guard.stats import percentile
+from guard.report import format as fmt
+from guard.report.results import Results, Status, Verdict
+from guard.judge.stats import percentile
 
 MAX_SITES = 6
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from guard import __version__
-from guard.budgets import CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa
+from guard.config.budgets import CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa
 from guard.errors import InvalidRunError
 
 
@@ -295,7 +295,7 @@ def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
         "torch": _version("torch"),
         "transformers": _version("transformers"),
         "model": profile.engine.model,
-        "model_revision": profile.engine.revision,  # a commit when guard.weights.pin resolved a moving one
+        "model_revision": profile.engine.revision,  # a commit when guard.config.weights.pin resolved a moving one
         **({"model_revision_requested": profile.engine.requested_revision} if profile.engine.requested_revision else {}),
         "engine_args": profile.engine.as_dict(),
         "git_commit": git_commit(),

@@ -5,7 +5,7 @@ progress lines all call these, so a check reads the same everywhere. Plain text:
 escaping (Markdown) escape what comes from the run, and only that.
 
 ``failure`` dispatches on the check's type (``functools.singledispatch``): a new kind of check
-registers its sentence here, and its ``label`` on its record (guard.results), and every view shows it.
+registers its sentence here, and its ``label`` on its record (guard.report.results), and every view shows it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from functools import singledispatch
 from collections.abc import Mapping
 from typing import Any
 
-from guard.contention import ContentionReading
-from guard.speedref import WORKLOADS as SPEED_WORKLOADS
-from guard.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
+from guard.measure.contention import ContentionReading
+from guard.measure.speedref import WORKLOADS as SPEED_WORKLOADS
+from guard.report.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
@@ -123,14 +123,14 @@ def contention(reading: ContentionReading | Mapping[str, Any], ab: bool = False)
 
 
 def busy_machine(reading: ContentionReading, max_other_cpu_pct: float) -> str:
-    """Why a run on a busy machine (``guard.contention.busy``) does not judge TTFT."""
+    """Why a run on a busy machine (``guard.measure.contention.busy``) does not judge TTFT."""
     limit = reading.cpus * max_other_cpu_pct / 100.0
     return (f"busy machine: {contention(reading)}; the profile allows {limit:.2f} "
             f"({max_other_cpu_pct:g} % of {reading.cpus} cores, validity.max_other_cpu_pct), so its TTFT is not judged")
 
 
 def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> str:
-    """A run's speed reference (``environment.speed_reference``, guard.speedref): "79 ms (before and
+    """A run's speed reference (``environment.speed_reference``, guard.measure.speedref): "79 ms (before and
     after the measured requests: 81, 77); the budget's machine: 76 ms, this one +4.2 %"."""
     parts = [f"{(recorded.get(side) or {}).get('ms'):.0f}" for side in ("before", "after") if recorded.get(side)]
     text = f"{recorded['ms']:.0f} ms" + (f" (before and after the measured requests: {', '.join(parts)})" if len(parts) == 2 else "")

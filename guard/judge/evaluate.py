@@ -1,9 +1,9 @@
 """Budgets + run record -> typed checks -> verdict. Pure: no I/O, no engine.
 
 Each kind of budget has one function here that turns a budget and a measurement into its check
-record (``guard.results``); the decision rules themselves live in ``guard.rules``, shared with the
+record (``guard.report.results``); the decision rules themselves live in ``guard.judge.rules``, shared with the
 run stage so the two cannot disagree. Adding a kind of budget: a record in results.py, a function
-here, a label and failure sentence in guard.format, a table in each view.
+here, a label and failure sentence in guard.report.format, a table in each view.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from guard import format as fmt
-from guard.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
-from guard.census import Baseline, CensusJudgement, judge, size_key
-from guard.contention import busy
-from guard.speedref import speed_notice, speed_problems, unsteady
-from guard.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
-from guard.results import (TOTAL_OPS, ABComparison, ABRecord, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
+from guard.report import format as fmt
+from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
+from guard.measure.census import Baseline, CensusJudgement, judge, size_key
+from guard.measure.contention import busy
+from guard.measure.speedref import speed_notice, speed_problems, unsteady
+from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
+from guard.report.results import (TOTAL_OPS, ABComparison, ABRecord, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
-from guard.rules import judge_ttft
+from guard.judge.rules import judge_ttft
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 
@@ -158,7 +158,7 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
     reasons += hardware_reasons(profile, run.environment)
     reasons += [InvalidReason(K.GPU_STATE, t) for t in gpu_state_problems(run.environment.get("gpu_state"))]
     if profile.ttft_ms and ttft_not_judged(profile, run.environment) is None:
-        # A busy machine invalidates judged TTFT (guard.contention); op counts do not depend on it,
+        # A busy machine invalidates judged TTFT (guard.measure.contention); op counts do not depend on it,
         # and TTFT bound to another CPU is only shown, so contention cannot change that verdict.
         over = busy(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
         if over is not None:
@@ -221,11 +221,11 @@ def census_notices(profile: Profile, census: CensusJudgement, output: str | Path
 def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT,
              census_baseline: Baseline | None = None) -> Results:
     """``output``: the folder results.json is written to, for the commands notices print.
-    ``census_baseline``: the profile's committed census (guard.census.read_baseline); None when
+    ``census_baseline``: the profile's committed census (guard.measure.census.read_baseline); None when
     the file does not exist yet, which makes a profile with a census rule an invalid run."""
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
-    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.speedref).
+    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.measure.speedref).
     reasons += [InvalidReason(K.SLOW_MACHINE, t) for t in speed_problems(
         run.environment.get("speed_reference"), profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft)]
     ops = op_checks(profile, run.op_counts)
@@ -276,10 +276,10 @@ AB_NOT_JUDGED = ("A/B mode: TTFT is judged as the ratio to the baseline measured
 
 def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT) -> Results:
     """An A/B run: the candidate's op budgets as usual, its TTFT as the paired ratio to the baseline
-    (``budgets.ttft_vs_baseline_pct``, guard.ab), the baseline's op counts diffed against the
+    (``budgets.ttft_vs_baseline_pct``, guard.judge.ab), the baseline's op counts diffed against the
     candidate's. Absolute TTFT budgets are measured and shown, never judged here: they are a
     statement about a machine, which A/B mode exists to take out of the verdict."""
-    from guard.ab import judge_ratio, op_diff, pairs
+    from guard.judge.ab import judge_ratio, op_diff, pairs
 
     # The census is judged below against the baseline side, not the committed baseline file.
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)

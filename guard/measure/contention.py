@@ -13,7 +13,7 @@ stop) and the reading says, in cores, what the machine did in between:
   ``/proc/cpuinfo`` "cpu MHz"; in a VM this is often the nominal figure, so it is recorded only).
 
 Everything but the sampler is a pure function over recorded text, tested on a real ``/proc``
-capture (tests/fixtures/proc/). ``guard.evaluate`` judges the reading (``busy``)
+capture (tests/fixtures/proc/). ``guard.judge.evaluate`` judges the reading (``busy``)
 against the profile's ``validity.max_other_cpu_pct``; the reading itself goes into results.json
 under ``run.environment.cpu_contention``.
 
@@ -287,7 +287,7 @@ class ContentionSampler:
 def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
     """The reading, when the rest of the machine took more than the limit and so absolute TTFT is
     untrustworthy; None: within the limit, or not measured (no /proc: evaluation says so in a
-    notice). The sentence that says so is ``guard.format.busy_machine``'s."""
+    notice). The sentence that says so is ``guard.report.format.busy_machine``'s."""
     if not recorded:
         return None
     r = ContentionReading.from_dict(recorded)

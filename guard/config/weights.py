@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from guard.budgets import EMBEDDED_PREFIX, Profile
+from guard.config.budgets import EMBEDDED_PREFIX, Profile
 from guard.errors import GuardError
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")

@@ -1,6 +1,6 @@
 """The operator census: per Python function, how many operator calls it issued itself.
 
-Named scopes (guard/probes.py) budget the code paths someone already knows to watch. The census
+Named scopes (guard/measure/probes.py) budget the code paths someone already knows to watch. The census
 watches everything under its roots (default: the vLLM package): for one profiled request, every
 operator call is charged to the *innermost* frame on its Python stack whose file lies under a
 root ("self" counts: a call made by a helper under the root is the helper's, not its caller's),
@@ -14,7 +14,7 @@ qualified name, never a line number (lines move with every edit). torch.profiler
 the module's source (through ``linecache``, so a source-level mutant resolves against the source
 that actually ran) and looking the code object up by first line and name.
 
-Everything here is pure over ``guard.probes.ProfEvent`` records except the resolver, which reads
+Everything here is pure over ``guard.measure.probes.ProfEvent`` records except the resolver, which reads
 source files; tests pass recorded events and a resolver over the installed vLLM.
 
 The baseline file (``*.census.json``, written by ``guard update-thresholds``) holds one census per
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guard.budgets import DEFAULT_ROOTS, CensusRule
+from guard.config.budgets import DEFAULT_ROOTS, CensusRule
 from guard.errors import ConfigError
-from guard.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
-from guard.probes import FRAME_RE, HTOD_PREFIX, MEMCPY_HTOD, SYNC_CALLS, CUDA_SYNC, ProfEvent
+from guard.report.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
+from guard.measure.probes import FRAME_RE, HTOD_PREFIX, MEMCPY_HTOD, SYNC_CALLS, CUDA_SYNC, ProfEvent
 
 CENSUS_SCHEMA = "guard/census"
 CENSUS_SCHEMA_VERSION = 1

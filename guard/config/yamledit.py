@@ -6,7 +6,7 @@ indices), the edits are expressed as replacements of those ranges, and they are 
 end of the text backwards so earlier indices stay valid. ``verify`` then re-reads both texts and
 checks that the data changed exactly as intended and nowhere else.
 
-This module knows YAML syntax only, never guard's schema (that is ``guard.budgets``). Pure: text in,
+This module knows YAML syntax only, never guard's schema (that is ``guard.config.budgets``). Pure: text in,
 text out; it raises ``YamlEditError`` and never prints.
 """
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from guard.budgets import Profile, Thresholds
+from guard.config.budgets import Profile, Thresholds
 from guard.errors import ConfigError
-from guard.probes import CUDA_SYNC, MEMCPY_HTOD
-from guard.results import ScopeCounts
+from guard.measure.probes import CUDA_SYNC, MEMCPY_HTOD
+from guard.report.results import ScopeCounts
 
 PSEUDO_OPS = frozenset({MEMCPY_HTOD, CUDA_SYNC})
 TOTAL_OPS = "total_ops"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.budgets import DEFAULT_THRESHOLDS
+from guard.config.budgets import DEFAULT_THRESHOLDS
 
 RUN_KEY = pytest.StashKey["GuardRun"]()
 
@@ -23,11 +23,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--guard-profile", default=None, help="hardware profile to run (auto, cpu, a10, ...); enables the suite")
     g.addoption("--guard-thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
     g.addoption("--guard-output", default="guard-results", help="where run.json and traces go")
-    from guard.mutants import INJECTABLE
+    from guard.measure.mutants import INJECTABLE
 
     g.addoption("--guard-inject", default=None, choices=["legacy-mask", *INJECTABLE],
                 help="canary: re-inject the pre-#49531 mask, or apply a source-level test mutant of vLLM "
-                     "(guard/mutants.py), before measuring")
+                     "(guard/measure/mutants.py), before measuring")
     g.addoption("--guard-traces", default="on-failure", choices=["on-failure", "always"],
                 help="save the profiled requests' Chrome traces always, or only when an op budget fails")
     g.addoption("--guard-engine-mode", default=None, choices=["server", "in-process"],
@@ -57,8 +57,8 @@ def guard_run(pytestconfig: pytest.Config):
     if pytestconfig.getoption("guard_profile") is None:
         pytest.skip("perf suite: run it through `guard check` (or pass --guard-profile)")
     if RUN_KEY not in pytestconfig.stash:
-        from guard.budgets import load_thresholds
-        from guard.hardware import detect, select_profile
+        from guard.config.budgets import load_thresholds
+        from guard.measure.hardware import detect, select_profile
         from guard.measure.run import GuardRun
 
         thresholds = load_thresholds(pytestconfig.getoption("guard_thresholds"))
@@ -67,7 +67,7 @@ def guard_run(pytestconfig: pytest.Config):
         profile = select_profile(thresholds, pytestconfig.getoption("guard_profile"), hw).with_engine_mode(
             "server" if server_url else pytestconfig.getoption("guard_engine_mode"))
         if not server_url:  # a remote server loaded whatever it loaded; guard names what it starts
-            from guard.weights import hub_resolver, pin
+            from guard.config.weights import hub_resolver, pin
 
             profile = pin(profile, hub_resolver(download=False))  # a moving revision measured as one commit
         run = GuardRun(thresholds, profile, hw, Path(pytestconfig.getoption("guard_output")),
@@ -82,7 +82,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
-    from guard.results import InvalidReason, ReasonKind, run_file_dict, write_json_atomic
+    from guard.report.results import InvalidReason, ReasonKind, run_file_dict, write_json_atomic
 
     record = run.finish()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -97,9 +97,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     write_json_atomic(run.output / "run.json", run_file_dict(record))
     if session.config.getoption("guard_record_only"):
         return  # run by guard check, which judges run.json itself
-    from guard.evaluate import evaluate
+    from guard.judge.evaluate import evaluate
 
-    from guard.census import read_baseline
+    from guard.measure.census import read_baseline
 
     results = evaluate(run.profile, record, output=str(run.output), census_baseline=read_baseline(run.profile.census))
     session.config.stash[_RESULTS_KEY] = results
@@ -132,7 +132,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     results = config.stash.get(_RESULTS_KEY, None)
     if results is None:
         return
-    from guard.terminal import render_terminal
+    from guard.report.terminal import render_terminal
 
     terminalreporter.write_sep("=", "guard")
     for line in render_terminal(results).splitlines():

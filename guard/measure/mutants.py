@@ -216,7 +216,7 @@ def mutate(source: str, mutant: Mutant, path: str) -> str:
             raise InvalidRunError(
                 f"mutant {mutant.name}: edit {i + 1} matches {found} times in {path}, expected once: "
                 "vLLM's file changed, so the mutant no longer applies",
-                hint="update guard/mutants.py for this vLLM version")
+                hint="update guard/measure/mutants.py for this vLLM version")
         source = source.replace(edit.old, edit.new)
     return source
 
@@ -234,7 +234,7 @@ class _MutantLoader(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str):
         source = self.get_source(fullname)
-        # the profiler, tracebacks and guard.census read the source that ran, not the file on disk
+        # the profiler, tracebacks and guard.measure.census read the source that ran, not the file on disk
         linecache.cache[self.path] = (len(source), None, source.splitlines(keepends=True), self.path)
         return compile(source, self.path, "exec", dont_inherit=True)
 

@@ -9,7 +9,7 @@ measured for sensitivity is what ships.
 - Still straddling at the cap (or with no cap set): judged on the point estimate, with a note
   saying so. Above the budget: FAIL, a regression like any other. At or below: INCONCLUSIVE, which
   passes but is shown as such, because the data did not prove the budget held (on the CPU
-  profile that is every passing p90/p99: see guard.stats, no upper bound exists at small n).
+  profile that is every passing p90/p99: see guard.judge.stats, no upper bound exists at small n).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from guard import format as fmt
-from guard.budgets import Statistics, min_samples_for_upper_bound, percentile_value
-from guard.results import Status, TtftCheck, to_ms
-from guard.stats import percentile, percentile_interval
+from guard.report import format as fmt
+from guard.config.budgets import Statistics, min_samples_for_upper_bound, percentile_value
+from guard.report.results import Status, TtftCheck, to_ms
+from guard.judge.stats import percentile, percentile_interval
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def _tree(path: Path, suffixes: tuple[str, ...] | None) -> list[str]:
 
 
 def _hardware() -> dict[str, Any]:
-    from guard.hardware import cpu_isa, cpu_name, read_cpu_features
+    from guard.measure.hardware import cpu_isa, cpu_name, read_cpu_features
 
     gpu = None
     torch = sys.modules.get("torch")  # the worker's engine has imported it; never imported for this
@@ -89,7 +89,7 @@ def environment_key(profile, gpu_memory_utilization: float | None,
     import importlib.util
     from importlib import metadata
 
-    from guard.budgets import resolve_model
+    from guard.config.budgets import resolve_model
 
     engine = profile.engine
     model = resolve_model(engine.model)
@@ -124,7 +124,7 @@ def environment_key(profile, gpu_memory_utilization: float | None,
                 "packages": packages, "model": model_files, "config": config, "env": env,
                 "hardware": _hardware(),
                 # guard's own code, as the worker imports it: it attributes and counts the ops
-                "guard": _tree(Path(__file__).resolve().parent, None)}
+                "guard": _tree(Path(__file__).resolve().parents[1], None)}
     text = json.dumps(material, sort_keys=True, default=str)
     n_files = sum(len(p["files"]) for p in packages.values() if p)
     return (hashlib.sha256(text.encode()).hexdigest()[:24],

@@ -2,7 +2,7 @@
 
 ``guard check``, ``guard check --inject legacy-mask`` and ``guard selftest`` all run through
 ``run_and_judge``: the suite (tests/perf, one vLLM engine) records run.json, and
-``guard.evaluate`` judges it. A child process keeps a crashing engine from taking the verdict
+``guard.judge.evaluate`` judges it. A child process keeps a crashing engine from taking the verdict
 with it: a suite that dies without run.json is an invalid run, never a pass.
 """
 
@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 from guard import __version__
-from guard.budgets import Profile, Thresholds
-from guard.census import read_baseline
+from guard.config.budgets import Profile, Thresholds
+from guard.measure.census import read_baseline
 from guard.errors import InvalidRunError
-from guard.evaluate import evaluate
+from guard.judge.evaluate import evaluate
 from guard.measure.run import post_run_checks
-from guard.results import InvalidReason, ReasonKind, Results, RunRecord, load_run
+from guard.report.results import InvalidReason, ReasonKind, Results, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
 FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on
@@ -34,7 +34,7 @@ OPS_ONLY = "ops"  # run only the op-count pass (the self-test measures no TTFT)
 
 def suite_dir() -> Path:
     """The perf suite: tests/perf in a checkout, guard/_suite in an installed wheel."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the guard package
     for candidate in (here.parent / "tests" / "perf", here / "_suite"):
         if (candidate / "pytest.ini").is_file():
             return candidate

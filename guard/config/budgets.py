@@ -53,7 +53,7 @@ class TtftHardware:
     # Exactly which of CPU_ISA_EXTENSIONS that CPU had. A VM may name two generations alike ("AMD
     # EPYC", 2 cores) whose engines differ 13x: with and without AVX-512 and native bf16.
     cpu_isa: tuple[str, ...] | None = None
-    # guard.speedref's reference workload on that machine when the budget was measured, ms: a
+    # guard.measure.speedref's reference workload on that machine when the budget was measured, ms: a
     # run on a matching CPU that runs it much slower measured a slow machine (validity.max_slowdown_pct)
     speed_reference_ms: float | None = None
     line: int | None = None
@@ -104,9 +104,9 @@ class Validity:
     """When a measurement is too disturbed to judge TTFT on (``validity:`` in a profile)."""
 
     # Other processes plus hypervisor steal may use at most this share of the machine's CPU time
-    # during the measured requests (guard.contention). See docs/reliability.md for the measurement.
+    # during the measured requests (guard.measure.contention). See docs/reliability.md for the measurement.
     max_other_cpu_pct: float = 5.0
-    # Beyond this much slower than the machine the TTFT budget was measured on (guard.speedref's
+    # Beyond this much slower than the machine the TTFT budget was measured on (guard.measure.speedref's
     # reference, budgets.ttft_hardware.speed_reference_ms), a TTFT failure the slowdown explains
     # is the machine's: invalid, not a regression. Within it: the machine's own drift. Keep it below
     # the budget's headroom: a machine slowed less than that cannot push a clean run over the budget.
@@ -140,7 +140,7 @@ class EngineArgs:
     # On a CPU without native bf16 (NATIVE_BF16_EXTENSIONS) a ``bfloat16`` engine runs this dtype
     # instead: oneDNN emulates bf16 there (an AVX2-only EPYC: ~80 s a request, ~16 s in float32).
     dtype_without_native_bf16: str | None = None
-    # guard.weights.pin: the moving revision (``main``) the file named, when ``revision`` is the
+    # guard.config.weights.pin: the moving revision (``main``) the file named, when ``revision`` is the
     # commit it was resolved to for this run; None when the file pinned a commit itself.
     requested_revision: str | None = None
 
@@ -184,7 +184,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class Statistics:
-    """How TTFT percentiles are judged under noise (see guard/stats.py)."""
+    """How TTFT percentiles are judged under noise (see guard/judge/stats.py)."""
 
     confidence: float = 0.95
     max_requests: int | None = None  # cap when resampling an inconclusive check; None: no resampling
@@ -247,7 +247,7 @@ DEFAULT_WATCH = ("aten::_local_scalar_dense", "aten::nonzero", "aten::_index_put
 @dataclass(frozen=True)
 class CensusRule:
     """The ``census:`` block of a profile's budgets: judge every function's operator calls
-    against a committed baseline (guard/census.py)."""
+    against a committed baseline (guard/measure/census.py)."""
 
     baseline: Path  # resolved against the thresholds file's folder
     # The census where the engine runs engine.dtype_without_native_bf16 (Profile.on_cpu swaps it in):
@@ -302,7 +302,7 @@ class Profile:
     headroom_pct: float
     ttft_ms: dict[str, float]  # percentile key ("p50") -> budget in milliseconds
     ops: tuple[ScopeBudget, ...] = ()
-    census: CensusRule | None = None  # the per-function operator census (guard/census.py)
+    census: CensusRule | None = None  # the per-function operator census (guard/measure/census.py)
     line: int | None = None
     # Where the budgets came from (written by update-thresholds): date, commit, hardware, ... -> value
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -399,7 +399,7 @@ def percentile_value(key: str) -> float:
     return float(m.group(1))
 
 
-# Here, not in guard.rules (which uses it too): loading refuses budgets no capped run can decide,
+# Here, not in guard.judge.rules (which uses it too): loading refuses budgets no capped run can decide,
 # and rules imports this module.
 def min_samples_for_upper_bound(key: str, confidence: float) -> int:
     """Fewest samples for which the percentile's interval has an upper bound: q ** n <= alpha."""
@@ -898,7 +898,7 @@ def _check_decidable(r: _Reader, key: str, node: yaml.Node | None, statistics: S
     Below ``min_samples_for_upper_bound`` samples a percentile's distribution-free interval has no
     upper end, so the budget could never be shown to hold: every run would end at the cap on the
     point estimate (p99 at 95 % needs 368 requests). Without ``max_requests`` nothing is capped
-    and the run's own request count decides (guard.rules explains it then, in the verdict).
+    and the run's own request count decides (guard.judge.rules explains it then, in the verdict).
     ``ttft_vs_baseline_pct`` is not checked here: A/B judges the per-pair ratio's median with
     ``ab`` statistics, whose interval exists from a handful of pairs."""
     if node is None or statistics.max_requests is None or not r.require_decidable:
@@ -1032,7 +1032,7 @@ def packaged_default(path: Path) -> Path:
     """The default thresholds path, when the working directory has no ``thresholds/`` (an installed
     guard run outside a checkout): the copy the wheel carries in guard/_thresholds."""
     if path == Path(DEFAULT_THRESHOLDS) and not path.exists():
-        packaged = Path(__file__).parent / "_thresholds" / path.name
+        packaged = Path(__file__).parents[1] / "_thresholds" / path.name
         if packaged.is_file():
             return packaged
     return path
@@ -1041,5 +1041,5 @@ def packaged_default(path: Path) -> Path:
 def resolve_model(model: str) -> str:
     """`guard:NAME` -> the embedded checkpoint folder; anything else unchanged."""
     if model.startswith(EMBEDDED_PREFIX):
-        return str(Path(__file__).parent / "models" / model[len(EMBEDDED_PREFIX):])
+        return str(Path(__file__).parents[1] / "models" / model[len(EMBEDDED_PREFIX):])
     return model

@@ -4,7 +4,7 @@ A results.json that reaches ``guard comment`` in the privileged workflow was wri
 request's run, so its ``verdict`` and ``checks`` are claims. ``rejudge`` evaluates the recorded run
 (samples, op counts, census; for A/B both sides) again with the default branch's guard against the
 default branch's thresholds file and the census baseline beside it, through the same functions
-``guard check`` judged it with (``guard.evaluate.evaluate`` / ``evaluate_ab``), the profile taken
+``guard check`` judged it with (``guard.judge.evaluate.evaluate`` / ``evaluate_ab``), the profile taken
 as the run ran it (engine mode, the float32 fallback). It refuses a file that contradicts itself or
 the recomputation: a verdict that its own checks do not support, or a measurement in a check that
 the run record does not hold. The commit status and the comment then come from the re-derived result.
@@ -17,18 +17,18 @@ import dataclasses
 import math
 from typing import Any
 
-from guard.results import ABRecord
-from guard.budgets import Profile, Thresholds
-from guard.census import read_baseline
+from guard.report.results import ABRecord
+from guard.config.budgets import Profile, Thresholds
+from guard.measure.census import read_baseline
 from guard.errors import UsageError
-from guard.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
-from guard.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
+from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
+from guard.report.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
                            verdict_of)
-from guard.sanitize import one_line
+from guard.github.sanitize import one_line
 
 
 def implied_verdict(results: Results) -> Verdict:
-    """The verdict a results file's own checks and reasons give (guard.results.verdict_of)."""
+    """The verdict a results file's own checks and reasons give (guard.report.results.verdict_of)."""
     return verdict_of(results.checks, results.invalid_reasons,
                       unmeasurable=results.pr is not None and bool(results.pr.unmeasured_files))
 

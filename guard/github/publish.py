@@ -25,11 +25,11 @@ import requests
 from github3 import exceptions as gh_exc
 from github3.session import GitHubSession
 
-from guard import format as fmt
+from guard.report import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
-from guard.markdown import render_markdown
-from guard.results import Results, Verdict
-from guard.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
+from guard.report.markdown import render_markdown
+from guard.report.results import Results, Verdict
+from guard.github.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
                          thresholds_change_lines)
 
 MARKER_VERSION = 1  # bump only with a migration: old comments are found by this exact text

@@ -9,7 +9,7 @@ approved by a maintainer") and the comment says what changed, down to the budget
 
 A maintainer approves by submitting an approving review of the pull request's head commit; a new
 push makes the approval stale, because it is bound to the commit it reviewed. See docs/github.md,
-"Approving a run". Pure functions here; the API calls are in guard.publish.
+"Approving a run". Pure functions here; the API calls are in guard.github.publish.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from guard.budgets import Profile, Thresholds, load_thresholds
+from guard.config.budgets import Profile, Thresholds, load_thresholds
 from guard.errors import ConfigError
-from guard.sanitize import one_line
+from guard.github.sanitize import one_line
 
 PROTECTED_PATTERNS = (".github/workflows/*", "guard/*", "tests/perf/*")
 APPROVER_ASSOCIATIONS = ("OWNER", "MEMBER", "COLLABORATOR")  # GitHub's author_association of a review

@@ -1,0 +1,1 @@
+"""The config stage: budgets (the only YAML reader), their surgical edits, the model weights' pinned revision."""

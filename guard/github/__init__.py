@@ -1,0 +1,1 @@
+"""The github stage: publishing a verdict (checks, comments), who may trigger a run, what is safe to echo."""

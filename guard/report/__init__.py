@@ -1,0 +1,1 @@
+"""The report stage: the results record and its schema, and how it reads (terminal, Markdown)."""
