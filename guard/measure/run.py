@@ -49,7 +49,8 @@ from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.judge.opnames import vacuous_budgets
-from guard.report.results import ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
+from guard.report.results import (ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
+                                  scope_counts_from_dict)
 from guard.judge.rules import TtftDecision, measure_until_decided
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
@@ -276,9 +277,7 @@ class RunStage:
 
     def samples(self) -> list[float]:
         """What the budgets judge: one side's TTFT samples (seconds), or two sides' paired ratios."""
-        if self.paired:
-            return self.ratios()
-        return [o.ttft_client_s for o in self.own.measured if o.success and o.ttft_client_s is not None]
+        return self.ratios() if self.paired else self.own.ttft_client_s()
 
     def measure_until_decided(self) -> None:
         """The workload's measured requests, then more batches while a budgeted percentile's interval
@@ -288,7 +287,7 @@ class RunStage:
 
         env = self.own.environment
 
-        def measure(count: int) -> list[float]:
+        def measure(count: int) -> list[float]:  # read from the records, whatever ran the round
             before = len(self.samples())
             self.measure(count)
             return self.samples()[before:]  # samples come in order: the new ones are last
@@ -437,10 +436,9 @@ class RunStage:
         self.progress(f"{BASELINE:9} op counts{' and census' if self.profile.census else ''} from guard's cache: this "
                       f"baseline environment was profiled {cached.recorded_at} (key {self.cache_key}); "
                       "`--fresh-baseline` profiles it again")
-        from guard.measure.worker import _counts
-
         for size, key in zip(self.profile.workload.profile_image_sizes, sizes):
-            self._take_counts(BASELINE, size, [_counts(c) for c in cached.sizes[key]["counts"]], cached.sizes[key]["census"])
+            counts = [scope_counts_from_dict(c) for c in cached.sizes[key]["counts"]]
+            self._take_counts(BASELINE, size, counts, cached.sizes[key]["census"])
         return cached
 
     def _remember_baseline_pass(self) -> None:

@@ -247,17 +247,9 @@ def baseline_hint(python: str) -> str:
 
 
 def _outcome(msg: dict[str, Any]):
-    from guard.report.results import RequestOutcome
+    from guard.report.results import outcome_from_dict
 
-    fields = {k: v for k, v in msg.items() if k != "type"}
-    fields["image_size"] = tuple(fields["image_size"])
-    return RequestOutcome(**fields)
-
-
-def _counts(d: dict[str, Any]):
-    from guard.report.results import OpSite, ScopeCounts
-
-    return ScopeCounts(**{**d, "image_size": tuple(d["image_size"]), "sites": tuple(OpSite(**s) for s in d.get("sites", ()))})
+    return outcome_from_dict({k: v for k, v in msg.items() if k != "type"})
 
 
 class WorkerSide:
@@ -350,6 +342,8 @@ class WorkerSide:
         return self
 
     def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
+        from guard.report.results import scope_counts_from_dict
+
         outcomes: list = []
 
         def take(o) -> None:
@@ -357,7 +351,7 @@ class WorkerSide:
             on_outcome(o)
 
         msg = self._call("profile", "counts", take, size=list(job.image_size), index=job.index)
-        return ProfiledRequest(outcomes, [_counts(c) for c in msg["counts"]], msg.get("census"),
+        return ProfiledRequest(outcomes, [scope_counts_from_dict(c) for c in msg["counts"]], msg.get("census"),
                                float(msg.get("census_s") or 0.0))
 
     def speed_reading(self) -> None:

@@ -510,14 +510,20 @@ def run_file_dict(run: RunRecord) -> dict[str, Any]:
     return {"schema": RUN_SCHEMA, "schema_version": RESULTS_SCHEMA_VERSION, "run": run_to_dict(run)}
 
 
+def outcome_from_dict(d: dict[str, Any]) -> RequestOutcome:
+    return RequestOutcome(**{**d, "image_size": tuple(d["image_size"])})
+
+
+def scope_counts_from_dict(d: dict[str, Any]) -> ScopeCounts:
+    """One scope's counts as run.json, a worker's message and the op-count cache store them."""
+    return ScopeCounts(**{**d, "image_size": tuple(d["image_size"]), "sites": tuple(OpSite(**s) for s in d.get("sites", ()))})
+
+
 def run_from_dict(d: dict[str, Any]) -> RunRecord:
     d = dict(d)
     d["invalid_reasons"] = [InvalidReason.from_dict(r) for r in d.get("invalid_reasons", [])]
-    d["outcomes"] = [RequestOutcome(**{**o, "image_size": tuple(o["image_size"])}) for o in d.get("outcomes", [])]
-    d["op_counts"] = [
-        ScopeCounts(**{**c, "image_size": tuple(c["image_size"]), "sites": tuple(OpSite(**s) for s in c.get("sites", ()))})
-        for c in d.get("op_counts", [])
-    ]
+    d["outcomes"] = [outcome_from_dict(o) for o in d.get("outcomes", [])]
+    d["op_counts"] = [scope_counts_from_dict(c) for c in d.get("op_counts", [])]
     return RunRecord(**d)
 
 
