@@ -1,19 +1,21 @@
 """How far a command's arguments travel: guard's static call graph from one entry function.
 
-Prints, for the functions reachable from the entry (default ``guard.commands.check:run``):
-- stops: guard functions reached (each counted once);
+Follows ``args`` (or another parameter) of the entry function (default
+``guard.commands.check:run``) through every call one of whose arguments is computed from it, depth
+first in reading order, and prints:
+- stops: the guard functions it reaches (each counted once);
 - modules: the guard modules those live in;
-- climbs: calls from a module to one on a higher import layer (a module's layer is the length of
-  the longest chain of guard imports below it, late imports included): the call goes back up
-  against the direction of the imports, which is what makes a flow hard to follow;
-- entries: for each module, how many distinct call edges come into it from other modules.
+- climbs: steps in that reading order from a module to one on a higher import layer (a module's
+  layer is the length of the longest chain of guard imports below it, late imports included):
+  the reader goes back up against the direction of the imports;
+- the modules entered most often from another module.
 
 Static and approximate by design: calls are resolved through imports, ``module.attr`` calls,
 same-module names and ``self.method``; calls through variables, callbacks and subprocesses (the
 perf suite in its child pytest) are not followed. The same reading applied before and after a
 change compares like with like.
 
-    uv run --extra cpu python benchmarks/call_trace.py [module:function]
+    uv run --extra cpu python benchmarks/call_trace.py [module:function [parameter]]
 """
 
 from __future__ import annotations
@@ -83,42 +85,8 @@ class Module:
                         self.functions[f"{node.name}.{item.name}"] = item
 
 
-def graph(trees: dict[str, ast.Module]):
-    modules = {n: Module(n, t, set(trees)) for n, t in trees.items()}
-
-    def callees(mod: Module, qualname: str) -> set[tuple[str, str]]:
-        node = mod.functions[qualname]
-        cls = qualname.split(".")[0] if "." in qualname or isinstance(node, ast.ClassDef) else None
-        body = node
-        if isinstance(node, ast.ClassDef):  # the class itself: its __init__
-            init = mod.functions.get(f"{node.name}.__init__")
-            return {(mod.name, f"{node.name}.__init__")} if init else set()
-        found = set()
-        for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
-            f = call.func
-            if isinstance(f, ast.Name):
-                if f.id in mod.functions:
-                    found.add((mod.name, f.id))
-                elif f.id in mod.names:
-                    found.add(mod.names[f.id])
-            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
-                owner = f.value.id
-                if owner == "self" and cls and f"{cls}.{f.attr}" in mod.functions:
-                    found.add((mod.name, f"{cls}.{f.attr}"))
-                elif owner in mod.aliases:
-                    found.add((mod.aliases[owner], f.attr))
-        out = set()
-        for m, fn in found:
-            target = modules.get(m)
-            if target is None:
-                continue
-            if fn in target.functions:
-                node = target.functions[fn]
-                out.add((m, f"{fn}.__init__" if isinstance(node, ast.ClassDef)
-                         and f"{fn}.__init__" in target.functions else fn))
-        return out
-
-    return modules, callees
+def graph(trees: dict[str, ast.Module]) -> dict[str, Module]:
+    return {n: Module(n, t, set(trees)) for n, t in trees.items()}
 
 
 def layers(modules: dict[str, Module]) -> dict[str, int]:
@@ -208,7 +176,7 @@ def resolve(modules, mod: Module, cls: str | None, f) -> tuple[str, str] | None:
 
 
 def main(entry: str = "guard.commands.check:run", seed: str = "args") -> int:
-    modules, _ = graph(load())
+    modules = graph(load())
     layer = layers(modules)
     order = follow(modules, tuple(entry.split(":")), seed)
     mods = {m for m, _ in order}
