@@ -66,8 +66,8 @@ def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> Non
         "baseline_python": args.baseline, "order": rec.order, "duration_s": rec.duration_s,
         "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "pairs": [[p.index, p.candidate_s, p.baseline_s] for p in got],
-        "environment": {"candidate": rec.candidate.environment.get("worker"),
-                        "baseline": rec.baseline.environment.get("worker"), "cpu": rec.candidate.environment.get("cpu")},
+        "environment": {"candidate": rec.candidate.environment.worker,
+                        "baseline": rec.baseline.environment.worker, "cpu": rec.candidate.environment.cpu},
     }, indent=2) + "\n", encoding="utf-8")
 
 

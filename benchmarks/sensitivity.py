@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pool: {args.pool} missing; recording {args.pool_size} requests with the live engine", file=sys.stderr)
         run = start_run(args.thresholds, args.profile, args.output)
         pool = record_pool(run, args.pool_size)
-        write_pool(args.pool, pool, run.profile.name, run.record.environment)
+        write_pool(args.pool, pool, run.profile.name, run.record.environment.as_dict())
     cells = simulate(pool, profile, [s for x in shifts for s in (x, -x)], args.trials, args.seed)
     print("## Simulated sensitivity\n")
     print(render_table(cells, pool, profile, args.trials))

@@ -316,9 +316,9 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     assert why.startswith("baseline worker: ModuleNotFoundError") and "yaml" in why
     assert f"hint: {bare_python} is the baseline environment's python" in why and "uv sync" not in why
     assert not any("engine ready" in m for m in said), said  # neither engine was waited for
-    assert all("init_s" not in rec.side(side).environment.get("worker", {}) for side in (CANDIDATE, BASELINE))
-    assert rec.baseline.environment["vllm"] is None and rec.baseline.environment["torch"] is None
-    assert rec.candidate.environment["vllm"] is not None  # guard's own environment is the candidate's
+    assert all("init_s" not in (rec.side(side).environment.worker or {}) for side in (CANDIDATE, BASELINE))
+    assert rec.baseline.environment.vllm is None and rec.baseline.environment.torch is None
+    assert rec.candidate.environment.vllm is not None  # guard's own environment is the candidate's
     assert rec.candidate.outcomes == [] and rec.baseline.outcomes == []
 
 
@@ -443,7 +443,7 @@ def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
                              tree_processes=3).as_dict()
     for factor, verdict in ((1.0, Verdict.PASS), (1.06, Verdict.REGRESSION)):
         rec = ab_record(factor)
-        rec.candidate.environment["cpu_contention"] = busy
+        rec.candidate.environment.cpu_contention = busy
         res = evaluate_ab(ab_profile, rec)
         assert res.verdict == verdict and not res.invalid_reasons
         (notice,) = [n for n in res.notices if n.startswith("busy machine")]
@@ -455,7 +455,7 @@ def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
         assert "Machine during measurement" not in md  # said once, in the A/B section
     quiet = dataclasses.replace(ContentionReading.from_dict(busy), other_cores=0.02).as_dict()
     rec = ab_record(1.0)
-    rec.candidate.environment["cpu_contention"] = quiet
+    rec.candidate.environment.cpu_contention = quiet
     res = evaluate_ab(ab_profile, rec)
     assert not [n for n in res.notices if n.startswith("busy machine")]
     assert "Machine during the pairs: other processes used 0.02 of 2 cores" in render_markdown(res)
@@ -832,7 +832,7 @@ def test_the_run_stage_records_what_the_machine_did_during_the_pairs(tmp_path, a
 
     run.measure = busy_measure
     run.measure_until_decided()
-    reading = run.record.candidate.environment["cpu_contention"]
+    reading = run.record.candidate.environment.cpu_contention
     assert reading["window_s"] >= 0.1 and reading["own_cores"] > 0.3, reading
     assert reading["tree_processes"] >= 1 and 0.0 <= reading["other_cores"] <= reading["cpus"]
     assert any(m.startswith("CPU during measurement: other processes used") and "guard's two engines" in m for m in said)

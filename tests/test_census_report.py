@@ -206,7 +206,7 @@ def float32_results(tmp_path: Path, census: dict, yaml_path: Path):
     """A run as `guard check` records it on a CPU without native bf16: the profile as Profile.on_cpu gives it."""
     profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=False)
     run = run_with(census, yaml_path)
-    run.environment["engine_args"] = profile.engine.as_dict()
+    run.environment.engine_args = profile.engine.as_dict()
     baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None
     res = evaluate(profile, run, output=tmp_path, census_baseline=baseline)
     path = tmp_path / "results.json"

@@ -279,7 +279,7 @@ def test_the_census_baseline_is_read_beside_the_trusted_thresholds_file(github, 
 
 def test_a_server_run_is_judged_by_the_server_modes_ttft_budget(checkout):
     stored = load_results(fixture("cpu-float32-server"))
-    assert stored.run.environment["engine_mode"] == "server"
+    assert stored.run.environment.engine_mode == "server"
     profile = judged_profile(stored.run, load_thresholds(TH), source="x")
     assert profile.engine.mode == "server"
     assert profile.ttft_ms == load_thresholds(TH).profile("cpu").ttft_ms_by_mode["server"]
@@ -295,7 +295,7 @@ def test_a_server_run_is_posted_against_the_server_modes_ttft_budget(name, githu
     assert "p50 budget 13900 ms" in body and "budget 7000 ms" not in body
     if name.endswith("-url"):  # a server guard did not start: TTFT only
         assert "not measured in this mode" in body
-        assert load_results(fixture(name)).run.environment["server"]["managed"] is False
+        assert load_results(fixture(name)).run.environment.server["managed"] is False
 
 
 # ----------------------------------------------------------------------------- perf-guard -> perf-guard-comment
@@ -318,7 +318,7 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
 
     recorded = load_results(fixture(name))
     env = recorded.run.environment
-    here = hardware.Hardware(cuda=False, gpu_name=None, cpu_name=env["cpu"], cpu_count=env["cpu_count"],
+    here = hardware.Hardware(cuda=False, gpu_name=None, cpu_name=env.cpu, cpu_count=env.cpu_count,
                              native_bf16=not ran_bf16_fallback(env))  # the machine it ran on
     monkeypatch.setattr(check, "detect", lambda quick=False: here)
     monkeypatch.setattr(hardware, "detect", lambda quick=False: here)
@@ -358,7 +358,7 @@ def test_the_history_workflows_check_and_record_steps_with_their_own_arguments(c
 
     recorded = load_results(fixture("cpu-float32-clean"))
     env = recorded.run.environment
-    here = hardware.Hardware(cuda=False, gpu_name=None, cpu_name=env["cpu"], cpu_count=env["cpu_count"],
+    here = hardware.Hardware(cuda=False, gpu_name=None, cpu_name=env.cpu, cpu_count=env.cpu_count,
                              native_bf16=not ran_bf16_fallback(env))
     monkeypatch.setattr(check, "detect", lambda quick=False: here)
     monkeypatch.setattr(hardware, "detect", lambda quick=False: here)

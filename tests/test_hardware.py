@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from guard.config.budgets import TtftHardware, load_thresholds
+from guard.report.environment import Environment
 from guard.measure.hardware import (Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for,
                             ttft_hardware_problem)
 from tests.conftest import SHIPPED_THRESHOLDS
@@ -26,7 +27,7 @@ NAMES = ["AMD EPYC", "Intel(R) Xeon(R) CPU @ 2.20GHz", "12th Gen Intel(R) Core(T
 
 @pytest.mark.parametrize("name", NAMES)
 def test_binding_matches_exactly_the_recorded_cpu(name):
-    b = ttft_hardware_for({"cpu": name, "cpu_count": 4, "gpu": None, "cuda": False})
+    b = ttft_hardware_for(Environment.from_dict({"cpu": name, "cpu_count": 4, "gpu": None, "cuda": False}))
     assert b["cpu_count"] == 4 and b["cpu_model_regex"].startswith("^") and b["cpu_model_regex"].endswith("$")
     assert re.search(b["cpu_model_regex"], name)
     assert not re.search(b["cpu_model_regex"], name + " v2") and not re.search(b["cpu_model_regex"], "x" + name)
@@ -35,8 +36,8 @@ def test_binding_matches_exactly_the_recorded_cpu(name):
 
 
 def test_no_binding_on_a_gpu_or_without_a_recorded_cpu():
-    assert ttft_hardware_for({"cpu": "AMD EPYC", "cpu_count": 2, "gpu": "NVIDIA A10", "cuda": True}) is None
-    assert ttft_hardware_for({"cpu_count": 2}) is None
+    assert ttft_hardware_for(Environment.from_dict({"cpu": "AMD EPYC", "cpu_count": 2, "gpu": "NVIDIA A10", "cuda": True})) is None
+    assert ttft_hardware_for(Environment.from_dict({"cpu_count": 2})) is None
 
 
 def test_shipped_cpu_profile_judges_ttft_only_on_its_cpu():
@@ -67,9 +68,9 @@ def test_cpu_extensions_read_from_recorded_cpuinfo():
 
 
 def test_binding_records_the_cpu_extensions():
-    b = ttft_hardware_for({"cpu": "AMD EPYC", "cpu_count": 2, "cpu_isa": ["avx2"], "gpu": None, "cuda": False})
+    b = ttft_hardware_for(Environment.from_dict({"cpu": "AMD EPYC", "cpu_count": 2, "cpu_isa": ["avx2"], "gpu": None, "cuda": False}))
     assert b["cpu_isa"] == ["avx2"]
-    assert "cpu_isa" not in ttft_hardware_for({"cpu": "AMD EPYC", "cpu_count": 2})  # an older results file
+    assert "cpu_isa" not in ttft_hardware_for(Environment.from_dict({"cpu": "AMD EPYC", "cpu_count": 2}))  # an older results file
 
 
 def test_engine_dtype_follows_native_bf16():
@@ -87,7 +88,7 @@ def test_engine_dtype_follows_native_bf16():
 def test_fingerprint_records_whether_ttft_is_judged_here(monkeypatch):
     monkeypatch.setattr("guard.measure.hardware.git_commit", lambda cwd=None: None)
     cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
-    here = fingerprint(Hardware(cuda=False, gpu_name=None, cpu_name="AMD EPYC", cpu_count=2, cpu_isa=BUDGET_ISA), cpu)
+    here = fingerprint(Hardware(cuda=False, gpu_name=None, cpu_name="AMD EPYC", cpu_count=2, cpu_isa=BUDGET_ISA), cpu).as_dict()
     assert here["ttft_hardware_match"] == {"ok": True, "reason": None} and here["cpu_isa"] == list(BUDGET_ISA)
-    there = fingerprint(Hardware(cuda=False, gpu_name=None, cpu_name="Apple M2", cpu_count=8), cpu)
+    there = fingerprint(Hardware(cuda=False, gpu_name=None, cpu_name="Apple M2", cpu_count=8), cpu).as_dict()
     assert there["ttft_hardware_match"]["ok"] is False and "Apple M2 (8 cores, CPU extensions not recorded)" in there["ttft_hardware_match"]["reason"]

@@ -17,7 +17,10 @@ from guard.report.results import (
     TtftCheck, classify_v2_reason, field_names, to_ms, load_results, load_run, results_schema, results_to_dict, run_file_dict,
     write_json_atomic,
 )
+from guard.report.environment import Environment, EnvironmentTypeError, HardwareMatch
 from tests.ttft_scenarios import record, spread
+
+RECORDED_RUNS = sorted((Path(__file__).parent / "fixtures" / "runs").glob("*.json"))
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 
@@ -159,6 +162,11 @@ def _set(path: list, value):
     (_set(["run", "op_counts", 0, "calls_by_op", "aten::x"], -1), "run.op_counts[0].calls_by_op.aten::x"),
     (_set(["checks", "ops", 0, "rule"], "min"), "checks.ops[0].rule"),
     (_set(["checks", "ops", 0, "surprise"], 1), "checks.ops[0]"),
+    (_set(["run", "environment", "cpu_count"], "two"), "run.environment.cpu_count"),
+    (_set(["run", "environment", "cuda"], "12.8"), "run.environment.cuda"),
+    (_set(["run", "environment", "cpu_isa"], "avx2"), "run.environment.cpu_isa"),
+    (_set(["run", "environment", "engine_mode"], "inprocess"), "run.environment.engine_mode"),
+    (_set(["run", "environment", "ttft_hardware_match"], {"reason": None}), "run.environment.ttft_hardware_match"),
 ])
 def test_invalid_content_is_a_config_error_naming_the_json_path(tmp_path, change, where):
     with pytest.raises(ConfigError) as exc:
@@ -230,10 +238,10 @@ def test_cpu_contention_reading_is_described_by_the_schema(cpu, tmp_path):
     reading = ContentionReading(window_s=36.2, cpus=2, other_cores=0.07, steal_cores=0.01, own_cores=1.93,
                                 load_1m_start=1.1, load_1m_end=1.9, mhz_start=2596.1, mhz_end=2596.1, tree_processes=1)
     run = record(spread(7.2, 6))
-    run.environment["cpu_contention"] = reading.as_dict()
+    run.environment.cpu_contention = reading.as_dict()
     path = tmp_path / "results.json"
     write_json_atomic(path, results_to_dict(evaluate(cpu, run)))
-    assert ContentionReading.from_dict(load_results(path).run.environment["cpu_contention"]) == reading
+    assert ContentionReading.from_dict(load_results(path).run.environment.cpu_contention) == reading
     data = json.loads(path.read_text())
     data["run"]["environment"]["cpu_contention"]["other_cores"] = -1
     path.write_text(json.dumps(data))
@@ -271,3 +279,59 @@ def test_seconds_become_milliseconds_in_one_place():
              and any(isinstance(x, ast.Constant) and x.value == 1000 for x in (node.left, node.right))]
     assert len(found) == 1 and found[0].startswith("guard/report/results.py:"), found
     assert to_ms(1.5) == 1500.0
+
+
+# ----------------------------------------------------------------------------- run.environment, typed
+def test_the_schema_describes_every_environment_field():
+    props = json.loads(SCHEMA_FILE.read_text())["$defs"]["environment"]["properties"]
+    assert set(props) == set(field_names(Environment)) - {"other"}
+
+
+@pytest.mark.parametrize("path", [*RECORDED_RUNS, FIXTURE], ids=lambda p: p.stem)
+def test_a_recorded_environment_reads_typed_and_writes_back_as_it_was(path):
+    """Every recorded run's environment (both sides of an A/B run) types and comes back key for key;
+    null is "not recorded" and is not written back."""
+    data = json.loads(path.read_text())
+    res = load_results(path)
+    sides = [(data["run"]["environment"], res.run.environment)]
+    if res.ab is not None:
+        sides.append((data["ab"]["baseline"]["environment"], res.ab.baseline.environment))
+    for stored, env in sides:
+        assert isinstance(env, Environment)
+        assert env.as_dict() == {k: v for k, v in stored.items() if v is not None}
+        if "cpu_isa" in stored:
+            assert env.cpu_isa == tuple(stored["cpu_isa"])
+        if stored.get("ttft_hardware_match"):
+            assert isinstance(env.ttft_hardware_match, HardwareMatch)
+            assert env.ttft_hardware_match.ok is stored["ttft_hardware_match"]["ok"]
+
+
+def test_unknown_environment_keys_are_kept_and_a_wrong_type_from_code_names_its_field():
+    env = Environment.from_dict({"cpu": "AMD EPYC", "cpu_count": 2, "driver": "550.54.15"})
+    assert env.cpu == "AMD EPYC" and env.other == {"driver": "550.54.15"}
+    assert env.as_dict() == {"cpu": "AMD EPYC", "cpu_count": 2, "driver": "550.54.15"}
+    with pytest.raises(EnvironmentTypeError, match=r"environment\.cpu_count: expected an integer, got bool"):
+        env.update({"cpu_count": True})
+    with pytest.raises(EnvironmentTypeError, match=r"environment\.cpu_isa\[\]: expected a string"):
+        env.update({"cpu_isa": ["avx2", 3]})
+
+
+def test_a_side_keeps_updating_its_nested_reading_after_it_is_recorded():
+    """A worker side sets ``worker.stopped_s`` on its own dict when it stops: the record holds that dict."""
+    side_adds = {"worker": {"executable": "/x/python"}}
+    env = Environment.from_dict({"cpu": "c"})
+    env.update(side_adds)
+    side_adds["worker"]["stopped_s"] = 1.5
+    assert env.worker == {"executable": "/x/python", "stopped_s": 1.5}
+
+
+def test_guard_reads_the_environment_by_field_not_by_string_key():
+    """The record is typed: only an engine side's own additions (``self.environment``) are a plain dict."""
+    import re
+
+    root = Path(__file__).parent.parent / "guard"
+    keys = "|".join(field_names(Environment))
+    pattern = re.compile(rf"(?<!self)\.environment(\.get\(|\[|\.setdefault\()|\benv(\.get\(|\[)\"({keys})\"")
+    offenders = [f"{p.relative_to(root)}:{n}: {line.strip()}" for p in root.rglob("*.py")
+                 for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert offenders == []

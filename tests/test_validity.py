@@ -146,10 +146,10 @@ def test_a_mismatch_is_reported_once(cpu):
 def test_fingerprint_records_the_match_and_no_gpu_state_on_cpu(cpu, a10, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # no torch import in a unit test
     monkeypatch.setattr("guard.measure.hardware.git_commit", lambda cwd=None: None)
-    fp = fingerprint(CPU_HW, cpu)
+    fp = fingerprint(CPU_HW, cpu).as_dict()
     assert fp["hardware_profile"] == "cpu" and fp["cuda"] is False
-    assert fp["hardware_match"]["ok"] is True and fp["gpu_state"] is None
-    wrong = fingerprint(CPU_HW, a10)
+    assert fp["hardware_match"]["ok"] is True and "gpu_state" not in fp  # None: not written
+    wrong = fingerprint(CPU_HW, a10).as_dict()
     assert wrong["hardware_match"] == {"ok": False, "reason": "profile 'a10' needs a CUDA device; this machine has none",
                                        "rule": {"cuda": True, "gpu_name_regex": r"\bA10G?\b"}}
 
@@ -286,7 +286,7 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
     run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
                    progress=lambda m: None, side=side, contention=ContentionSampler(proc=tmp_path / "no-proc"))
     run.measure_until_decided()
-    state = run.record.environment["gpu_state"]
+    state = run.record.environment.gpu_state
     assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]
     assert_invalid(evaluate(a10, run.finish()), "throttled at the end of the run: hw_slowdown")
 

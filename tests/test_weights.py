@@ -60,14 +60,14 @@ def test_a_resolver_failure_or_a_non_commit_answer_is_an_error_with_the_fix() ->
 
 def test_the_run_environment_records_the_commit_and_the_requested_name() -> None:
     env = fingerprint(detect(quick=True), pin(A10, lambda m, r: SHA))
-    assert env["model_revision"] == SHA and env["model_revision_requested"] == "main"
-    assert "model_revision_requested" not in fingerprint(detect(quick=True), load_thresholds(SHIPPED_THRESHOLDS).profile("cpu"))
+    assert env.model_revision == SHA and env.model_revision_requested == "main"
+    assert "model_revision_requested" not in fingerprint(detect(quick=True), load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")).as_dict()
 
 
 def test_update_thresholds_writes_the_resolved_commit_into_provenance() -> None:
     res = load_results(REPO / "tests" / "fixtures" / "runs" / "cpu-float32-clean.json")
     assert "model_revision" not in provenance_for(res, 15, REPO)  # the embedded checkpoint has none
-    res.run.environment["model_revision"] = SHA
+    res.run.environment.model_revision = SHA
     assert provenance_for(res, 15, REPO)["model_revision"] == SHA
 
 
@@ -123,5 +123,5 @@ def test_ab_mode_pins_both_sides_to_one_commit(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(weights, "hub_resolver", lambda download: (lambda m, r: SHA))
     run = measure_run.ABRun(load_thresholds(SHIPPED_THRESHOLDS), A10, detect(quick=True), tmp_path, sys.executable)
     assert run.profile.engine.revision == SHA
-    assert run.record.candidate.environment["model_revision"] == SHA
-    assert run.record.candidate.environment["model_revision_requested"] == "main"
+    assert run.record.candidate.environment.model_revision == SHA
+    assert run.record.candidate.environment.model_revision_requested == "main"

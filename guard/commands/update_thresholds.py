@@ -30,7 +30,8 @@ from guard.config import yamledit
 from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
 from guard.measure.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
-from guard.measure.hardware import git_commit, recorded_isa, ttft_hardware_for
+from guard.measure.hardware import git_commit, ttft_hardware_for
+from guard.report.environment import Environment
 from guard.report.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
 
 SIGNIFICANT_FIGURES = 3
@@ -118,7 +119,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
         if not results.run.ttft_client_s():
             raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
                           hint="use --only ops to update the op-count budgets alone")
-        changed_speed = speedref.unsteady((results.run.environment or {}).get("speed_reference"),
+        changed_speed = speedref.unsteady(results.run.environment.speed_reference,
                                           profile.validity.max_slowdown_pct)
         if changed_speed:
             raise _refuse(results_path, "run.environment.speed_reference", changed_speed,
@@ -201,7 +202,7 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
     binding = None
     if only in (None, "ttft"):
         measured = {c.percentile: c.measured_ms for c in results.ttft_checks}
-        binding = _rebinding(profile, results.run.environment or {})
+        binding = _rebinding(profile, results.run.environment)
         # Bound to another CPU: that budget says nothing about this one, so rewrite it even within
         # hysteresis. Bound to none yet: the binding is written only when a TTFT budget moves.
         elsewhere = binding is not None and profile.ttft_hardware is not None
@@ -225,7 +226,7 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
                                       applied=True, increase=got > budget.count))
     bound_to = profile.ttft_hardware.describe() if profile.ttft_hardware else ""
     plan = Plan(profile.name, headroom_pct, tuple(changes), provenance, ttft_hardware=binding, bound_to=str(bound_to),
-                speed_reference_ms=_speed_reference(profile, results.run.environment or {}) if only in (None, "ttft") else None)
+                speed_reference_ms=_speed_reference(profile, results.run.environment) if only in (None, "ttft") else None)
     if plan.increases and not allow_increase:
         rises = ", ".join(f"{c.label} {_num(c.old)} -> {_num(c.new)}" for c in plan.increases)
         raise UsageError(
@@ -236,22 +237,22 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
     return plan
 
 
-def _rebinding(profile: Profile, env: dict[str, Any]) -> dict[str, Any] | None:
+def _rebinding(profile: Profile, env: Environment) -> dict[str, Any] | None:
     """The ``budgets.ttft_hardware`` to write with the TTFT budgets: the run's CPU, when the profile
     is a CPU profile whose TTFT budgets are bound to no CPU or to another one. None: keep it."""
     binding = ttft_hardware_for(env)
     if binding is None or not profile.ttft_ms or profile.match.cuda:
         return None
     bound = profile.ttft_hardware
-    if bound is not None and bound.fits(str(env.get("cpu")), int(env.get("cpu_count") or 0), recorded_isa(env)):
+    if bound is not None and bound.fits(str(env.cpu), env.cpu_count or 0, env.cpu_isa):
         return None  # the run's machine is the budget's (a hand-written range or pattern stays)
     return binding
 
 
-def _speed_reference(profile: Profile, env: dict[str, Any]) -> float | None:
+def _speed_reference(profile: Profile, env: Environment) -> float | None:
     """The run's speed reference (guard.measure.speedref), to bind the new TTFT budgets to this machine's
     speed as well as its CPU; None on a GPU profile or for a run that recorded none."""
-    recorded = env.get("speed_reference") or {}
+    recorded = env.speed_reference or {}
     if profile.match.cuda or recorded.get("workload") not in speedref.WORKLOADS or not recorded.get("ms"):
         return None
     return round(float(recorded["ms"]), 1)
@@ -292,27 +293,27 @@ def _utcnow() -> dt.datetime:  # one place for tests to pin the clock
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _hardware(env: dict[str, Any]) -> str:
+def _hardware(env: Environment) -> str:
     """From guard.measure.hardware.fingerprint: the GPU when there is one, else the CPU and its core
     count (CPU TTFT scales with cores)."""
-    if env.get("gpu"):
-        return str(env["gpu"])
-    if env.get("cpu"):
-        return f"{env['cpu']} ({env['cpu_count']} cores)" if env.get("cpu_count") else str(env["cpu"])
+    if env.gpu:
+        return env.gpu
+    if env.cpu:
+        return f"{env.cpu} ({env.cpu_count} cores)" if env.cpu_count else env.cpu
     return "unknown"
 
 
 def provenance_for(results: Results, headroom_pct: float, cwd: Path) -> dict[str, Any]:
-    env = results.run.environment or {}
+    env = results.run.environment
     return {
         "date": _utcnow().astimezone(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-        "commit": str(env.get("git_commit") or git_commit(cwd) or "unknown"),
+        "commit": str(env.git_commit or git_commit(cwd) or "unknown"),
         "hardware": _hardware(env),
-        "vllm": str(env.get("vllm") or "unknown"),
+        "vllm": env.vllm or "unknown",
         "samples": len(results.run.ttft_client_s()),
         "headroom_pct": _num(headroom_pct),
         # the Hub commit the weights were loaded at (guard.config.weights resolves a moving `main`)
-        **({"model_revision": str(env["model_revision"])} if env.get("model_revision") else {}),
+        **({"model_revision": env.model_revision} if env.model_revision else {}),
     }
 
 
@@ -340,13 +341,13 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
             raise UsageError(f"{results_path} does not name its thresholds file", hint="pass --thresholds PATH")
         thresholds_path = Path(results.run.thresholds_path)
     thresholds: Thresholds = load_thresholds(thresholds_path)
-    server = results.run.environment.get("server") or {}
+    server = results.run.environment.server or {}
     if server.get("managed") is False:
         raise _refuse(results_path, "run.environment.server", "the run measured a server guard did not start "
                       f"({server.get('url')}); its engine arguments are unknown, so it is no baseline",
                       hint="re-run `guard check --engine-mode server` so guard starts the server itself")
     # Budgets of the engine mode the run measured in (budgets.modes.<mode>.ttft_ms for the other mode)
-    prof = thresholds.profile(profile or results.run.profile).with_engine_mode(results.run.environment.get("engine_mode"))
+    prof = thresholds.profile(profile or results.run.profile).with_engine_mode(results.run.environment.engine_mode)
     if only == "ttft" and not prof.ttft_ms:
         raise UsageError(f"profile '{prof.name}' has no TTFT budgets to update")
     if only == "ops" and not prof.ops:

@@ -93,18 +93,6 @@ def census_digest(census: dict[str, dict[str, dict[str, int]]]) -> str | None:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_HEX]
 
 
-def machine_summary(env: dict[str, Any]) -> str:
-    """What the run measured on, in words: the GPU if any, else the CPU with its cores and bf16 support."""
-    if env.get("gpu"):
-        return str(env["gpu"])
-    cpu = str(env.get("cpu") or "unknown CPU")
-    details = [f"{env['cpu_count']} cores"] if env.get("cpu_count") else []
-    isa = env.get("cpu_isa")
-    if isinstance(isa, list):
-        details.append("native bf16" if "avx512_bf16" in isa else "no native bf16")
-    return f"{cpu} ({', '.join(details)})" if details else cpu
-
-
 def record_from_results(results: Results, *, commit: str | None = None, date: str | None = None,
                         note: str = "") -> HistoryRecord:
     """One history line from a `guard check` results file. An invalid run is not history (exit 3)."""
@@ -116,15 +104,15 @@ def record_from_results(results: Results, *, commit: str | None = None, date: st
     if not samples:
         raise UsageError("the results have no TTFT samples: the history keeps `guard check` runs that measured TTFT",
                          hint="`guard pr --only ops` and census-only runs are not recorded")
-    commit = commit or run.environment.get("git_commit")
+    commit = commit or run.environment.git_commit
     if not commit:
         raise UsageError("the results do not say which commit was measured (environment.git_commit is empty)",
                          hint="pass --commit SHA")
     record = HistoryRecord(
         commit=str(commit).lower(),
         date=date or run.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        profile=run.profile, model=run.model, machine=machine_summary(run.environment),
-        dtype=(run.environment.get("engine_args") or {}).get("dtype"),
+        profile=run.profile, model=run.model, machine=run.environment.machine_summary(),
+        dtype=run.environment.dtype,
         **{f"ttft_p{p}_ms": round(to_ms(percentile(samples, p)), 3) for p in PERCENTILES},
         samples=len(samples), census=census_totals(run.census), census_digest=census_digest(run.census),
         verdict=results.verdict, guard_version=results.guard_version, note=note)

@@ -17,7 +17,8 @@ from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16
 from guard.measure.census import Baseline, CensusJudgement, judge, size_key
 from guard.measure.contention import busy
 from guard.measure.speedref import speed_notice, speed_problems, unsteady
-from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, recorded_isa, ttft_hardware_problem
+from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
+from guard.report.environment import Environment
 from guard.report.results import (TOTAL_OPS, ABComparison, ABRecord, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
 from guard.judge.rules import judge_ttft
@@ -25,12 +26,12 @@ from guard.judge.rules import judge_ttft
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 
 
-def ttft_not_judged(profile: Profile, env: dict[str, Any]) -> str | None:
+def ttft_not_judged(profile: Profile, env: Environment) -> str | None:
     """Why the profile's absolute TTFT budgets are not judged on the recorded machine (their
     ``budgets.ttft_hardware`` is another CPU); None: they are judged."""
-    if not profile.ttft_ms or not env or "cpu" not in env:
+    if not profile.ttft_ms or env.cpu is None:
         return None
-    return ttft_hardware_problem(profile, str(env.get("cpu") or ""), int(env.get("cpu_count") or 0), recorded_isa(env))
+    return ttft_hardware_problem(profile, env.cpu, env.cpu_count or 0, env.cpu_isa)
 
 
 def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
@@ -46,21 +47,21 @@ def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
     return checks
 
 
-def ran_bf16_fallback(env: dict[str, Any]) -> bool:
+def ran_bf16_fallback(env: Environment) -> bool:
     """The recorded engine ran its ``dtype_without_native_bf16`` in place of bfloat16 (EngineArgs.on_cpu)."""
-    return bf16_replaced(env.get("engine_args") or {})
+    return bf16_replaced(env.engine_args or {})
 
 
-def census_against_bf16(profile: Profile, env: dict[str, Any]) -> bool:
+def census_against_bf16(profile: Profile, env: Environment) -> bool:
     """A float32 run's census judged against a bfloat16 baseline (no ``census.baseline_without_native_bf16``)."""
     return ran_bf16_fallback(env) and profile.census is not None and profile.census.baseline_without_native_bf16 is None
 
 
-def dtype_notices(profile: Profile, env: dict[str, Any]) -> list[str]:
+def dtype_notices(profile: Profile, env: Environment) -> list[str]:
     """Say so when the engine ran the profile's ``dtype_without_native_bf16`` instead of bfloat16."""
     if not ran_bf16_fallback(env):
         return []
-    ran = env["engine_args"]["dtype"]
+    ran = env.dtype
     census = ("" if profile.census is None else
               f"; the census is judged against its {ran} baseline" if not census_against_bf16(profile, env) else
               "; the census baseline is bfloat16's, so functions that cast come in below it")
@@ -119,8 +120,7 @@ def op_checks(profile: Profile, op_counts: list[ScopeCounts]) -> list[OpCheck]:
 
 def ops_measurable(run: RunRecord) -> bool:
     """False for ``--server-url``: guard profiles only engines it runs (docs/server-mode.md)."""
-    server = run.environment.get("server") or {}
-    return server.get("managed", True) is not False
+    return (run.environment.server or {}).get("managed", True) is not False
 
 
 NOT_MEASURED_REMOTE = ("not measured in this mode: op counts need the model's Python frames, and a server "
@@ -138,7 +138,7 @@ def unmeasured_op_checks(profile: Profile, run: RunRecord) -> list[UnmeasuredOpC
     return out
 
 
-def hardware_reasons(profile: Profile, env: dict[str, Any]) -> list[InvalidReason]:
+def hardware_reasons(profile: Profile, env: Environment) -> list[InvalidReason]:
     return [InvalidReason(K.HARDWARE_MISMATCH, t) for t in recorded_hardware_problems(profile, env)]
 
 
@@ -156,11 +156,11 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
     if len(failed) > 5:
         reasons.append(InvalidReason(K.REQUEST_FAILED, f"... and {len(failed) - 5} more failed requests"))
     reasons += hardware_reasons(profile, run.environment)
-    reasons += [InvalidReason(K.GPU_STATE, t) for t in gpu_state_problems(run.environment.get("gpu_state"))]
+    reasons += [InvalidReason(K.GPU_STATE, t) for t in gpu_state_problems(run.environment.gpu_state)]
     if profile.ttft_ms and ttft_not_judged(profile, run.environment) is None:
         # A busy machine invalidates judged TTFT (guard.measure.contention); op counts do not depend on it,
         # and TTFT bound to another CPU is only shown, so contention cannot change that verdict.
-        over = busy(run.environment.get("cpu_contention"), profile.validity.max_other_cpu_pct)
+        over = busy(run.environment.cpu_contention, profile.validity.max_other_cpu_pct)
         if over is not None:
             reasons.append(InvalidReason(K.BUSY_MACHINE, fmt.busy_machine(over, profile.validity.max_other_cpu_pct)))
     if profile.ttft_ms and not stopped:
@@ -227,7 +227,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     ttft = ttft_checks(profile, run)
     # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.measure.speedref).
     reasons += [InvalidReason(K.SLOW_MACHINE, t) for t in speed_problems(
-        run.environment.get("speed_reference"), profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft)]
+        run.environment.speed_reference, profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft)]
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
     census = None
@@ -241,7 +241,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     census_checks = census.checks if census is not None else ()
     valid = not reasons and not run.invalid_reasons
     not_judged = ttft_not_judged(profile, run.environment) if ttft else None
-    changed_speed = unsteady(run.environment.get("speed_reference"), profile.validity.max_slowdown_pct) if ttft else None
+    changed_speed = unsteady(run.environment.speed_reference, profile.validity.max_slowdown_pct) if ttft else None
     if not_judged:
         notices.append(not_judged_notice(not_judged, run.thresholds_path, output))
     elif changed_speed:  # its verdict stands (the speed gate judges failures); its numbers make no budget
@@ -249,11 +249,11 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     elif valid:  # an invalid run (or another CPU's budget) is no basis for new budgets
         notices += stale_budget_notices(profile, ttft, output)
     if ttft and not not_judged:
-        fast = speed_notice(run.environment.get("speed_reference"), profile.speed_reference_ms,
+        fast = speed_notice(run.environment.speed_reference, profile.speed_reference_ms,
                             profile.validity.max_slowdown_pct)
         notices += [fast] if fast else []
     notices += dtype_notices(profile, run.environment)
-    if profile.match.cuda and not run.environment.get("gpu_state"):
+    if profile.match.cuda and not run.environment.gpu_state:
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
     return Results(
@@ -261,7 +261,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
-        ttft_definition=ttft_definition(run.environment.get("engine_mode", profile.engine.mode)),
+        ttft_definition=ttft_definition(run.environment.engine_mode or profile.engine.mode),
         judged_invalid_reasons=tuple(reasons), notices=tuple(notices),
         profile_config={"engine": profile.engine.as_dict(), "workload": profile.workload.as_dict(),
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
@@ -299,14 +299,14 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
     census = ab_census_judgement(profile, rec) if not stopped else None
     notices = cand.notices
-    cache = rec.baseline.environment.get("worker", {}).get("op_counts_cache", {})
+    cache = rec.baseline.environment.op_counts_cache
     if cache.get("status") == "hit":
         notices += (f"op counts: the baseline side's come from guard's cache, profiled {cache.get('recorded_at')} in this "
                     f"same baseline environment (key {cache.get('key')}); `--fresh-baseline` profiles them again",)
     if census is not None:
         reasons += census.invalid
         notices += tuple(ab_census_notices(census))
-    notices += tuple(ab_contention_notices(profile, rec.candidate.environment.get("cpu_contention")))
+    notices += tuple(ab_contention_notices(profile, rec.candidate.environment.cpu_contention))
     census_checks = census.checks if census is not None else ()
     verdict = verdict_of((*ratio, *cand.op_checks, *census_checks), (*rec.candidate.invalid_reasons, *reasons))
     ab = ABComparison(baseline_python=rec.baseline_python, baseline=rec.baseline, order=tuple(rec.order),

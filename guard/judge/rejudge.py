@@ -119,10 +119,7 @@ def judged_profile(run: RunRecord, thresholds: Thresholds, *, source: str) -> Pr
                          f"for '{thresholds.model}'; refusing to post")
     if ran_bf16_fallback(run.environment):  # judged as it ran: float32 and its census
         profile = profile.on_cpu(native_bf16=False)
-    mode = run.environment.get("engine_mode")
-    if mode is not None and not isinstance(mode, str):
-        raise UsageError(f"{source}: run.environment.engine_mode is not a string; refusing to post")
-    return profile.with_engine_mode(mode)
+    return profile.with_engine_mode(run.environment.engine_mode)
 
 
 def recompute(stored: Results, profile: Profile) -> Results:

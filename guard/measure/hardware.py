@@ -22,6 +22,7 @@ from typing import Any
 from guard import __version__
 from guard.config.budgets import CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa
 from guard.errors import InvalidRunError
+from guard.report.environment import Environment
 
 
 @dataclass(frozen=True)
@@ -208,26 +209,19 @@ def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int, isa: tuple
     return f"budget measured on {bound.describe()}; this machine is {machine}"
 
 
-def recorded_isa(env: dict[str, Any]) -> tuple[str, ...] | None:
-    """The CPU extensions a results file recorded (None: recorded by a guard that did not look)."""
-    isa = env.get("cpu_isa")
-    return tuple(str(e) for e in isa) if isinstance(isa, list) else None
-
-
 _REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")
 
 
-def ttft_hardware_for(env: dict[str, Any]) -> dict[str, Any] | None:
+def ttft_hardware_for(env: Environment) -> dict[str, Any] | None:
     """The ``budgets.ttft_hardware`` binding for the machine a run recorded: its exact CPU model
     (regex-escaped, anchored), core count and CPU extensions. None on a GPU (the profile's ``match`` already names
     the device) or when the run recorded no CPU."""
-    if env.get("gpu") or env.get("cuda") or not env.get("cpu") or not env.get("cpu_count"):
+    if env.gpu or env.cuda or not env.cpu or not env.cpu_count:
         return None
-    binding = {"cpu_model_regex": "^" + _REGEX_SPECIAL.sub(r"\\\1", str(env["cpu"])) + "$",
-               "cpu_count": int(env["cpu_count"])}
-    isa = recorded_isa(env)
-    if isa is not None:
-        binding["cpu_isa"] = list(isa)
+    binding: dict[str, Any] = {"cpu_model_regex": "^" + _REGEX_SPECIAL.sub(r"\\\1", env.cpu) + "$",
+                               "cpu_count": env.cpu_count}
+    if env.cpu_isa is not None:  # None: recorded by a guard that did not look
+        binding["cpu_isa"] = list(env.cpu_isa)
     return binding
 
 
@@ -273,7 +267,7 @@ def git_commit(cwd: Path | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
+def fingerprint(hw: Hardware, profile: Profile) -> Environment:
     """What results.json records about where and with what the numbers were measured."""
     why = mismatch(profile, hw)
     ttft_why = ttft_hardware_problem(profile, hw.cpu_name, hw.cpu_count, hw.cpu_isa)
@@ -309,27 +303,24 @@ def fingerprint(hw: Hardware, profile: Profile) -> dict[str, Any]:
     # None: no GPU, or NVML unreadable (evaluation then adds a notice on GPU profiles)
     start = read_gpu_state() if hw.cuda else None
     fp["gpu_state"] = {"start": start, "end": None} if start is not None else None
-    return fp
+    return Environment.from_dict(fp)
 
 
-def recorded_hardware_problems(profile: Profile, env: dict[str, Any]) -> list[str]:
+def recorded_hardware_problems(profile: Profile, env: Environment) -> list[str]:
     """Re-check, at evaluation, that the recorded machine is the profile's: a run.json carried to
     another profile, or a profile edited since the run, must not be judged against its budgets."""
-    if not env:
-        return []
     out = []
-    measured_as = env.get("hardware_profile")
+    measured_as = env.hardware_profile
     if measured_as is not None and measured_as != profile.name:
         out.append(f"hardware does not match: measured under profile '{measured_as}', judged against '{profile.name}'")
-    match = env.get("hardware_match")
-    if isinstance(match, dict) and match.get("ok") is False:
-        out.append(f"hardware did not match when the run started: {match.get('reason')}")
-    if "gpu" in env or "cuda" in env:
-        cuda = env.get("cuda")
-        hw = Hardware(cuda=bool(env.get("gpu")) if cuda is None else bool(cuda), gpu_name=env.get("gpu"),
-                      cpu_name=str(env.get("cpu") or "unknown CPU"), cpu_count=int(env.get("cpu_count") or 0))
+    match = env.hardware_match
+    if match is not None and not match.ok:
+        out.append(f"hardware did not match when the run started: {match.reason}")
+    if env.gpu is not None or env.cuda is not None:
+        hw = Hardware(cuda=bool(env.gpu) if env.cuda is None else env.cuda, gpu_name=env.gpu,
+                      cpu_name=env.cpu or "unknown CPU", cpu_count=env.cpu_count or 0)
         why = mismatch(profile, hw)
-        if why and not (isinstance(match, dict) and match.get("reason") == why):  # said once is enough
+        if why and not (match is not None and match.reason == why):  # said once is enough
             out.append(f"hardware does not match: recorded {hw.describe()}: {why}")
     return out
 

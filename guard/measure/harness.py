@@ -20,6 +20,7 @@ from guard.measure.census import read_baseline
 from guard.errors import InvalidRunError
 from guard.judge.evaluate import evaluate
 from guard.measure.run import post_run_checks
+from guard.report.environment import Environment
 from guard.report.results import InvalidReason, ReasonKind, Results, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
@@ -135,7 +136,7 @@ def read_record(run_file: Path, code: int, interrupted: str | None, fallback: Ru
 def empty_record(profile: Profile, thresholds: Thresholds, **fields) -> RunRecord:
     """A run record with no measurements: what a run that wrote none, or never started, leaves."""
     return RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
-                     environment={}, **fields)
+                     environment=Environment(), **fields)
 
 
 def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,

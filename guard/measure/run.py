@@ -49,6 +49,7 @@ from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.judge.opnames import vacuous_budgets
+from guard.report.environment import Environment
 from guard.report.results import (ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
                                   scope_counts_from_dict)
 from guard.judge.rules import TtftDecision, measure_until_decided
@@ -307,7 +308,8 @@ class RunStage:
         else:
             stats, rule = self.profile.statistics, {}
             # Budgets measured on another CPU are shown, not judged: more requests would decide nothing.
-            budgets = self.profile.ttft_ms if (env.get("ttft_hardware_match") or {}).get("ok", True) else {}
+            judged_here = env.ttft_hardware_match is None or env.ttft_hardware_match.ok
+            budgets = self.profile.ttft_ms if judged_here else {}
             limit = self.profile.validity.max_other_cpu_pct
 
             def say(pending: list[TtftDecision], extra: int) -> None:
@@ -322,7 +324,7 @@ class RunStage:
                 # over the limit: the run is invalid already, and more requests on a busy machine would not fix it
                 return so_far is None or busy(so_far.as_dict(), limit) is None
 
-        gpu_state = env.get("gpu_state")
+        gpu_state = env.gpu_state
         # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only
         sampler = GpuStateSampler() if gpu_state is not None else contextlib.nullcontext()
         reference = self.sides[self.names[0]]
@@ -332,7 +334,7 @@ class RunStage:
             measure_until_decided(budgets, stats, self.profile.workload.requests, measure,
                                   on_undecided=say, keep_going=keep_going, **rule)
         reading = self.contention.stop()
-        env["cpu_contention"] = reading.as_dict() if reading else None
+        env.cpu_contention = reading.as_dict() if reading else None
         if reading:
             self.progress(f"CPU during measurement: {fmt.contention(reading, ab=self.paired)}")
         if gpu_state is not None:  # the end of the timing pass, while the engines hold the device
@@ -341,7 +343,7 @@ class RunStage:
             gpu_state["end"] = read_gpu_state(own_pids=frozenset({os.getpid(), *pids})) if pids else read_gpu_state()
         speed = speedref.combined(before, reference.speed_reading())
         if speed is not None:
-            env["speed_reference"] = speed
+            env.speed_reference = speed
             self.progress(f"speed reference: {fmt.speed_reference(speed, self.profile.speed_reference_ms)}")
 
     # -------------------------------------------------------------- profile pass
@@ -414,7 +416,10 @@ class RunStage:
     fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
 
     def _cache_note(self, **fields: Any) -> None:
-        self.records[BASELINE].environment.setdefault("worker", {})["op_counts_cache"] = {"key": self.cache_key, **fields}
+        env = self.records[BASELINE].environment
+        if env.worker is None:
+            env.worker = {}
+        env.worker["op_counts_cache"] = {"key": self.cache_key, **fields}  # in place: the side's own dict
 
     def _cached_baseline_pass(self) -> abcache.CachedPass | None:
         """The baseline side's remembered pass, taken into its record; None: profile it now."""
@@ -480,7 +485,7 @@ class GuardRun(RunStage):
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                  progress: Callable[[str], None] = print, injected: str | None = None,
                  traces: str = TRACES_ON_FAILURE, side: EngineSide | None = None,
-                 environment: dict | None = None, server_url: str | None = None,
+                 environment: Environment | None = None, server_url: str | None = None,
                  contention: ContentionSampler | None = None) -> None:
         self.thresholds = thresholds
         self.mode = "server" if server_url else profile.engine.mode
@@ -497,7 +502,7 @@ class GuardRun(RunStage):
             environment=fingerprint(hw, profile) if environment is None else environment, injected=injected,
             started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
-        self.record.environment["engine_mode"] = self.mode
+        self.record.environment.engine_mode = self.mode
         super().__init__(profile, output, {"": side}, {"": self.record}, progress=progress, traces=traces,
                          contention=contention, checkpoints=True)
 

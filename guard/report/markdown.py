@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from guard.report import format as fmt
+from guard.report.environment import Environment
 from guard.report.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.config.budgets import percentile_value
 from guard.history.analysis import short, standing
-from guard.history.store import HistoryRecord, census_totals, machine_summary
+from guard.history.store import HistoryRecord, census_totals
 from guard.judge.stats import percentile
 
 MAX_SITES = 10  # offending code sites listed per failed op check
@@ -229,7 +230,7 @@ def _ab_section(results: Results) -> list[str]:
              "went first (ABBA), so drift and contention fall on both.", "",
              "| | candidate | baseline | candidate / baseline |", "|---|---|---|---:|"]
     envs = (results.run.environment, ab.baseline.environment)
-    lines.append("| vLLM | " + " | ".join(code(f"{e.get('vllm') or '?'} {(e.get('worker') or {}).get('vllm_file') or ''}",
+    lines.append("| vLLM | " + " | ".join(code(f"{e.vllm or '?'} {(e.worker or {}).get('vllm_file') or ''}",
                                                    in_table=True) for e in envs) + " | |")
     cand, base = [p.candidate_s for p in ab.pairs], [p.baseline_s for p in ab.pairs]
     if ab.pairs:
@@ -247,7 +248,7 @@ def _ab_section(results: Results) -> list[str]:
                   for c in results.ab_checks]
         notes = [f"- {code(c.percentile)}: {text(c.note)}" for c in results.ab_checks if c.note]
         lines += [""] + notes if notes else []
-    reading = results.run.environment.get("cpu_contention")
+    reading = results.run.environment.cpu_contention
     if reading:
         lines += ["", f"Machine during the pairs: {text(fmt.contention(reading, ab=True))}. Both sides of every pair "
                   "ran under it: A/B mode records contention and judges the ratio anyway."]
@@ -351,7 +352,8 @@ def _census(results: Results) -> list[str]:
     return lines
 
 
-def _environment(env: dict[str, Any]) -> list[str]:
+def _environment(environment: Environment) -> list[str]:
+    env = environment.as_dict()
     if not env:
         return []
     lines = ["<details><summary>Environment</summary>", "", "| key | value |", "|---|---|"]
@@ -401,7 +403,7 @@ def _history(results: Results, history: Sequence[HistoryRecord] | None, base: st
     if st.rank_pct is not None:
         above = sum(r.ttft_p50_ms < p50 for r in st.window)
         lines += ["", f"This run's p50 is above {above} of those {n} (percentile rank {st.rank_pct:.0f} %)."]
-        run_machine = machine_summary(run.environment)
+        run_machine = run.environment.machine_summary()
         if run_machine != b.machine:
             lines[-1] += (f" main's history was measured on {text(b.machine)}, this run on {text(run_machine)}: "
                           "absolute TTFT compares machines as much as code.")
@@ -427,10 +429,10 @@ def render_markdown(results: Results, *, run_url: str | None = None, thresholds:
         chart = _chart(results, ttft)
         if chart:
             lines += [""] + chart
-        reading = run.environment.get("cpu_contention")
+        reading = run.environment.cpu_contention
         if reading and results.ab is None:  # A/B mode says it in its own section
             lines += ["", f"Machine during measurement: {text(fmt.contention(reading))}."]
-        speed = run.environment.get("speed_reference")
+        speed = run.environment.speed_reference
         if speed:
             reference = results.profile_config.get("speed_reference_ms")
             lines += ["", f"Machine speed: guard's speed reference {text(fmt.speed_reference(speed, reference))}."]

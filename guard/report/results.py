@@ -28,6 +28,7 @@ from typing import Any
 
 from guard.config.budgets import Rule
 from guard.errors import ConfigError, ExitCode
+from guard.report.environment import Environment
 
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
@@ -188,7 +189,7 @@ class RunRecord:
     profile: str
     thresholds_path: str
     model: str
-    environment: dict[str, Any]
+    environment: Environment  # a mapping given here (a recorded run.json, a test's literal) is typed on the way in
     outcomes: list[RequestOutcome] = field(default_factory=list)
     rounds: int = 0  # timing rounds (1 + resampling rounds)
     op_counts: list[ScopeCounts] = field(default_factory=list)
@@ -201,6 +202,10 @@ class RunRecord:
     started_at: str | None = None
     duration_s: float | None = None
     injected: str | None = None  # canary injected into the engine (selftest / --inject), if any
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.environment, Environment):
+            self.environment = Environment.from_dict(self.environment)
 
     @property
     def measured(self) -> list[RequestOutcome]:
@@ -502,7 +507,8 @@ def _finite_or_null(x: float) -> float | None:
 
 
 def run_to_dict(run: RunRecord) -> dict[str, Any]:
-    return {**asdict(run), "invalid_reasons": [r.as_dict() for r in run.invalid_reasons]}
+    return {**asdict(run), "environment": run.environment.as_dict(),
+            "invalid_reasons": [r.as_dict() for r in run.invalid_reasons]}
 
 
 def run_file_dict(run: RunRecord) -> dict[str, Any]:

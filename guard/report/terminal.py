@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from guard.report import format as fmt
+from guard.report.environment import Environment
 from guard.report.results import Results, Status, Verdict
 from guard.judge.stats import percentile
 
@@ -43,9 +44,8 @@ def sites_lines(results: Results) -> list[str]:
     return lines
 
 
-def _vllm(env: dict) -> str:
-    worker = env.get("worker") or {}
-    return f"{env.get('vllm') or '?'} ({worker.get('vllm_file') or '?'})"
+def _vllm(env: Environment) -> str:
+    return f"{env.vllm or '?'} ({(env.worker or {}).get('vllm_file') or '?'})"
 
 
 def ab_lines(results: Results) -> list[str]:
@@ -55,7 +55,7 @@ def ab_lines(results: Results) -> list[str]:
         return []
     lines = [f"A/B: candidate vs baseline on this machine, {len(ab.pairs)} pairs, each block on both sides "
              f"back to back, alternating which goes first (ABBA)", ""]
-    rows = [["python", str((results.run.environment.get("worker") or {}).get("executable", "")), ab.baseline_python, ""],
+    rows = [["python", str((results.run.environment.worker or {}).get("executable", "")), ab.baseline_python, ""],
             ["vllm", _vllm(results.run.environment), _vllm(ab.baseline.environment), ""]]
     if ab.pairs:
         cand, base = [p.candidate_s for p in ab.pairs], [p.baseline_s for p in ab.pairs]
@@ -123,10 +123,10 @@ def render_terminal(results: Results) -> str:
                 for c in results.unmeasured_op_checks]
         lines += _table(["op count (per request)", "op", "budget", "status"], rows, left=2)
         lines += [f"  {results.unmeasured_op_checks[0].reason}", ""]
-    reading = results.run.environment.get("cpu_contention")
+    reading = results.run.environment.cpu_contention
     if reading:
         lines.append(f"machine: {fmt.contention(reading, ab=results.ab is not None)}")
-    speed = results.run.environment.get("speed_reference")
+    speed = results.run.environment.speed_reference
     if speed:
         lines.append(f"machine speed: guard's speed reference {fmt.speed_reference(speed, results.profile_config.get('speed_reference_ms'))}")
     lines += census_lines(results)

