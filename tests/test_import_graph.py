@@ -134,3 +134,20 @@ def test_every_guard_module_imports_in_a_fresh_interpreter():
     code = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
     done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# measure -> judge, each edge with why: the run stage records; commands judge what it recorded.
+MEASURE_USES_JUDGE: dict[tuple[str, str], str] = {
+    ("guard.measure.run", "guard.judge.rules"): "measures until the verdict's own rule has decided",
+    ("guard.measure.run", "guard.judge.ab"): "pairs, ABBA blocks and the ratio rule of an A/B run",
+    ("guard.measure.run", "guard.judge.opnames"): "a budget no op name can meet makes the run invalid",
+    ("guard.measure.inprocess", "guard.judge.evaluate"): "a trace is kept when an op-count check fails",
+    ("guard.measure.plugin", "guard.judge.evaluate"): "`pytest tests/perf` by hand has no command to judge it",
+}
+
+
+def test_measure_calls_judge_only_where_it_needs_the_verdicts_own_rule():
+    graph = import_graph()
+    edges = {(m, t) for m, targets in graph.items() if m.startswith("guard.measure.")
+             for t in targets if t.startswith("guard.judge.")}
+    assert edges == set(MEASURE_USES_JUDGE)

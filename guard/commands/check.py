@@ -7,18 +7,21 @@ pytest suite in a child process, then guard.judge.evaluate) -> report (terminal,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
+from guard import __version__
+from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, Profile, Thresholds, load_thresholds
 from guard.measure.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
 from guard.measure.mutants import INJECTABLE
-from guard.judge.evaluate import DEFAULT_OUTPUT
-from guard.measure.harness import OPS_ONLY, run_and_judge
+from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
+from guard.measure.census import read_baseline
+from guard.measure.harness import OPS_ONLY, record_suite
 from guard.measure.hardware import detect, select_profile
 from guard.report.markdown import render_markdown
 from guard.judge.opnames import check_op_names
@@ -123,6 +126,21 @@ def run(args: argparse.Namespace) -> int:
     print(render_terminal(results))
     print(f"guard check: {time.perf_counter() - t0:.0f} s; wrote {output / 'results.json'} and {output / 'report.md'}")
     return results.exit_code
+
+
+def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
+                  traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
+                  server_url: str | None = None) -> Results:
+    """Run the suite into ``output`` (guard.measure.harness) and judge what it recorded: ``guard check``
+    and each canary of ``guard selftest``."""
+    census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
+        (output / stale).unlink(missing_ok=True)
+    record = record_suite(thresholds, profile, output, inject=inject, traces=traces, only=only,
+                          engine_mode=engine_mode, server_url=server_url)
+    judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
+    return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)
 
 
 def say_dtype(profile, prefix: str) -> None:

@@ -1,27 +1,23 @@
-"""One harness for every measured run: the perf suite in a child pytest, then evaluation.
+"""One harness for every measured run: the perf suite in a child pytest, and the record it leaves.
 
-``guard check``, ``guard check --inject legacy-mask`` and ``guard selftest`` all run through
-``run_and_judge``: the suite (tests/perf, one vLLM engine) records run.json, and
-``guard.judge.evaluate`` judges it. A child process keeps a crashing engine from taking the verdict
-with it: a suite that dies without run.json is an invalid run, never a pass.
+``guard check``, ``guard selftest``, each side of ``guard pr`` and each revision of ``guard bisect``
+run the suite (tests/perf, one vLLM engine) through ``record_suite``; it records run.json, and the
+command judges it. A child process keeps a crashing engine from taking the verdict with it: a suite
+that dies without run.json is an invalid run, never a pass.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from guard import __version__
 from guard.config.budgets import Profile, Thresholds
-from guard.measure.census import read_baseline
 from guard.errors import InvalidRunError
-from guard.judge.evaluate import evaluate
 from guard.measure.run import post_run_checks
 from guard.report.environment import Environment
-from guard.report.results import InvalidReason, ReasonKind, Results, RunRecord, load_run
+from guard.report.results import InvalidReason, ReasonKind, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
 FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on
@@ -148,17 +144,3 @@ def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, inje
     record = read_record(output / "run.json", code, interrupted, empty_record(profile, thresholds, injected=inject))
     record.invalid_reasons.extend(r for r in post_run_checks(profile, record) if r not in record.invalid_reasons)
     return record
-
-
-def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
-                  traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
-                  server_url: str | None = None) -> Results:
-    """Run the suite into ``output`` and judge what it recorded."""
-    census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
-    output.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
-        (output / stale).unlink(missing_ok=True)
-    record = record_suite(thresholds, profile, output, inject=inject, traces=traces, only=only,
-                          engine_mode=engine_mode, server_url=server_url)
-    judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
-    return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)
