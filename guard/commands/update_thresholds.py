@@ -244,7 +244,7 @@ def _rebinding(profile: Profile, env: Environment) -> dict[str, Any] | None:
     if binding is None or not profile.ttft_ms or profile.match.cuda:
         return None
     bound = profile.ttft_hardware
-    if bound is not None and bound.fits(str(env.cpu), env.cpu_count or 0, env.cpu_isa):
+    if bound is not None and bound.fits(env.cpu, env.cpu_count, env.cpu_isa):
         return None  # the run's machine is the budget's (a hand-written range or pattern stays)
     return binding
 

@@ -133,11 +133,6 @@ class Environment:
                     list(value) if isinstance(value, tuple) else value
         return {**out, **self.other}
 
-    @property
-    def recorded(self) -> bool:
-        """Whether anything was recorded (a suite run outside ``guard check`` records nothing)."""
-        return bool(self.as_dict())
-
     def machine_summary(self) -> str:
         """What the run measured on, in words: the GPU if any, else the CPU with its cores and bf16 support."""
         if self.gpu:
