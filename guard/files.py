@@ -54,3 +54,48 @@ def cache_root() -> Path | None:
     if root is None:
         root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "guard")
     return Path(os.path.abspath(root))  # the same folder from an A/B worker, which runs in the output folder
+
+
+# ----------------------------------------------------------------------------- paths a person types
+# A path guard records or prints must mean the same file in another checkout of the repository
+# (the artifact of a CI run read on a laptop): so it is written relative to the root of the git
+# work tree that holds it, and read back against the root of the work tree the reader stands in.
+
+def repository_root(path: Path | str) -> Path | None:
+    """The root of the git work tree holding ``path`` (a folder with a ``.git`` folder or file), or None."""
+    here = Path(os.path.abspath(path))
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def person_path(path: Path | str) -> str:
+    """``path`` as a person at the repository's root types it: relative to the root of the git work
+    tree holding it; else relative to the working directory when beneath it; else absolute."""
+    full = Path(os.path.abspath(path))
+    for base in (repository_root(full), Path.cwd()):
+        if base is not None and full.is_relative_to(base) and full != base:
+            return full.relative_to(base).as_posix()
+    return str(full)
+
+
+def find_recorded(recorded: str, *, start: Path | str | None = None) -> Path | None:
+    """The file a recorded path names, found from ``start`` (default: the working directory):
+    a relative path at the root of the repository ``start`` is in, then beneath ``start``; an
+    absolute one as it is, else (recorded on another machine) its longest tail that exists at that
+    root. None when nothing fits."""
+    start = Path(os.path.abspath(start or Path.cwd()))
+    bases = [b for b in dict.fromkeys((repository_root(start), start)) if b is not None]
+    path = Path(recorded)
+    if not path.is_absolute():
+        return next((b / path for b in bases if (b / path).is_file()), None)
+    if path.is_file():
+        return path
+    parts = path.parts[1:]
+    for i in range(len(parts)):  # the longest tail first: thresholds/x.yaml before x.yaml
+        tail = Path(*parts[i:])
+        found = next((b / tail for b in bases if (b / tail).is_file()), None)
+        if found is not None:
+            return found
+    return None

@@ -14,7 +14,8 @@ def test_stale_budget_notice_names_the_update_command(cpu):
     assert res.verdict == Verdict.PASS  # a notice, never a failure
     (notice,) = res.notices
     assert "ttft p50" in notice and "stale" in notice
-    assert "`guard update-thresholds --from out/dir/results.json --profile cpu`" in notice
+    assert ("`guard update-thresholds --from out/dir/results.json --profile cpu "
+            "--thresholds tests/fixtures/thresholds-statistics.yaml --only ttft`") in notice
 
 
 def test_no_stale_notice_within_twice_the_headroom(cpu):

@@ -72,8 +72,9 @@ def test_regression_report_has_headline_tables_sites_and_footer(regression):
     assert "memcpy" not in block
 
     assert "- GPU state (other processes, throttling) was not checked: NVML could not be read" in md  # guard's own notice
-    assert "guard check --profile a10\n" in md
-    assert "guard update-thresholds --from guard-results/results.json --profile a10\n" in md
+    assert "guard check --profile a10 --thresholds thresholds/deepseek-ocr-2.yaml\n" in md
+    assert ("guard update-thresholds --from guard-results/results.json --profile a10 "
+            "--thresholds thresholds/deepseek-ocr-2.yaml\n") in md
     assert "| `gpu` | `NVIDIA A10` |" in md
     env_at = md.index("<details><summary>Environment</summary>")
     assert md.index("| `gpu` | `NVIDIA A10` |") > env_at
@@ -135,6 +136,7 @@ def hostile_results(res: Results) -> Results:
     site = OpSite(location=HOSTILE, function="mask|fn", op="aten::_index_put_impl_", calls=3)
     counts = dataclasses.replace(res.run.op_counts[0], sites=(site,))
     run = dataclasses.replace(res.run, model="evil | model", profile="a10 `x`", op_counts=[counts],
+                              thresholds_path="thresholds/$(rm -rf ~).yaml",
                               environment={"gpu": HOSTILE, HOSTILE: "v", "cmd": "vllm | tee"})
     ttft = tuple(dataclasses.replace(c, note=HOSTILE) for c in res.ttft_checks)
     return dataclasses.replace(res, run=run, ttft_checks=ttft, notices=(HOSTILE,), judged_invalid_reasons=(InvalidReason(ReasonKind.UNKNOWN, HOSTILE),),
@@ -146,7 +148,7 @@ def test_run_strings_cannot_inject_html_or_break_structure(regression):
     # no raw HTML from data, and our own <details> blocks stay balanced
     assert "<img" not in md
     assert not re.search(r"(?<!\\)\]\(javascript", md)  # no live link, from the data or from run_url
-    assert md.count("<details>") == md.count("</details>") == 4
+    assert md.count("<details>") == md.count("</details>") == 3  # an invalid run: no "Accept these numbers"
     # @-mentions are defused; "# ..." and "- ..." inside data never start a line
     assert "@maintainers" not in md and "@\u200bmaintainers" in md
     assert not any(ln.startswith(("# not", "- not")) for ln in md.splitlines())
@@ -155,14 +157,14 @@ def test_run_strings_cannot_inject_html_or_break_structure(regression):
         rows = table_after(md, heading)
         assert len({len(cells(r)) for r in rows}) == 1, rows
     # shell commands never carry run data
-    assert "guard check --profile PROFILE\n" in md
+    assert "guard check --profile PROFILE --thresholds THRESHOLDS\n" in md
 
 
 def test_rendered_html_has_no_injected_tags_and_intact_tables(regression):
     out = html(render_markdown(hostile_results(regression), run_url="javascript:alert(1)"))
     assert "<img" not in out and "<script" not in out and 'href="javascript' not in out
     assert "<h1>" not in out  # "# not a heading" stayed text
-    assert out.count("<details>") == 4
+    assert out.count("<details>") == 3
     for table in re.findall(r"<table>.*?</table>", out, re.S):
         widths = {len(re.findall(r"<t[hd]", row)) for row in re.findall(r"<tr>.*?</tr>", table, re.S)}
         assert len(widths) == 1, table

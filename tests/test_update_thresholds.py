@@ -638,10 +638,11 @@ def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
     first = evaluate(profile, run, output=tmp_path)
     assert first.verdict == Verdict.PASS and {c.status for c in first.ttft_checks} == {Status.NOT_JUDGED}
     (notice,) = [n for n in first.notices if n.startswith("TTFT not judged")]
-    local = REAL.parent / "local.yaml"  # beside the original, so its census baselines resolve for the copy
-    assert f"`cp {REAL} {local}`" in notice
-    assert f"guard update-thresholds --from {tmp_path / 'results.json'} --thresholds {local} --only ttft" in notice
-    assert f"`guard check --thresholds {local}`" in notice
+    # beside the original, so its census baselines resolve for the copy; named from the repository's root
+    assert "`cp thresholds/deepseek-ocr-2.yaml thresholds/local.yaml`" in notice
+    assert (f"`guard update-thresholds --from {tmp_path / 'results.json'} --profile cpu "
+            "--thresholds thresholds/local.yaml --only ttft`") in notice
+    assert "`guard check --profile cpu --thresholds thresholds/local.yaml`" in notice
     local = _shipped_copy(tmp_path)  # followed in a copy of the thresholds folder: the shipped one stays clean
     write_json_atomic(tmp_path / "results.json", results_to_dict(first))
     code, out, err = guard(capsys, "--from", str(tmp_path / "results.json"), "--thresholds", str(local), "--only", "ttft")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from guard import files
+from guard.files import find_recorded, person_path, repository_root
 from guard.measure import speedref
 from guard.config import yamledit
 from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
@@ -331,15 +332,32 @@ def unified_diff(old: str, new: str, path: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- command
+def recorded_thresholds(results: Results, results_path: Path, out: TextIO) -> Path:
+    """The thresholds file the run recorded, found in this checkout: recorded from the repository's
+    root, it is looked up at the root of the repository the working directory is in; an older
+    record's absolute path from another machine by its tail (guard.files.find_recorded)."""
+    recorded = results.run.thresholds_path
+    if not recorded:
+        raise UsageError(f"{results_path} does not name its thresholds file", hint="pass --thresholds PATH")
+    found = find_recorded(recorded)
+    if found is None:
+        root = repository_root(Path.cwd()) or Path.cwd()
+        raise ConfigError(recorded, None, "(file)", f"no such thresholds file (recorded in {results_path}, "
+                          f"looked for from {root})",
+                          hint="run this at the root of the repository the budgets live in, or pass --thresholds PATH")
+    if Path(recorded).is_absolute() and found != Path(recorded):
+        print(f"thresholds: {results_path} recorded {recorded} (another machine's path); using {person_path(found)}",
+              file=out)
+    return found
+
+
 def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profile: str | None,
                       headroom_pct: float | None, only: str | None, allow_increase: bool, dry_run: bool,
                       out: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up per call, so a redirected stdout is honoured
     results = load_results(results_path)
     if thresholds_path is None:
-        if not results.run.thresholds_path:
-            raise UsageError(f"{results_path} does not name its thresholds file", hint="pass --thresholds PATH")
-        thresholds_path = Path(results.run.thresholds_path)
+        thresholds_path = recorded_thresholds(results, results_path, out)
     thresholds: Thresholds = load_thresholds(thresholds_path)
     server = results.run.environment.server or {}
     if server.get("managed") is False:

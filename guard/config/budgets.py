@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from guard.errors import ConfigError
+from guard.files import person_path
 
 SCHEMA_VERSION = 1
 DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"  # relative to the working directory
@@ -382,6 +383,12 @@ class Thresholds:
     schema_version: int
     model: str
     profiles: dict[str, Profile] = field(default_factory=dict)
+
+    @property
+    def recorded_path(self) -> str:
+        """The file as results.json records it and printed commands name it: from the repository's
+        root, so it means the same file in another checkout (guard.files.person_path)."""
+        return person_path(self.path)
 
     def profile(self, name: str) -> Profile:
         if name not in self.profiles:

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from guard.report import format as fmt
+from guard.config import recipes
 from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
 from guard.measure.census import Baseline, CensusJudgement, judge, size_key
 from guard.measure.contention import busy
 from guard.measure.speedref import speed_notice, speed_problems, unsteady
 from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
+from guard.files import person_path
 from guard.report.environment import Environment
 from guard.report.results import (TOTAL_OPS, ABComparison, ABRecord, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
@@ -70,30 +72,37 @@ def dtype_notices(profile: Profile, env: Environment) -> list[str]:
             f"engine.dtype_without_native_bf16). The op-count budgets hold in either dtype{census}"]
 
 
-def local_thresholds(thresholds: str | Path) -> Path:
-    """Where the local-budget recipe puts its copy: beside the original, so the census baselines
-    and anything else the file names by a relative path resolve for the copy too."""
-    return Path(thresholds).parent / "local.yaml"
+def printed_paths(run: RunRecord, output: str | Path) -> tuple[str, str]:
+    """The results file and the thresholds file as the commands in notices name them: from the
+    repository's root (guard.config.recipes), so a notice works in another checkout too."""
+    thresholds = run.thresholds_path
+    if Path(thresholds).is_absolute():  # a record from before paths were recorded from the root
+        thresholds = person_path(thresholds)
+    return person_path(Path(output) / "results.json"), thresholds
 
 
-def not_judged_notice(why: str, thresholds: str, output: str | Path) -> str:
-    """How to get a TTFT verdict on this machine (each step a command that works as printed)."""
-    results = Path(output) / "results.json"
-    local = local_thresholds(thresholds)
-    return (f"TTFT not judged: {why}; the verdict rests on the op counts. For a TTFT verdict on this machine, "
-            f"make a local budget from this run: `cp {thresholds} {local}`, then "
-            f"`guard update-thresholds --from {results} --thresholds {local} --only ttft` and "
-            f"`guard check --thresholds {local}`; or compare against a baseline vLLM on this machine (A/B)")
+def not_judged_notice(why: str, run: RunRecord, profile: Profile, output: str | Path, *, usable: bool) -> str:
+    """How to get a TTFT verdict on this machine (each step a command that works as printed);
+    ``usable``: this run can be a budget (valid, nothing injected), else it offers no recipe that
+    update-thresholds would refuse."""
+    said = f"TTFT not judged: {why}; the verdict rests on the op counts."
+    if not usable:
+        return (f"{said} For a TTFT verdict on this machine, make a local budget from a valid run without "
+                "--inject, or compare against a baseline vLLM on this machine (A/B)")
+    copy, update, check = (f"`{c}`" for c in recipes.local_budget(*printed_paths(run, output), profile.name))
+    return (f"{said} For a TTFT verdict on this machine, "
+            f"make a local budget from this run: {copy}, then {update} and {check}; "
+            "or compare against a baseline vLLM on this machine (A/B)")
 
 
-def stale_budget_notices(profile: Profile, checks: list[TtftCheck], output: str | Path) -> list[str]:
+def stale_budget_notices(profile: Profile, checks: list[TtftCheck], run: RunRecord, output: str | Path) -> list[str]:
     """Budgets so loose that even the interval's upper end sits below budget / (1 + 2 x headroom):
     they would miss a regression of twice the headroom. A notice only; never a failure."""
     factor = 1.0 + 2.0 * profile.headroom_pct / 100.0
     stale = [c for c in checks if c.interval_ms[1] < c.budget_ms / factor]
     if not stale:
         return []
-    command = f"guard update-thresholds --from {Path(output) / 'results.json'} --profile {profile.name}"
+    command = recipes.update_thresholds(*printed_paths(run, output), profile.name, only="ttft")
     return [f"{fmt.label(c)}: budget {fmt.ms_unit(c.budget_ms)} looks stale: the whole {fmt.confidence(c.confidence)} "
             f"interval {fmt.interval(c.interval_ms)} ms lies below budget / (1 + 2 x {profile.headroom_pct:g} % headroom) "
             f"= {fmt.ms_unit(c.budget_ms / factor)}; to tighten it: `{command}`" for c in stale]
@@ -184,8 +193,8 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
     return reasons
 
 
-def census_update_command(profile: Profile, output: str | Path) -> str:
-    return f"guard update-thresholds --from {Path(output) / 'results.json'} --profile {profile.name} --only census"
+def census_update_command(profile: Profile, run: RunRecord, output: str | Path) -> str:
+    return recipes.update_thresholds(*printed_paths(run, output), profile.name, only="census")
 
 
 def census_judgement(profile: Profile, run: RunRecord, baseline: Baseline | None,
@@ -194,10 +203,10 @@ def census_judgement(profile: Profile, run: RunRecord, baseline: Baseline | None
     if profile.census is None:
         return None
     return judge(profile.census, baseline, run.census, profile.workload.profile_image_sizes,
-                 model=run.model, profile=profile.name, update_command=census_update_command(profile, output))
+                 model=run.model, profile=profile.name, update_command=census_update_command(profile, run, output))
 
 
-def census_notices(profile: Profile, census: CensusJudgement, output: str | Path,
+def census_notices(profile: Profile, census: CensusJudgement, run: RunRecord, output: str | Path,
                    against_bf16_baseline: bool = False) -> list[str]:
     """Changes within the rule: shrinkage to ratchet the baseline down, growth within the slack.
     ``against_bf16_baseline``: the engine ran float32 against a bfloat16 baseline, which counts dtype casts
@@ -214,7 +223,7 @@ def census_notices(profile: Profile, census: CensusJudgement, output: str | Path
     lines = _changes_within_the_rule(census)
     if down:
         lines.append(f"census: {down} function(s) shrank or vanished; ratchet the baseline down: "
-                     f"`{census_update_command(profile, output)}`")
+                     f"`{census_update_command(profile, run, output)}`")
     return lines
 
 
@@ -237,17 +246,17 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")
     if census is not None:
         reasons += census.invalid
-        notices += census_notices(profile, census, output, against_bf16_baseline=census_against_bf16(profile, run.environment))
+        notices += census_notices(profile, census, run, output, against_bf16_baseline=census_against_bf16(profile, run.environment))
     census_checks = census.checks if census is not None else ()
     valid = not reasons and not run.invalid_reasons
     not_judged = ttft_not_judged(profile, run.environment) if ttft else None
     changed_speed = unsteady(run.environment.speed_reference, profile.validity.max_slowdown_pct) if ttft else None
     if not_judged:
-        notices.append(not_judged_notice(not_judged, run.thresholds_path, output))
+        notices.append(not_judged_notice(not_judged, run, profile, output, usable=valid and not run.injected))
     elif changed_speed:  # its verdict stands (the speed gate judges failures); its numbers make no budget
         notices.append(f"{changed_speed}: update-thresholds refuses it; re-run when two close readings show")
-    elif valid:  # an invalid run (or another CPU's budget) is no basis for new budgets
-        notices += stale_budget_notices(profile, ttft, output)
+    elif valid and not run.injected:  # an invalid or injected run (or another CPU's budget) makes no budget
+        notices += stale_budget_notices(profile, ttft, run, output)
     if ttft and not not_judged:
         fast = speed_notice(run.environment.speed_reference, profile.speed_reference_ms,
                             profile.validity.max_slowdown_pct)

@@ -143,7 +143,9 @@ def recompute(stored: Results, profile: Profile) -> Results:
 def rejudge(stored: Results, thresholds: Thresholds, *, source: str) -> Results:
     """Re-derive ``stored``'s verdict against ``thresholds`` (the default branch's); UsageError (exit 2,
     nothing posted) when the file contradicts itself or its own run record."""
-    fresh = recompute(stored, judged_profile(stored.run, thresholds, source=source))
+    # the run as judged here: against the default branch's file, which its notices' commands then name
+    named = dataclasses.replace(stored, run=dataclasses.replace(stored.run, thresholds_path=thresholds.recorded_path))
+    fresh = recompute(named, judged_profile(stored.run, thresholds, source=source))
     found = contradictions(stored, fresh)
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""

@@ -131,7 +131,7 @@ def read_record(run_file: Path, code: int, interrupted: str | None, fallback: Ru
 
 def empty_record(profile: Profile, thresholds: Thresholds, **fields) -> RunRecord:
     """A run record with no measurements: what a run that wrote none, or never started, leaves."""
-    return RunRecord(profile=profile.name, thresholds_path=str(thresholds.path.resolve()), model=thresholds.model,
+    return RunRecord(profile=profile.name, thresholds_path=thresholds.recorded_path, model=thresholds.model,
                      environment=Environment(), **fields)
 
 
@@ -142,5 +142,6 @@ def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, inje
     code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, inject=inject, python=python,
                                   **suite_options)
     record = read_record(output / "run.json", code, interrupted, empty_record(profile, thresholds, injected=inject))
+    record.thresholds_path = thresholds.recorded_path  # as named from here; the child may run in another folder
     record.invalid_reasons.extend(r for r in post_run_checks(profile, record) if r not in record.invalid_reasons)
     return record

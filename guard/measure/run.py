@@ -498,7 +498,7 @@ class GuardRun(RunStage):
 
             side = InProcessSide(profile, progress, inject=injected)
         self.record = RunRecord(
-            profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
+            profile=profile.name, thresholds_path=thresholds.recorded_path, model=thresholds.model,
             environment=fingerprint(hw, profile) if environment is None else environment, injected=injected,
             started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
@@ -545,7 +545,7 @@ class ABRun(RunStage):
         profile = pin(profile, hub_resolver(download=False))
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         env = fingerprint(hw, profile)
-        records = {side: RunRecord(profile=profile.name, thresholds_path=str(thresholds.path), model=thresholds.model,
+        records = {side: RunRecord(profile=profile.name, thresholds_path=thresholds.recorded_path, model=thresholds.model,
                                    environment=copy.deepcopy(env), started_at=now,
                                    injected=inject if side == CANDIDATE else None) for side in SIDES}
         records[BASELINE].environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))

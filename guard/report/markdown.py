@@ -12,12 +12,15 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from guard.report import format as fmt
 from guard.report.environment import Environment
 from guard.report.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
+from guard.config import recipes
 from guard.config.budgets import percentile_value
+from guard.files import person_path
 from guard.history.analysis import short, standing
 from guard.history.store import HistoryRecord, census_totals
 from guard.judge.stats import percentile
@@ -410,6 +413,33 @@ def _history(results: Results, history: Sequence[HistoryRecord] | None, base: st
     return lines
 
 
+def _recipes(results: Results, thresholds: str | None) -> list[str]:
+    """Reproduce, and accept the numbers: commands that work as pasted at the repository's root
+    (guard.config.recipes), with values from the artifact used only where plain."""
+    run = results.run
+    profile = _token(run.profile, "PROFILE")
+    named = thresholds or run.thresholds_path
+    budgets = _path_token(person_path(named) if Path(named).is_absolute() else named, "THRESHOLDS")
+    only = None if results.ttft_checks or results.ab_checks else "ops"
+    if results.pr is not None:  # both sides are measured: there are no numbers to accept
+        pr = results.pr
+        return [""] + _folded("Reproduce locally", [
+            "In a clone of vLLM that has both commits, from guard's repository root:", "",
+            "```sh", recipes.pr(_token(pr.base.sha, "BASE"), _token(pr.head.sha, "HEAD"), budgets, profile, only=only),
+            "```"])
+    reproduce = [""] + _folded("Reproduce locally", [
+        "On a machine that matches the profile (the profile pins the hardware), from the repository's root:", "",
+        "```sh", recipes.check(budgets, profile, only=only, baseline=results.ab is not None), "```"])
+    if results.verdict == Verdict.INVALID or run.injected:  # update-thresholds refuses both: offer nothing it refuses
+        return reproduce
+    return (reproduce
+        + [""] + _folded("Accept these numbers as the new budgets", [
+            "If the change in performance is intended, re-baseline from this run's results "
+            "(the `guard-results` artifact, unpacked into `guard-results/` at the repository's root) and commit "
+            "the diff:", "",
+            "```sh", recipes.update_thresholds(recipes.ARTIFACT_RESULTS, budgets, profile, only=only), "```"]))
+
+
 def render_markdown(results: Results, *, run_url: str | None = None, thresholds: str | None = None,
                     history: Sequence[HistoryRecord] | None = None, history_base: str | None = None) -> str:
     """The PR comment's body. ``thresholds``: the budget file's path as the reader would name it
@@ -461,26 +491,7 @@ def render_markdown(results: Results, *, run_url: str | None = None, thresholds:
     if results.notices:
         lines += ["", "### Notices", ""] + [f"- {text(n)}" for n in results.notices]
 
-    profile = _token(run.profile, "PROFILE")
-    with_thresholds = f" --thresholds {_path_token(thresholds, 'THRESHOLDS')}" if thresholds else ""
-    if results.pr is not None:  # both sides are measured: there are no numbers to accept
-        pr = results.pr
-        lines += [""] + _folded("Reproduce locally", [
-            "In a clone of vLLM that has both commits:", "",
-            "```sh", f"guard pr --vllm-repo PATH --base {_token(pr.base.sha, 'BASE')} --head {_token(pr.head.sha, 'HEAD')}"
-            f" --profile {profile}{with_thresholds}" + ("" if results.ttft_checks or results.ab_checks else " --only ops"),
-            "```"])
-    else:
-        lines += [""] + _folded("Reproduce locally", [
-            "On a machine that matches the profile (the profile pins the hardware):", "",
-            "```sh", f"guard check --profile {profile}{with_thresholds}"
-            + (" --baseline /path/to/baseline-venv/bin/python" if results.ab else ""), "```"])
-        lines += [""] + _folded("Accept these numbers as the new budgets", [
-            "If the change in performance is intended, re-baseline from this run's results "
-            "(the `guard-results` artifact, unpacked into `guard-results/` at the repository's root) and commit "
-            "the diff:", "",
-            "```sh", f"guard update-thresholds --from guard-results/results.json --profile {profile}{with_thresholds}",
-            "```"])
+    lines += _recipes(results, thresholds)
     lines += [""] + _folded("What TTFT means here", [text(results.ttft_definition)])
     env = _environment(run.environment)
     if env:
