@@ -272,3 +272,16 @@ def test_the_shipped_profiles_budget_only_what_they_can_decide() -> None:
         for budgets in (p.ttft_ms, *p.ttft_ms_by_mode.values()):
             for key in budgets:
                 assert min_samples_for_upper_bound(key, p.statistics.confidence) <= p.statistics.max_requests, (p.name, key)
+
+
+@pytest.mark.parametrize("percentile, need", [("p99.9", 3688), ("p99.99", 36887)])
+def test_an_undecidable_percentile_is_named_whole_in_its_error_and_hint(tmp_path: Path, percentile, need) -> None:
+    """The hint names the budget to drop as written (`p99.9`, not `p99.`), and the samples it needs."""
+    y = tmp_path / "t.yaml"
+    y.write_text(SHIPPED_THRESHOLDS.read_text().replace("        p99: 2521", f"        {percentile}: 2521", 1))
+    with pytest.raises(ConfigError) as err:
+        load_thresholds(y)
+    assert err.value.key == f"profiles.a10.budgets.ttft_ms.{percentile}"
+    assert f"an upper bound for {percentile} at 0.95 confidence needs >= {need} samples" in err.value.problem
+    assert err.value.hint == (f"raise statistics.max_requests to {need} or more, or drop the {percentile} budget "
+                              "(it is still measured and reported)")
