@@ -97,13 +97,15 @@ def test_second_run_edits_the_same_comment_in_place(gh_env, guard, tmp_path, reg
     assert guard("--pr", "7")[0] == 0
     [first] = gh_env.comments[7]
     first_id = first["id"]
-    code, out, _ = guard("--pr", "7", results=write_results(tmp_path, passing(regression)))
+    fewer = dataclasses.replace(regression, op_checks=tuple(dataclasses.replace(c, status=Status.PASS)
+                                                           for c in regression.op_checks))
+    code, out, _ = guard("--pr", "7", results=write_results(tmp_path, fewer))
     assert code == 0
     [c] = gh_env.comments[7]
     assert c["id"] == first_id
-    assert "## ✅ guard: pass" in c["body"] and c["body"].startswith(MARK)
+    assert "## ❌ guard: regression" in c["body"] and c["body"].startswith(MARK) and "code path" not in c["body"]
     assert [x.method for x in gh_env.writes()] == ["POST", "POST", "PATCH", "POST"]  # comment, status, edit, status
-    assert [s["state"] for _, s in gh_env.statuses] == ["failure", "success"]
+    assert [s["state"] for _, s in gh_env.statuses] == ["failure", "failure"]
     assert "comment updated" in out
 
 
@@ -279,7 +281,9 @@ def test_step_summary_is_appended(gh_env, guard, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert guard("--pr", "7")[0] == 0
     text = summary.read_text(encoding="utf-8")
-    assert text.startswith("# earlier step\n## ❌ guard: regression")
+    # the one line, then (a finding) the report
+    assert text.startswith("# earlier step\nguard deepseek-ocr-2 on a10: regression: 5 of 6 budgets exceeded, "
+                           "2 finding(s): TTFT, mask\\_path\n\n## ❌ guard: regression")
     assert MARK not in text
 
 
