@@ -97,13 +97,15 @@ def test_second_run_edits_the_same_comment_in_place(gh_env, guard, tmp_path, reg
     assert guard("--pr", "7")[0] == 0
     [first] = gh_env.comments[7]
     first_id = first["id"]
-    code, out, _ = guard("--pr", "7", results=write_results(tmp_path, passing(regression)))
+    fewer = dataclasses.replace(regression, op_checks=tuple(dataclasses.replace(c, status=Status.PASS)
+                                                           for c in regression.op_checks))
+    code, out, _ = guard("--pr", "7", results=write_results(tmp_path, fewer))
     assert code == 0
     [c] = gh_env.comments[7]
     assert c["id"] == first_id
-    assert "## ✅ guard: pass" in c["body"] and c["body"].startswith(MARK)
+    assert "## ❌ guard: regression" in c["body"] and c["body"].startswith(MARK) and "code path" not in c["body"]
     assert [x.method for x in gh_env.writes()] == ["POST", "POST", "PATCH", "POST"]  # comment, status, edit, status
-    assert [s["state"] for _, s in gh_env.statuses] == ["failure", "success"]
+    assert [s["state"] for _, s in gh_env.statuses] == ["failure", "failure"]
     assert "comment updated" in out
 
 
@@ -279,7 +281,9 @@ def test_step_summary_is_appended(gh_env, guard, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert guard("--pr", "7")[0] == 0
     text = summary.read_text(encoding="utf-8")
-    assert text.startswith("# earlier step\n## ❌ guard: regression")
+    # the one line, then (a finding) the report
+    assert text.startswith("# earlier step\nguard deepseek-ocr-2 on a10: regression: 5 of 6 budgets exceeded, "
+                           "2 finding(s): TTFT, mask\\_path\n\n## ❌ guard: regression")
     assert MARK not in text
 
 
@@ -443,3 +447,187 @@ def test_not_run_is_a_success_saying_so(gh_env, guard):
 def test_no_results_refuses_incomplete_or_contradictory_arguments(gh_env, guard, argv):
     code, _, err = guard(*argv)
     assert code == 2 and gh_env.statuses == [], err
+
+
+# ----------------------------------------------------------------------------- quiet comments (#40)
+PR_FIXTURE = Path(__file__).parent / "fixtures" / "pr" / "mask-loop.results.json"  # a real `guard pr --only ops`
+CPU_MARK = publish.marker("deepseek-ocr-2", "cpu")
+WORKFLOW = 4242  # the measuring workflow's id in the workflow_run event
+
+
+def _clean_pr(res: Results, **pr_changes) -> Results:
+    """The mask-loop `guard pr` run as a clean one: every check passes, nothing grew."""
+    return dataclasses.replace(res, verdict=Verdict.PASS, census_checks=(), notices=(),
+                               op_checks=tuple(dataclasses.replace(c, status=Status.PASS) for c in res.op_checks),
+                               pr=dataclasses.replace(res.pr, **pr_changes))
+
+
+def test_clean_run_posts_the_status_no_comment_and_one_summary_line(gh_env, guard, tmp_path, regression, monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, err = guard("--pr", "7", results=write_results(tmp_path, passing(regression)))
+    assert code == 0, err
+    assert gh_env.comments[7] == []
+    assert [(x.method, x.path) for x in gh_env.writes()] == [("POST", f"/repos/{OWNER}/{REPO}/statuses/{HEAD}")]
+    assert gh_env.statuses[0][1]["state"] == "success"
+    assert summary.read_text(encoding="utf-8") == "guard deepseek-ocr-2 on a10: pass: all 6 measured budgets held\n"
+    assert "no finding: no comment posted" in out
+
+
+def test_a_finding_creates_the_comment(gh_env, guard, tmp_path, regression):
+    assert guard("--pr", "7", results=write_results(tmp_path, passing(regression)))[0] == 0
+    assert gh_env.comments[7] == []
+    assert guard("--pr", "7")[0] == 0  # the regression: a finding
+    [c] = gh_env.comments[7]
+    assert c["body"].startswith(f"{MARK}\n## ❌ guard: regression")
+    assert [s["state"] for _, s in gh_env.statuses] == ["success", "failure"]
+
+
+def test_the_comment_is_updated_in_place_while_findings_remain(gh_env, guard, tmp_path, regression):
+    assert guard("--pr", "7")[0] == 0
+    [first] = gh_env.comments[7]
+    first = dict(first)
+    only_ttft = dataclasses.replace(regression, op_checks=tuple(dataclasses.replace(c, status=Status.PASS)
+                                                                for c in regression.op_checks))
+    assert guard("--pr", "7", results=write_results(tmp_path, only_ttft))[0] == 0
+    [c] = gh_env.comments[7]
+    assert c["id"] == first["id"] and c["body"] != first["body"]
+    assert "1 finding(s)" in c["body"] and "code path `mask_path`" not in c["body"]
+    assert [x.method for x in gh_env.writes()] == ["POST", "POST", "PATCH", "POST"]
+
+
+def test_resolved_once_then_later_clean_runs_leave_it_alone(gh_env, guard, tmp_path, regression):
+    assert guard("--pr", "7")[0] == 0
+    [first] = gh_env.comments[7]
+    first = dict(first)
+    clean = write_results(tmp_path, passing(regression))
+    code, out, _ = guard("--pr", "7", results=clean)
+    assert code == 0 and "comment resolved" in out
+    [c] = gh_env.comments[7]
+    assert c["id"] == first["id"]
+    assert c["body"].splitlines()[:2] == [MARK, f"## ✅ guard: findings resolved in `{HEAD[:12]}`"]
+    assert len(c["body"]) < 300  # short: the old report is gone
+    resolved = c["body"]
+    writes = len(gh_env.writes())
+    for _ in range(2):  # later clean runs: the status again, the comment never
+        code, out, _ = guard("--pr", "7", results=clean)
+        assert code == 0 and "comment left resolved" in out
+    assert [x.method for x in gh_env.writes()[writes:]] == ["POST", "POST"]
+    assert gh_env.comments[7] == [c] and c["body"] == resolved
+    assert [s["state"] for _, s in gh_env.statuses] == ["failure", "success", "success", "success"]
+    # a finding coming back edits the same comment again, in place
+    assert guard("--pr", "7")[0] == 0
+    [again] = gh_env.comments[7]
+    assert again["id"] == first["id"] and again["body"] == first["body"]
+
+
+def test_not_measured_posts_the_status_only(gh_env, guard, tmp_path):
+    nothing = _clean_pr(load_results(PR_FIXTURE), measured=False, function_changes=())
+    code, out, err = guard("--pr", "7", results=write_results(tmp_path, nothing))
+    assert code == 0, err
+    [(sha, status)] = gh_env.statuses
+    assert (sha, status["state"]) == (HEAD, "success")
+    assert status["description"] == "not measured: the pull request changes nothing under vllm/"
+    assert gh_env.comments[7] == []
+    assert [x.method for x in gh_env.writes()] == ["POST"]
+
+
+def test_a_pr_finding_is_one_entry_per_function_and_no_ab_section_for_ops_only(gh_env, guard):
+    code, _, err = guard("--pr", "7", results=PR_FIXTURE)
+    assert code == 0, err
+    [c] = gh_env.comments[7]
+    body = c["body"]
+    assert body.startswith(f"{CPU_MARK}\n## ❌ guard: regression")
+    assert "**6 of 6 budgets exceeded, 1 finding(s):**" in body
+    # the renamed function with its loop: named once, both image sizes and both op budgets in that entry
+    assert body.count("_create_custom_4d_mask") == 1
+    entry = body[body.index("**1. "):body.index("Lines this pull request added inside it")]
+    assert "2 → 6198 at 640×480, 4 → 13200 at 800×400" in entry
+    assert "`aten::_index_put_impl_` ≤ 0: 513 at 640×480, 1091 at 800×400" in entry
+    assert body.count("mask[t, image_pos] = 0") == 1  # the added lines, once, under their function
+    # an ops-only run has no pairs: no A/B section, no "0 pairs"
+    assert "### A/B" not in body and "0 pairs" not in body and "Operator counts that differ" not in body
+
+
+def test_growth_within_the_rule_in_a_function_the_pr_edited_is_a_finding(gh_env, guard, tmp_path):
+    res = load_results(PR_FIXTURE)
+    edited = res.pr.function_changes[0].function
+    small = dataclasses.replace(res.census_checks[0], function=edited, baseline_calls=4, measured_calls=10,
+                                status=Status.PASS, reason="", watched_ops=())
+    elsewhere = dataclasses.replace(small, function="vllm/other.py:untouched")  # grew, but the PR did not edit it
+    within = dataclasses.replace(_clean_pr(res), census_checks=(small, elsewhere))
+    assert guard("--pr", "7", results=write_results(tmp_path, within))[0] == 0
+    [c] = gh_env.comments[7]
+    assert "1 function(s) this pull request edited grew within the census rule" in c["body"]
+    assert "grew within the census rule, op calls per request: 4 → 10 at 800×400 (6 added at 800×400)" in c["body"]
+    assert gh_env.statuses[0][1]["state"] == "success"
+    gh_env.comments[7].clear()
+    only_elsewhere = dataclasses.replace(within, census_checks=(elsewhere,))
+    (tmp_path / "b").mkdir()
+    assert guard("--pr", "7", results=write_results(tmp_path / "b", only_elsewhere))[0] == 0
+    assert gh_env.comments[7] == []
+
+
+def cancelled_event(tmp_path: Path, run_number: int = 10, conclusion: str = "cancelled") -> str:
+    """The workflow_run event of a finished measuring run, as the runner writes it (fork PR: no pull_requests)."""
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"workflow_run": {
+        "id": 90000 + run_number, "run_number": run_number, "workflow_id": WORKFLOW, "conclusion": conclusion,
+        "head_sha": HEAD, "head_branch": "x", "pull_requests": [], "head_repository": {"full_name": FORK}}}))
+    return str(event)
+
+
+NO_RESULTS = ("--no-results", "the measuring run ended cancelled before writing results",
+              "--model", "deepseek-ocr-2", "--profile", "cpu", "--sha", HEAD)
+
+
+def test_a_cancelled_run_superseded_by_a_newer_run_of_the_same_commit_posts_nothing(gh_env, guard, tmp_path,
+                                                                                   monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_EVENT_PATH", cancelled_event(tmp_path, run_number=10))
+    gh_env.add_run(WORKFLOW, 10, HEAD, "cancelled")
+    gh_env.add_run(WORKFLOW, 11, HEAD)  # a label added: a new run of the same head, still going
+    code, out, err = guard(*NO_RESULTS, results="/nonexistent")
+    assert code == 0, err
+    assert gh_env.writes() == [] and gh_env.statuses == [] and gh_env.comments[7] == []
+    assert "superseded: run #11 of the same commit replaced it" in out
+    assert "cancelled, superseded" in summary.read_text(encoding="utf-8")
+
+
+def test_a_cancelled_run_whose_pr_moved_on_posts_nothing(gh_env, guard, tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_EVENT_PATH", cancelled_event(tmp_path))
+    gh_env.pulls = {7: (OTHER.replace("c", "9"), FORK, MERGE)}  # a push: the PR's head is a newer commit now
+    code, out, err = guard(*NO_RESULTS, results="/nonexistent")
+    assert code == 0, err
+    assert gh_env.writes() == [] and gh_env.statuses == []
+    assert "pull request #7 moved on to 999999999999" in out
+
+
+def test_a_cancelled_run_nothing_replaced_still_posts_its_error(gh_env, guard, tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_EVENT_PATH", cancelled_event(tmp_path, run_number=10))
+    gh_env.add_run(WORKFLOW, 9, HEAD, "success")  # older runs do not supersede it
+    gh_env.add_run(WORKFLOW, 10, HEAD, "cancelled")
+    gh_env.add_run(WORKFLOW, 12, OTHER)  # another commit's run (another PR): not this one's
+    assert guard(*NO_RESULTS, results="/nonexistent")[0] == 0
+    [(sha, status)] = gh_env.statuses
+    assert (sha, status["state"]) == (HEAD, "error")
+    assert status["description"] == "no results: the measuring run ended cancelled before writing results"
+
+
+def test_only_a_cancelled_run_can_be_superseded(gh_env, guard, tmp_path, monkeypatch):
+    """A run that timed out or broke is an error even when a newer run exists: it says something went wrong."""
+    monkeypatch.setenv("GITHUB_EVENT_PATH", cancelled_event(tmp_path, conclusion="timed_out"))
+    gh_env.add_run(WORKFLOW, 11, HEAD)
+    assert guard(*NO_RESULTS, results="/nonexistent")[0] == 0
+    assert [s["state"] for _, s in gh_env.statuses] == ["error"]
+    assert not [c for c in gh_env.log if "/actions/" in c.path]  # not even asked
+
+
+def test_when_github_cannot_say_whether_it_was_superseded_the_error_is_posted(gh_env, guard, tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_EVENT_PATH", cancelled_event(tmp_path))
+    gh_env.add_run(WORKFLOW, 11, HEAD)
+    gh_env.fail("GET", rf"/repos/{OWNER}/{REPO}/actions/workflows/{WORKFLOW}/runs", 404)
+    code, out, _ = guard(*NO_RESULTS, results="/nonexistent")
+    assert code == 0 and "cannot tell whether a newer run superseded" in out
+    assert [s["state"] for _, s in gh_env.statuses] == ["error"]

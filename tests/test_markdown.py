@@ -50,7 +50,10 @@ def cells(row: str) -> list[str]:
 def test_regression_report_has_headline_tables_sites_and_footer(regression):
     md = render_markdown(regression, run_url="https://github.com/acme/guarded/actions/runs/42")
     assert md.startswith("## ❌ guard: regression — deepseek-ocr-2 on `a10`\n")
-    assert "**5 of 6 budgets exceeded:**" in md
+    assert "**5 of 6 budgets exceeded, 2 finding(s):**" in md
+    # each finding once: TTFT, then the code path whose op budgets failed (no census function explains it)
+    assert "\n**1. TTFT**\n" in md and "\n**2. code path `mask_path`**: 3 op budget(s) exceeded" in md
+    assert "Where the offending calls came from" not in md
 
     ttft = table_after(md, "### Time to first token")
     assert cells(ttft[0]) == ["percentile", "budget", "measured", "delta", "95 % CI (ms)", "samples", "rounds", "status"]
@@ -79,7 +82,7 @@ def test_regression_report_has_headline_tables_sites_and_footer(regression):
     env_at = md.index("<details><summary>Environment</summary>")
     assert md.index("| `gpu` | `NVIDIA A10` |") > env_at
     assert "[workflow run](https://github.com/acme/guarded/actions/runs/42)" in md
-    assert md.count("<details>") == md.count("</details>") == 4
+    assert md.count("<details>") == md.count("</details>") == 5  # + the op table, folded: its failures are findings
 
 
 def test_mermaid_chart_shows_deciles_against_budgets_and_the_interval(regression):
@@ -148,12 +151,12 @@ def test_run_strings_cannot_inject_html_or_break_structure(regression):
     # no raw HTML from data, and our own <details> blocks stay balanced
     assert "<img" not in md
     assert not re.search(r"(?<!\\)\]\(javascript", md)  # no live link, from the data or from run_url
-    assert md.count("<details>") == md.count("</details>") == 3  # an invalid run: no "Accept these numbers"
+    assert md.count("<details>") == md.count("</details>") == 4  # the folded op table; an invalid run: no "Accept these numbers"
     # @-mentions are defused; "# ..." and "- ..." inside data never start a line
     assert "@maintainers" not in md and "@\u200bmaintainers" in md
     assert not any(ln.startswith(("# not", "- not")) for ln in md.splitlines())
     # every table row keeps its column count
-    for heading in ("### Time to first token", "### Operator counts per request", "#### Where the offending calls came from"):
+    for heading in ("### Time to first token", "### Operator counts per request"):
         rows = table_after(md, heading)
         assert len({len(cells(r)) for r in rows}) == 1, rows
     # shell commands never carry run data
@@ -164,7 +167,7 @@ def test_rendered_html_has_no_injected_tags_and_intact_tables(regression):
     out = html(render_markdown(hostile_results(regression), run_url="javascript:alert(1)"))
     assert "<img" not in out and "<script" not in out and 'href="javascript' not in out
     assert "<h1>" not in out  # "# not a heading" stayed text
-    assert out.count("<details>") == 3
+    assert out.count("<details>") == 4
     for table in re.findall(r"<table>.*?</table>", out, re.S):
         widths = {len(re.findall(r"<t[hd]", row)) for row in re.findall(r"<tr>.*?</tr>", table, re.S)}
         assert len(widths) == 1, table

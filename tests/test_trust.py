@@ -315,3 +315,25 @@ def test_no_trusted_thresholds_in_the_checkout_is_refused(gh_env, guard, tmp_pat
 def test_dry_run_can_rejudge_offline(guard, tmp_path, repo_root):
     code, out, err = guard("--dry-run", "--check-pr-files", "on", results=tampered(tmp_path, _verdict_only))
     assert code == 2 and "inconsistent" in err
+
+
+def test_a_clean_run_of_an_unapproved_pr_changing_guard_is_a_finding(gh_env, guard, tmp_path, repo_root):
+    """Quiet comments (#40): a passing run posts no comment, except when the PR edits what guard
+    trusts and nobody approved it: the error status needs the comment's list of files beside it."""
+    import shutil
+
+    from tests.conftest import REPO
+    shutil.copytree(REPO / "thresholds", repo_root / "thresholds", dirs_exist_ok=True)  # the census baselines too
+    clean = REPO / "tests" / "fixtures" / "runs" / "cpu-float32-clean.json"
+    gh_env.change(7, "vllm/model_executor/models/deepencoder2.py")
+    art = tmp_path / "artifact"
+    art.mkdir()
+    argv = (*artifact(art, "7\n", HEAD + "\n"), "--sha", HEAD, "--expected-head-repo", FORK)
+    assert guard(*argv, results=clean)[0] == 0
+    assert status_of(gh_env)["state"] == "success" and gh_env.comments[7] == []  # clean: status only
+    gh_env.statuses.clear()
+    gh_env.change(7, "guard/judge/evaluate.py")
+    assert guard(*argv, results=clean)[0] == 0
+    assert status_of(gh_env)["state"] == "error"
+    [c] = gh_env.comments[7]
+    assert "needs a run approved by a maintainer" in c["body"] and "## ✅ guard: pass" in c["body"]

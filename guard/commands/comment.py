@@ -1,4 +1,5 @@
-"""Post the verdict on the pull request: sticky comment, commit status, job summary, annotations.
+"""Post the verdict on the pull request: commit status, job summary, annotations, and a comment
+only when there is a finding (guard.report.findings; docs/github.md says what is posted when).
 
 Reads results.json only (never the engine). Exit 0 when it published, whatever the perf verdict
 was; 0 with a warning when GitHub refused a read-only token (fork PR); 2 for bad input (no token,
@@ -17,7 +18,8 @@ from guard.github import publish
 from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
 from guard.history.store import load_history
-from guard.report.markdown import render_markdown
+from guard.report.findings import has_finding, summary_line
+from guard.report.markdown import render_markdown, text
 from guard.judge.rejudge import rejudge
 from guard.report.results import load_results
 from guard.github.sanitize import no_workflow_commands, one_line
@@ -132,9 +134,13 @@ def _trust_policy(args: argparse.Namespace, verify: bool) -> TrustPolicy | None:
 
 
 def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha: str | None,
-                   env: dict[str, str]) -> None:
+                   env: dict[str, str], finding: bool = True) -> None:
     where = f"pull request #{pr}" if pr else "the pull request (none given)"
-    say(f"guard comment: dry run: would post this comment on {where}:")
+    if finding:
+        say(f"guard comment: dry run: would post this comment on {where}:")
+    else:
+        say(f"guard comment: dry run: no finding, so no comment on {where} (one of guard's that still shows "
+            "findings would be marked resolved); the report it would not post:")
     # inside Actions, keep text from the run from being read as workflow commands
     stop = secrets.token_hex(16) if env.get("GITHUB_ACTIONS") == "true" else None
     if stop:
@@ -149,6 +155,18 @@ def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha:
     say(f"  target_url: {one_line(status.target_url or '(none)')}")
     if env.get("GITHUB_STEP_SUMMARY"):
         print("guard comment: dry run: would append the report to $GITHUB_STEP_SUMMARY")
+
+
+def _job_summary(env: dict[str, str], markdown: str) -> None:
+    """Append to $GITHUB_STEP_SUMMARY when set; best effort, like the rest of publishing."""
+    if not env.get("GITHUB_STEP_SUMMARY"):
+        return
+    try:
+        publish.append_step_summary(env["GITHUB_STEP_SUMMARY"], markdown)
+    except OSError as exc:
+        print(publish.workflow_command(
+            "warning", f"cannot append to GITHUB_STEP_SUMMARY {env['GITHUB_STEP_SUMMARY']}: {exc.strerror or exc}",
+            title="guard comment: no job summary"))
 
 
 def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
@@ -175,6 +193,20 @@ def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
     owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
     gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
                                retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
+    if args.no_results is not None and env.get("GITHUB_EVENT_PATH"):
+        # a cancelled run a newer one replaced: the newer run posts, so this one posts nothing
+        event = publish.target_from_event(env["GITHUB_EVENT_PATH"])
+        if event.sha is not None and event.sha.lower() == sha:
+            why, problem = publish.superseded(gh, owner=owner, repo=name, run=event)
+            if why:
+                say(f"guard comment: {one_line(status.context)}: the measuring run was cancelled and superseded: "
+                    f"{one_line(why)}; nothing posted")
+                _job_summary(env, f"{status.context}: cancelled, superseded ({text(why)}): nothing posted")
+                return 0
+            if problem:
+                say(f"guard comment: cannot tell whether a newer run superseded this one ({one_line(problem)}); "
+                    "posting the error status")
+    _job_summary(env, f"{status.context}: {status.state}: {text(status.description)}")
     report = publish.publish_status(gh, owner=owner, repo=name, sha=sha, status=status)
     if report.status:
         say(f"guard comment: status {status.state} '{one_line(status.context)}' on {sha}: {one_line(status.description)}")
@@ -211,20 +243,16 @@ def run(args: argparse.Namespace) -> int:
     mark = publish.marker(results.run.model, results.run.profile)
     status = publish.commit_status(results, run_url)
     pr, sha, head_repo, verify = _target(args, env)
+    finding, summary = has_finding(results), summary_line(results)
 
     for line in publish.annotations(results):
         print(line)
     if args.dry_run:
-        _print_dry_run(body, status, pr, sha, env)
+        _print_dry_run(body, status, pr, sha, env, finding)
         return 0
 
-    if env.get("GITHUB_STEP_SUMMARY"):  # first, so the verdict is visible even if GitHub then fails
-        try:
-            publish.append_step_summary(env["GITHUB_STEP_SUMMARY"], publish.trim_body(report_text, publish.SUMMARY_LIMIT))
-        except OSError as exc:  # best effort, like the rest of publishing: say so, post anyway
-            print(publish.workflow_command(
-                "warning", f"cannot append to GITHUB_STEP_SUMMARY {env['GITHUB_STEP_SUMMARY']}: {exc.strerror or exc}",
-                title="guard comment: no job summary"))
+    # first, so the verdict is visible even if GitHub then fails: one line always, the report with a finding
+    _job_summary(env, text(summary) + ("\n\n" + publish.trim_body(report_text, publish.SUMMARY_LIMIT) if finding else ""))
     token = env.get("GITHUB_TOKEN")
     if not token:
         raise UsageError("GITHUB_TOKEN is not set: cannot post the comment or the status",
@@ -239,13 +267,16 @@ def run(args: argparse.Namespace) -> int:
     gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
                                retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
     report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=mark, body=body, status=status, sha=sha,
-                             author=args.author, verify=verify, expected_head_repo=head_repo, trust=policy)
+                             author=args.author, verify=verify, expected_head_repo=head_repo, trust=policy,
+                             finding=finding, summary=summary)
 
     for line in report.retries:
         say(f"guard comment: retried {one_line(line)}")
     if report.comment:
         extra = f", deleted {len(report.deleted)} stale duplicate(s)" if report.deleted else ""
         say(f"guard comment: comment {report.comment}: {one_line(report.comment_url or report.pr_url)}{extra}")
+    elif report.pr_url and not report.forbidden and not report.errors:
+        say("guard comment: no finding: no comment posted (the status says it)")
     if report.status:
         say(f"guard comment: status {report.status.state} '{one_line(report.status.context)}' on {report.status_sha}")
     if report.protected:

@@ -27,7 +27,7 @@ from github3.session import GitHubSession
 
 from guard.report import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
-from guard.report.markdown import render_markdown
+from guard.report.markdown import render_markdown, text
 from guard.report.results import Results, Verdict
 from guard.github.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
                          thresholds_change_lines)
@@ -95,6 +95,21 @@ def comment_body(results: Results, *, run_url: str | None = None, report: str | 
     """The marker line, then the report (rendered from results.json unless one is given)."""
     text = report if report is not None else render_markdown(results, run_url=run_url)
     return trim_body(f"{marker(results.run.model, results.run.profile)}\n{text}")
+
+
+RESOLVED_HEADING = "## ✅ guard: findings resolved"  # a comment whose second line starts so says nothing more
+
+
+def resolved_body(mark: str, sha: str, summary: str) -> str:
+    """What the comment becomes, once, when a later run of the pull request has no finding: short,
+    so the thread does not keep a stale regression report; the verdict lives on in the status."""
+    return (f"{mark}\n{RESOLVED_HEADING} in `{sha[:12]}`\n\nThe findings this comment reported are gone in the run "
+            f"of `{sha[:12]}`: {text(summary)}.\n")
+
+
+def is_resolved(body: str) -> bool:
+    lines = body.replace("\r\n", "\n").split("\n", 2)
+    return len(lines) > 1 and lines[1].startswith(RESOLVED_HEADING)
 
 
 @dataclass(frozen=True)
@@ -219,6 +234,12 @@ class EventTarget:
     pr: int | None = None
     sha: str | None = None
     head_repo: str | None = None
+    # workflow_run only: the measuring run that finished, to tell a cancelled run superseded by a newer one
+    conclusion: str | None = None
+    run_id: int | None = None
+    run_number: int | None = None
+    workflow_id: int | None = None
+    head_branch: str | None = None
 
 
 def target_from_event(path: str | Path) -> EventTarget:
@@ -254,7 +275,11 @@ def target_from_event(path: str | Path) -> EventTarget:
             if isinstance(run.get("pull_requests"), list) else []
         return EventTarget(pr=typed(prs[0].get("number"), int) if len(prs) == 1 else None,
                            sha=typed(run.get("head_sha"), str),
-                           head_repo=typed(obj(run, "head_repository").get("full_name"), str))
+                           head_repo=typed(obj(run, "head_repository").get("full_name"), str),
+                           conclusion=typed(run.get("conclusion"), str), run_id=typed(run.get("id"), int),
+                           run_number=typed(run.get("run_number"), int),
+                           workflow_id=typed(run.get("workflow_id"), int),
+                           head_branch=typed(run.get("head_branch"), str))
     return EventTarget()
 
 
@@ -395,7 +420,9 @@ class PublishReport:
     """What ``publish`` did, for the command to print. ``errors`` non-empty means exit 4."""
 
     pr_url: str | None = None
-    comment: str | None = None  # "created" | "updated" | "unchanged"
+    # "created" | "updated" | "unchanged" (a finding); "resolved" (edited once: no finding now) |
+    # "left resolved" | None (no finding, no comment of ours: nothing posted)
+    comment: str | None = None
     comment_url: str | None = None
     deleted: list[int] = field(default_factory=list)  # stale duplicates removed
     status: CommitStatus | None = None
@@ -435,11 +462,33 @@ def _same(a: str, b: str) -> bool:
     return a.replace("\r\n", "\n").rstrip() == b.replace("\r\n", "\n").rstrip()
 
 
+def _ours(pr: Any, mark: str, author: str) -> list[Any]:
+    listed = _call("list the PR's comments", lambda: [c for c in pr.issue_comments() if _is_ours(c, mark, author)])
+    return sorted(listed, key=lambda c: c.id)
+
+
+def _resolve_comment(pr: Any, mark: str, body: str, author: str, report: PublishReport) -> None:
+    """No finding: post nothing; but a comment of ours that still reports findings is edited once
+    to say they are resolved. One already saying so is left alone by every later clean run."""
+    ours = _ours(pr, mark, author)
+    if not ours:
+        return
+    keep = ours[0]
+    if is_resolved(keep.body or ""):
+        report.comment = "left resolved"
+    else:
+        _call("edit the comment", lambda: keep.edit(body))
+        report.comment = "resolved"
+    report.comment_url = keep.html_url
+    for c in ours[1:]:
+        _call(f"delete duplicate comment {c.id}", c.delete)
+        report.deleted.append(c.id)
+
+
 def _upsert_comment(pr: Any, mark: str, body: str, author: str, report: PublishReport) -> None:
     """Edit our comment in place (the oldest, so it keeps its place), create it if absent,
     delete our stale duplicates. Other authors' comments are never touched, whatever they say."""
-    listed = _call("list the PR's comments", lambda: [c for c in pr.issue_comments() if _is_ours(c, mark, author)])
-    ours = sorted(listed, key=lambda c: c.id)
+    ours = _ours(pr, mark, author)
     if not ours:
         created = _call("create the comment", lambda: pr.create_comment(body))
         report.comment, report.comment_url = "created", getattr(created, "html_url", None)
@@ -517,8 +566,14 @@ def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: Tru
 
 def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str, body: str,
             status: CommitStatus, sha: str | None = None, author: str = DEFAULT_AUTHOR, verify: bool = False,
-            expected_head_repo: str | None = None, trust: TrustPolicy | None = None) -> PublishReport:
-    """Fetch the PR, (verify its head,) then upsert the comment and set the status on the head SHA.
+            expected_head_repo: str | None = None, trust: TrustPolicy | None = None,
+            finding: bool = True, summary: str = "") -> PublishReport:
+    """Fetch the PR, (verify its head,) then set the comment and the status on the head SHA.
+
+    ``finding`` (findings.has_finding): the comment is created or edited in place. Without one
+    nothing is posted but the status, except that a comment of ours still showing findings is
+    edited once to say they are resolved (``summary``: the run's one line). A PR that changes what
+    guard trusts, unapproved, is a finding whatever the results say: its comment lists the files.
 
     Raises UsageError (exit 2) for a PR that does not exist or does not match what was measured.
     GitHub failures of the comment and of the status are collected in ``errors`` (both are tried),
@@ -541,9 +596,13 @@ def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str
     head = (sha or pr.head.sha).lower()  # the PR's head commit, never the merge commit
     if trust is not None:  # before anything is posted: a PR that edits guard cannot vouch for itself
         body, status = apply_trust(pr, head, body, status, trust, report)
+        finding = finding or (bool(report.protected) and not report.approved)
 
     def comment() -> None:
-        _upsert_comment(pr, mark, body, author, report)
+        if finding:
+            _upsert_comment(pr, mark, body, author, report)
+        else:
+            _resolve_comment(pr, mark, resolved_body(mark, head, summary), author, report)
 
     def set_status() -> None:
         base = pr.base.repository
@@ -577,6 +636,52 @@ def publish_status(gh: github3.GitHub, *, owner: str, repo: str, sha: str, statu
     except GitHubSideError as err:
         report.errors.append(str(err))
     return _with_retries(report, gh)
+
+
+def superseded(gh: github3.GitHub, *, owner: str, repo: str, run: EventTarget) -> tuple[str | None, str | None]:
+    """(why the cancelled run needs no status, or None; what kept guard from telling, or None).
+    A lookup GitHub refused or failed means "not known to be superseded": the error is posted."""
+    try:
+        return _superseded(gh, owner=owner, repo=repo, run=run), None
+    except (_Forbidden, GitHubSideError, UsageError) as err:
+        return None, str(err)
+
+
+def _superseded(gh: github3.GitHub, *, owner: str, repo: str, run: EventTarget) -> str | None:
+    """Why a cancelled measuring run needs no status (a newer run will post), or None.
+
+    Only for ``conclusion == "cancelled"``, and only from what GitHub wrote in the workflow_run
+    event (never the artifact): superseded when the pull request(s) of the run's head branch have
+    moved on to another head commit, or when a newer run of the same measuring workflow exists for
+    the same head commit (a label added to the PR starts one, and the concurrency group cancels the
+    older). It can only withhold an ``error`` the newer run replaces; anything unclear posts it.
+    """
+    if run.conclusion != "cancelled" or run.sha is None:
+        return None
+    sha = run.sha.lower()
+    repository = _call(f"read {owner}/{repo}", lambda: gh.repository(owner, repo),
+                       not_found=f"{owner}/{repo} does not exist (or the token cannot see it)")
+    if run.head_repo and run.head_branch:
+        head_owner = run.head_repo.split("/")[0]
+        prs = _call("list the run's pull requests", lambda: [
+            p for p in repository.pull_requests(state="open", head=f"{head_owner}:{run.head_branch}")
+            if (getattr(getattr(p.head, "repository", None), "full_name", "") or "").lower() == run.head_repo.lower()])
+        heads = {(p.head.sha or "").lower() for p in prs}
+        if prs and sha not in heads:
+            numbers = ", ".join(f"#{p.number}" for p in prs)
+            return (f"pull request {numbers} moved on to {', '.join(sorted(h[:12] for h in heads))}; "
+                    "the run of its new head posts")
+    if run.workflow_id is not None and run.run_number is not None:
+        def newer() -> list[dict[str, Any]]:
+            url = repository._build_url("actions", "workflows", str(run.workflow_id), "runs", base_url=repository._api)
+            data = repository._json(repository._get(url, params={"head_sha": sha, "per_page": 100}), 200) or {}
+            return [r for r in data.get("workflow_runs") or [] if isinstance(r, dict)
+                    and isinstance(r.get("run_number"), int) and r["run_number"] > run.run_number
+                    and r.get("event") == "pull_request" and (r.get("head_sha") or "").lower() == sha]
+        later = _call("list the measuring workflow's runs", newer)
+        if later:
+            return f"run #{max(r['run_number'] for r in later)} of the same commit replaced it and posts"
+    return None
 
 
 def _with_retries(report: PublishReport, gh: github3.GitHub) -> PublishReport:

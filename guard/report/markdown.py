@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.report import format as fmt
+from guard.report.findings import Finding, added_calls, findings
 from guard.report.environment import Environment
 from guard.report.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.config import recipes
@@ -128,8 +129,67 @@ def _summary(results: Results) -> list[str]:
         if inconclusive:
             line += (f" {len(inconclusive)} inconclusive: the confidence interval straddles the budget, "
                      "so it was judged on the point estimate.")
-        return [line]
-    return [f"**{len(failed)} of {n} budgets exceeded:**", ""] + [f"- {text(fmt.failure(c))}" for c in failed]
+        notes = [f for f in findings(results) if f.kind == "census_notice"]
+        if notes:
+            line += f" {len(notes)} function(s) this pull request edited grew within the census rule:"
+        return [line] + _findings(results, notes)
+    found = findings(results)
+    return [f"**{len(failed)} of {n} budgets exceeded, {len(found)} finding(s):**"] + _findings(results, found)
+
+
+def _findings(results: Results, found: list[Finding]) -> list[str]:
+    """Each finding once: a function with all its image sizes, census and op budgets together."""
+    lines: list[str] = []
+    for i, f in enumerate(found, 1):
+        lines += [""] + _FINDING[f.kind](results, f, i)
+    return lines
+
+
+def _sizes(pairs: list[tuple[ImageSize, str]]) -> str:
+    return ", ".join(f"{value} at {_size(size)}" for size, value in pairs)
+
+
+def _op_budgets(ops: Sequence[OpCheck]) -> str:
+    """``aten::x`` ≤ 0: 513 at 640×480, 1091 at 800×400; ... (one entry per op, sizes folded)."""
+    by_op: dict[tuple[str, str], list[OpCheck]] = {}
+    for c in ops:
+        by_op.setdefault((c.op, _rule(c.rule, c.budget_calls)), []).append(c)
+    return "; ".join(f"{code(op)} {rule}: " + _sizes([(c.image_size, str(c.measured_calls)) for c in cs])
+                     for (op, rule), cs in by_op.items())
+
+
+def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
+    lines = [f"**{i}. {code(f.name)}**", ""]
+    if f.census:
+        worst = max(f.census, key=lambda c: c.growth_calls)
+        verb = "grew beyond the census rule" if f.kind == "function" else "grew within the census rule"
+        lines.append(f"- {verb}, op calls per request: "
+                     + _sizes([(c.image_size, text(fmt.census_calls(c))) for c in f.census])
+                     + (f"; {text(worst.reason)}" if worst.reason else "")
+                     + (f" ({added_calls(worst)} added at {_size(worst.image_size)})" if f.kind == "census_notice" else ""))
+        lines.append(f"- ops that moved most at {_size(worst.image_size)}: {code(fmt.census_ops(worst))}")
+    for scope in dict.fromkeys(c.scope for c in f.ops):
+        lines.append(f"- op budgets exceeded in code path {code(scope)}: "
+                     + _op_budgets([c for c in f.ops if c.scope == scope]))
+    change = next((ch for ch in (results.pr.function_changes if results.pr else ()) if ch.function == f.name), None)
+    if change is not None:
+        body = "\n".join(f"{n:>5} + {t.rstrip()}" for n, t in change.lines)
+        lines += ["", "Lines this pull request added inside it:"] + _indented_block(body)
+    return lines
+
+
+def _ops_finding(results: Results, f: Finding, i: int) -> list[str]:
+    return [f"**{i}. code path {code(f.name)}**: {len(f.ops)} op budget(s) exceeded; where the calls came from:"] \
+        + _sites(results, list(f.ops))
+
+
+def _ttft_finding(results: Results, f: Finding, i: int) -> list[str]:
+    what = "TTFT vs the baseline" if f.kind == "ab" else "TTFT"
+    return [f"**{i}. {what}**", ""] + [f"- {text(fmt.failure(c))}" for c in f.ttft]
+
+
+_FINDING = {"function": _function_finding, "census_notice": _function_finding, "ops": _ops_finding,
+            "ttft": _ttft_finding, "ab": _ttft_finding}
 
 
 def _pull_request(results: Results) -> list[str]:
@@ -144,7 +204,8 @@ def _pull_request(results: Results) -> list[str]:
         lines += ["", "Not measurable on this engine stack (compiled code, dependencies): "
                   + ", ".join(code(f) for f in pr.unmeasured_files[:20])
                   + (f" and {len(pr.unmeasured_files) - 20} more" if len(pr.unmeasured_files) > 20 else "") + "."]
-    for change in pr.function_changes:
+    shown = {f.name for f in findings(results)}
+    for change in (ch for ch in pr.function_changes if ch.function not in shown):
         body = "\n".join(f"{n:>5} + {t.rstrip()}" for n, t in change.lines)
         lines += ["", f"Lines this pull request added inside {code(change.function)}:"] + _indented_block(body)
     return lines
@@ -226,7 +287,7 @@ _BASELINE = "#9E9E9E"
 def _ab_section(results: Results) -> list[str]:
     """A/B mode: both sides side by side, the ratio checks, both distributions, the op-count diff."""
     ab = results.ab
-    if ab is None:
+    if ab is None or not (ab.pairs or results.ab_checks):  # ops only: the census and op budgets say it
         return []
     lines = ["", "### A/B: candidate vs baseline, same machine, same images", "",
              f"{len(ab.pairs)} pairs; each block of requests ran on both sides back to back, alternating which side "
@@ -348,8 +409,7 @@ def _census(results: Results) -> list[str]:
         return out
 
     if failed:
-        lines += [""] + table(failed) + [""]
-        lines += [f"- {code(c.function)} [{_size(c.image_size)}]: {text(c.reason)}" for c in failed]
+        lines[-1] += " The growth is in the findings above."
     if within:
         lines += [""] + _folded(f"{len(within)} function(s) changed within the rule", table(within))
     return lines
@@ -469,10 +529,11 @@ def render_markdown(results: Results, *, run_url: str | None = None, thresholds:
 
     ops = results.op_checks
     if ops:
-        lines += ["", "### Operator counts per request", ""] + _ops_table(ops)
         failed_ops = [c for c in ops if c.status == Status.FAIL]
-        if failed_ops:
-            lines += ["", "#### Where the offending calls came from"] + _sites(results, failed_ops)
+        lines += ["", "### Operator counts per request", ""]
+        where = ": the findings above" if results.verdict == Verdict.REGRESSION else ""
+        lines += (_folded(f"All {len(ops)} op budgets ({len(failed_ops)} exceeded{where})", _ops_table(ops))
+                  if failed_ops else _ops_table(ops))
 
     if results.unmeasured_op_checks:
         lines += ["", "### Operator counts: not measured in this mode", "",

@@ -51,6 +51,7 @@ class FakeGitHub:
         self.files: dict[int, list[dict]] = {7: [], 8: []}  # the PR's changed files (GitHub's shape, below)
         self.reviews: dict[int, list[dict]] = {7: [], 8: []}
         self.contents: dict[tuple[str, str], str] = {}  # (path, ref) -> text, for the contents API
+        self.runs: dict[int, list[dict]] = {}  # workflow id -> its runs (Actions API), as add_run makes them
         server.expect_request(re.compile(".*")).respond_with_handler(self.handle)
 
     # --- state helpers
@@ -75,6 +76,16 @@ class FakeGitHub:
                                      "body_html": "", "body_text": "", "state": state, "commit_id": commit,
                                      "author_association": association, "html_url": f"{u}#review",
                                      "pull_request_url": u, "submitted_at": "2025-01-01T00:00:00Z"})
+
+    def add_run(self, workflow_id: int, run_number: int, head_sha: str, conclusion: str | None = None,
+                head_repo: str = FORK, event: str = "pull_request") -> dict:
+        """A workflow run of the measuring workflow, in the shape of GET .../actions/workflows/N/runs."""
+        self.next_id += 1
+        run = {"id": self.next_id, "run_number": run_number, "workflow_id": workflow_id, "head_sha": head_sha,
+               "head_branch": "x", "event": event, "status": "completed" if conclusion else "in_progress",
+               "conclusion": conclusion, "head_repository": {"full_name": head_repo}}
+        self.runs.setdefault(workflow_id, []).append(run)
+        return run
 
     def fail(self, method: str, path: str, status: int, times: int = 1, **headers: str) -> None:
         self.faults += [(method, path, status, headers)] * times
@@ -168,6 +179,14 @@ class FakeGitHub:
         repo = f"/repos/{OWNER}/{REPO}"
         if path == repo and req.method == "GET":  # guard comment --no-results reaches the status API through it
             return self.reply(self.full_repo(f"{OWNER}/{REPO}"))
+        if path == f"{repo}/pulls" and req.method == "GET":  # open PRs, filtered by head "owner:branch"
+            want = req.args.get("head")
+            found = [self.pull(n) for n in sorted(self.pulls)
+                     if want is None or want == f"{self.pulls[n][1].split('/')[0]}:x"]
+            return self.reply(found)
+        if (m := re.fullmatch(rf"{repo}/actions/workflows/(\d+)/runs", path)) and req.method == "GET":
+            runs = [r for r in self.runs.get(int(m[1]), []) if req.args.get("head_sha") in (None, r["head_sha"])]
+            return self.reply({"total_count": len(runs), "workflow_runs": runs})
         if m := re.fullmatch(rf"{repo}/pulls/(\d+)", path):
             n = int(m[1])
             return self.reply(self.pull(n)) if req.method == "GET" and n in self.pulls else self.reply({}, 404)
