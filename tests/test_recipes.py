@@ -31,7 +31,8 @@ from guard import cli
 from guard.config.budgets import load_thresholds
 from guard.judge.evaluate import ttft_not_judged
 from guard.judge.rejudge import rejudge
-from guard.report.results import load_results, results_to_dict, write_json_atomic
+from guard.commands.check import write_report
+from guard.report.results import load_results
 from guard.report.terminal import render_terminal
 from tests.conftest import REPO
 
@@ -119,16 +120,18 @@ SCENARIOS = [
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{Path(s.fixture).stem}{'-' + s.edit if s.edit else ''}")
 def test_every_printed_command_works_where_it_is_pasted(scenario, tmp_path, monkeypatch, capsys):
     budgets = edited_budgets(tmp_path, scenario.edit)
-    # 1. the runner: judged in its checkout, written to guard-results/ there
-    runner = checkout(tmp_path / "runner" / "work" / "guard", budgets)
-    monkeypatch.chdir(runner)
+    # 1. the runner, as guard-cpu.yml lays it out: guard checked out into guard/ of a workspace that is
+    #    no repository, run from the workspace, results in the workspace's guard-results/
+    workspace = tmp_path / "runner" / "work"
+    runner = checkout(workspace / "guard", budgets)
+    monkeypatch.chdir(workspace)
     stored = load_results(FIXTURES / scenario.fixture)
-    judged = rejudge(stored, load_thresholds(BUDGETS), source=scenario.fixture)
-    artifact = runner / "guard-results"
+    judged = rejudge(stored, load_thresholds(f"guard/{BUDGETS}"), source=scenario.fixture)
+    artifact = workspace / "guard-results"
     artifact.mkdir()
-    write_json_atomic(artifact / "results.json", results_to_dict(judged))
+    write_report(judged, artifact, f"guard/{BUDGETS}")  # results.json and report.md, as guard check writes them
     terminal = render_terminal(judged)
-    assert str(runner) not in json.dumps(results_to_dict(judged))  # nothing in the record names the runner's checkout
+    assert str(workspace) not in (artifact / "results.json").read_text()  # nothing recorded names the runner's folders
 
     # 2. the poster: the default branch's checkout, the artifact downloaded beside it
     poster = checkout(tmp_path / "poster" / "guard", budgets)
@@ -146,7 +149,8 @@ def test_every_printed_command_works_where_it_is_pasted(scenario, tmp_path, monk
     assert cli.main(["comment", *posted]) == 2  # no token: nothing posted, but the job summary is written first
     capsys.readouterr()
 
-    sources = {"comment": shown(body), "job summary": shown(summary.read_text()), "terminal": terminal}
+    sources = {"comment": shown(body), "poster's job summary": shown(summary.read_text()), "terminal": terminal,
+               "measuring job's summary": shown((artifact / "report.md").read_text())}
     printed = [(where, steps) for where, text in sources.items() for steps in commands(text)]
     assert scenario.expect <= {kind(step) for _, steps in printed for step in steps}, (printed, sources)
 
@@ -156,7 +160,7 @@ def test_every_printed_command_works_where_it_is_pasted(scenario, tmp_path, monk
         shutil.copytree(artifact, person / "guard-results")
         monkeypatch.chdir(person)
         for step in steps:
-            assert str(runner) not in step and str(tmp_path / "poster") not in step, (where, step)
+            assert str(workspace) not in step and str(tmp_path / "poster") not in step, (where, step)
             follow(step, person, where, judged, capsys)
 
 

@@ -478,7 +478,8 @@ def _recipes(results: Results, thresholds: str | None) -> list[str]:
     (guard.config.recipes), with values from the artifact used only where plain."""
     run = results.run
     profile = _token(run.profile, "PROFILE")
-    named = thresholds or run.thresholds_path
+    # a file named from here is renamed from its repository's root; a recorded one already is, unless older
+    named = person_path(thresholds) if thresholds else run.thresholds_path
     budgets = _path_token(person_path(named) if Path(named).is_absolute() else named, "THRESHOLDS")
     only = None if results.ttft_checks or results.ab_checks else "ops"
     if results.pr is not None:  # both sides are measured: there are no numbers to accept
@@ -502,9 +503,9 @@ def _recipes(results: Results, thresholds: str | None) -> list[str]:
 
 def render_markdown(results: Results, *, run_url: str | None = None, thresholds: str | None = None,
                     history: Sequence[HistoryRecord] | None = None, history_base: str | None = None) -> str:
-    """The PR comment's body. ``thresholds``: the budget file's path as the reader would name it
-    (repository-relative in the comment), for the recipes; results.json records where the run read
-    it, which is the runner's path. ``history``: main's history records (``guard comment
+    """The PR comment's body. ``thresholds``: the budget file the recipes name, as a path from the
+    working directory (the poster's trusted copy); default: the one the run recorded, from its
+    repository's root. ``history``: main's history records (``guard comment
     --history``); with the pull request's base in them (``history_base``, else the base ``guard pr``
     measured), a section says where this run sits."""
     run = results.run
