@@ -229,3 +229,17 @@ def test_a_renamed_function_that_issued_ops_itself_is_found_through_the_census(v
     first = reason.text.index("renamed to ")
     assert reason.text[first:].startswith(f"renamed to {RENAMED_FN.replace('_build_causal_mask', new)}? "
                                           "(4 op calls per request moved there from it)")
+
+
+def test_bisect_reads_the_budget_file_as_good_has_it(small: Path, tmp_path: Path) -> None:
+    good = git.resolve(small, "main", "--good")
+    bad = commit(small, "docs", files={"docs/x.md": "x\n"})
+    done = run_guard("bisect", "--vllm-repo", str(small), "--good", "main", "--bad", bad, "--thresholds-in-repo",
+                     "ci/guard.yaml", "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--thresholds-in-repo ci/guard.yaml: does not exist in good main ({good.sha[:12]})" in done.stderr
+    args = argparse.Namespace(thresholds_in_repo=IN_REPO, thresholds=pr_command.DEFAULT_THRESHOLDS,
+                              vllm_repo=str(small), good=bad)
+    from guard.commands.bisect import _budgets
+
+    assert _budgets(args).profiles["cpu"].ops[0].name == "mask_path"
