@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from guard.commands import pr as pr_command
 from guard.config.budgets import load_thresholds
