@@ -1,8 +1,8 @@
 """Pull requests to judge: edits of vLLM's sources, committed on top of the test repository's base.
 
 Each head is what a real pull request could do. ``expect`` is ``guard pr``'s exit code:
-1 a regression, 0 a refactor that changes no work, 3 a head that does not import, 6 a change only
-to compiled code. The loops are written for these tests from the descriptions in guard/measure/canary.py
+1 a regression, 0 a refactor that changes no work, 3 a head that does not import (or renames the
+function an op budget names), 6 a change only to compiled code. The loops are written for these tests from the descriptions in guard/measure/canary.py
 and guard/measure/mutants.py (the pre-#49531 mask, a per-token ``.item()``).
 """
 
@@ -72,6 +72,10 @@ HEADS: dict[str, Head] = {
     # edit, committed), and a function renamed
     "refactor": Head("deepencoder: factor out the relative coordinates, rename window_partition", 0,
                      edits={SAM: (_MOVE.old, _MOVE.new)}, renames={SAM: ("window_partition(", "partition_windows(")}),
+    # a pure rename of the function the mask_path op budget names: behaviour-preserving, but the budget
+    # now counts nothing in head (guard pr says so by name: exit 3, reason scope_gone)
+    "rename-mask-scope": Head("deepencoder2: rename _update_causal_mask to _build_causal_mask", 3,
+                              renames={ENC2: ("_update_causal_mask", "_build_causal_mask")}),
     "csrc-only": Head("csrc: tune a kernel", 6, files={"csrc/cache_kernels.cu": "// a faster kernel\n"}),
     "broken-import": Head("deepencoder2: import a helper that does not exist", 3, edits={ENC2: (
         "\nimport torch\n", "\nimport torch\nfrom vllm.no_such_module import helper  # noqa: F401\n")}),

@@ -4,7 +4,8 @@ One base and three heads (tests/pr_heads.py): the pre-#49531 mask loop and a per
 loop must fail naming their functions and the lines that added them; a refactor that moves code
 into a new helper and renames a function must pass with a "moved" notice. The cache directory is
 the session's (conftest.engine_cache, shared with test_e2e_bisect, whose good is this base), so
-base is profiled once in the session: at most four profile passes of one 640x480 request each.
+base is profiled once in the session: at most five profile passes of one 640x480 request each
+(the fifth: a head that renames the mask scope's function, judged by budgets committed in the tree).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.report.results import Status, Verdict, load_results
+from guard.report.results import ReasonKind, Status, Verdict, load_results
 from tests.conftest import run_guard
 from tests.pr_heads import HEADS, ITEM_FN, MASK_FN
 from tests.test_e2e import small_cpu_yaml
@@ -76,3 +77,31 @@ def test_a_refactor_that_moves_and_renames_passes_with_a_moved_notice(world, tmp
     assert moved[renamed].moved_from == ("vllm/model_executor/models/deepencoder.py:window_partition",)
     assert any(n.startswith("census: moved: ") and "_relative_coords" in n for n in res.notices)
     assert "base" in done.stdout and "op counts from the cache" in done.stdout  # base was profiled once
+
+
+def test_budgets_in_the_vllm_tree_name_a_renamed_scope_function(world, tmp_path: Path) -> None:
+    """Base commits the budget file into the vLLM tree; head renames the function its mask_path op
+    budget names (a pure rename: the same work). guard pr reads base's copy and says which budget
+    lost its function, and its new name. The committed file is the other tests' budget text (its
+    census baselines named by absolute path), so base's op counts come from the session cache: one
+    profile pass, head's."""
+    repo, _, budget, cache = world
+    in_repo = ".buildkite/guard/deepseek-ocr-2.yaml"
+    base = commit(repo, "ci: guard budgets in the tree", files={in_repo: budget.read_text()})
+    h = HEADS["rename-mask-scope"]
+    head = commit(repo, h.message, renames=h.renames, parent=base)
+    out = tmp_path / "out"
+    done = run_guard("pr", "--vllm-repo", str(repo), "--base", base, "--head", head, "--only", "ops",
+                     "--thresholds-in-repo", in_repo, "--output", str(out), "--cache-dir", str(cache), timeout=1200)
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    renamed = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model.<locals>."
+               "CustomQwen2ModelInner._build_causal_mask")
+    assert f"renamed to {renamed}?" in done.stdout
+    res = load_results(out / "results.json")
+    (gone,) = [r for r in res.judged_invalid_reasons if r.kind == ReasonKind.SCOPE_GONE]
+    assert gone.text.startswith("op budget 'mask_path' of profile 'cpu': its scope "
+                                "vllm/model_executor/models/deepencoder2.py:_update_causal_mask no longer exists")
+    assert "still runs, under another name" in gone.text  # head's census kept every op the scope counted
+    assert not any(r.kind == ReasonKind.SCOPE_NEVER_ENTERED for r in res.judged_invalid_reasons)
+    assert (res.pr.budgets.revision, res.pr.budgets.path) == (base, in_repo) and res.run.thresholds_path == in_repo
+    assert h.expect == 3

@@ -29,7 +29,7 @@ from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_names
 from guard.report.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)
-from guard.revisions import bisect, git, overlay
+from guard.revisions import bisect, git, inrepo, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules
 
 
@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="look for the first commit that changed this op's calls per request (any change)")
     parser.add_argument("--profile", default="auto", help="hardware profile: auto (default), cpu, a10, ...")
     parser.add_argument("--thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
+    parser.add_argument("--thresholds-in-repo", default=None, metavar="PATH",
+                        help="read the budget YAML from the vLLM repository instead, at this repository-relative path, "
+                             "as good has it (good's copy judges every commit, as base's does in guard pr)")
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="folder for bisect.json and the runs (default: %(default)s)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="the same cache as guard pr (default: $GUARD_CACHE_DIR/pr, else ~/.cache/guard/pr)")
@@ -53,6 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def say(message: str) -> None:
     print(f"guard bisect: {message}", flush=True)
+
+
+def _budgets(args: argparse.Namespace):
+    """``--thresholds``, or ``--thresholds-in-repo`` as good has it (guard.revisions.inrepo)."""
+    if args.thresholds_in_repo is None:
+        return load_thresholds(args.thresholds)
+    if args.thresholds != DEFAULT_THRESHOLDS:
+        raise UsageError("give --thresholds or --thresholds-in-repo, not both")
+    repo = git.open_repository(args.vllm_repo)
+    return inrepo.load_at(repo, git.resolve(repo, args.good, "--good"), args.thresholds_in_repo, "good")[0]
 
 
 def line_of_commits(repo: Path, good: git.Revision, bad: git.Revision) -> list[bisect.Commit]:
@@ -102,7 +115,7 @@ def judge(profile: Profile, candidate: RunRecord, baseline: RunRecord, base: Rev
 
 
 def run(args: argparse.Namespace) -> int:
-    thresholds = load_thresholds(args.thresholds)
+    thresholds = _budgets(args)
     profile = select_profile(thresholds, args.profile, detect(quick=True))
     if profile.census is None and args.op is None and not profile.ops:
         raise UsageError(f"profile '{profile.name}' has no census rule and no op budgets: nothing to bisect on")

@@ -21,12 +21,12 @@ from guard.report.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.commands.check import prepare_output, say_dtype, write_report
 from guard.errors import InvalidRunError, UsageError
-from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr, pr_notices
+from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
 from guard.measure.hardware import detect, select_profile
 from guard.measure.harness import OPS_ONLY, empty_record
 from guard.judge.opnames import check_op_names
 from guard.report.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
-from guard.revisions import git, overlay
+from guard.revisions import git, inrepo, overlay, scopes
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
 from guard.report.terminal import render_terminal
 
@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "one after the other (minutes on a CPU runner)")
     parser.add_argument("--profile", default="auto", help="hardware profile: auto (default), cpu, a10, ...")
     parser.add_argument("--thresholds", default=DEFAULT_THRESHOLDS, help="budget YAML (default: %(default)s)")
+    parser.add_argument("--thresholds-in-repo", default=None, metavar="PATH",
+                        help="read the budget YAML from the vLLM repository instead, at this repository-relative "
+                             "path, as base has it (base's copy judges both sides; head's changes to it are reported, "
+                             "never applied); files it names resolve in the same revision")
     parser.add_argument("--output", default=DEFAULT_OUTPUT,
                         help="folder for results.json, report.md and each side's run (default: %(default)s)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
@@ -62,7 +66,7 @@ def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff, verd
 
 
 def run(args: argparse.Namespace) -> int:
-    thresholds = load_thresholds(args.thresholds)
+    thresholds, budget_files = _budgets(args)
     hw = detect(quick=True)
     profile = select_profile(thresholds, args.profile, hw)
     ops_only = args.only == OPS_ONLY
@@ -86,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     pr = PullRequestDiff(repository=str(repo), base=RevisionInfo(base.rev, base.sha, base.subject),
                          head=RevisionInfo(head.rev, head.sha, head.subject), changed_files=tuple(changed),
                          unmeasured_files=unmeasured, measured=measured)
+    pr = _with_budget_source(pr, args, repo, base, head, budget_files, changed)
     say(f"{thresholds.model}, profile '{profile.name}' on {hw.describe()}")
     say(f"base {base.sha[:12]} {base.subject[:70]}")
     say(f"head {head.sha[:12]} {head.subject[:70]}")
@@ -94,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if not measured:
         results = unjudged(profile, thresholds, pr, Verdict.NOT_MEASURABLE if unmeasured else Verdict.PASS)
-        return finish(results, output, t0, thresholds=args.thresholds)
+        return finish(results, output, t0, thresholds=_named(args))
 
     stack = overlay.engine_stack()
     envs = {}
@@ -112,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     except InvalidRunError as exc:
         return finish(unjudged(profile, thresholds, pr, Verdict.INVALID,
                                       [InvalidReason(ReasonKind.REVISION, exc.args[0])]), output, t0,
-                      hint=exc.hint, thresholds=args.thresholds)
+                      hint=exc.hint, thresholds=_named(args))
     finally:
         dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3), keep={e.root for e in envs.values()})
         if dropped:
@@ -132,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                      candidate_python=str(envs["head"].python))
     results = evaluate_pr(profile, rec, pr, ops_only=ops_only, guard_version=__version__, output=output)
     results = _with_function_changes(results, repo, base, head)
-    return finish(results, output, t0, thresholds=args.thresholds)
+    results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
+    return finish(results, output, t0, thresholds=_named(args))
 
 
 def say(message: str) -> None:
@@ -144,7 +150,48 @@ def _with_function_changes(results: Results, repo: Path, base: git.Revision, hea
     return dataclasses.replace(results, pr=dataclasses.replace(results.pr, function_changes=changes))
 
 
+def _budgets(args: argparse.Namespace) -> tuple[Thresholds, tuple[str, ...]]:
+    """The budgets: ``--thresholds``, or ``--thresholds-in-repo`` as base has it (guard.revisions.inrepo),
+    with the repository-relative files read for it (none for --thresholds)."""
+    if args.thresholds_in_repo is None:
+        return load_thresholds(args.thresholds), ()
+    if args.thresholds != DEFAULT_THRESHOLDS:
+        raise UsageError("give --thresholds or --thresholds-in-repo, not both")
+    repo = git.open_repository(args.vllm_repo)
+    return inrepo.load_at(repo, git.resolve(repo, args.base, "--base"), args.thresholds_in_repo, "base")
+
+
+def _named(args: argparse.Namespace) -> str:
+    """The budget file as report.md's recipes name it."""
+    return inrepo.repo_path(args.thresholds_in_repo) if args.thresholds_in_repo else args.thresholds
+
+
+def _with_budget_source(pr: PullRequestDiff, args: argparse.Namespace, repo: Path, base: git.Revision,
+                        head: git.Revision, files: tuple[str, ...], changed: list[str]) -> PullRequestDiff:
+    """--thresholds-in-repo: where the budgets came from, and what head's copy would change (reported)."""
+    if not args.thresholds_in_repo:
+        return pr
+    source = inrepo.budget_source(repo, base, head, inrepo.repo_path(args.thresholds_in_repo), files, changed)
+    for line in budget_notices(source):
+        say(line)
+    return dataclasses.replace(pr, budgets=source)
+
+
+def _with_gone_scopes(results: Results, profile: Profile, rec: ABRecord, repo: Path, base: git.Revision,
+                      head: git.Revision, changed: list[str]) -> Results:
+    """A budgeted scope whose function head no longer has: one reason naming the budget and where its
+    code went (guard.revisions.scopes), in place of "was never entered" per image size."""
+    gone = scopes.gone_scopes(profile, rec, repo, base, head, changed)
+    if not gone:
+        return results
+    kept = [r for r in results.judged_invalid_reasons
+            if not (r.kind == ReasonKind.SCOPE_NEVER_ENTERED and any(f"scope '{n}'" in r.text for n in gone))]
+    return dataclasses.replace(results, judged_invalid_reasons=(*gone.values(), *kept))
+
+
 def finish(results: Results, output: Path, t0: float, hint: str | None = None, thresholds: str | None = None) -> int:
+    if results.pr is not None and results.pr.budgets is not None:  # not the temporary copy it was read from
+        results = _budget_paths(results, results.pr.budgets.path)
     write_report(results, output, thresholds)
     print()
     print(render_terminal(results))
@@ -152,3 +199,12 @@ def finish(results: Results, output: Path, t0: float, hint: str | None = None, t
         print(f"hint: {hint}")
     print(f"guard pr: {time.perf_counter() - t0:.0f} s; wrote {output / 'results.json'} and {output / 'report.md'}")
     return results.exit_code
+
+
+def _budget_paths(results: Results, path: str) -> Results:
+    """Each side's recorded thresholds path as the repository names it."""
+    run = dataclasses.replace(results.run, thresholds_path=path)
+    ab = results.ab
+    if ab is not None:
+        ab = dataclasses.replace(ab, baseline=dataclasses.replace(ab.baseline, thresholds_path=path))
+    return dataclasses.replace(results, run=run, ab=ab)

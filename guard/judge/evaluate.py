@@ -21,7 +21,7 @@ from guard.measure.speedref import speed_notice, speed_problems, unsteady
 from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
 from guard.files import person_path
 from guard.report.environment import Environment
-from guard.report.results import (TOTAL_OPS, ABComparison, ABRecord, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
+from guard.report.results import (TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
 from guard.judge.rules import judge_ttft
 
@@ -376,8 +376,10 @@ def _changes_within_the_rule(census: CensusJudgement) -> list[str]:
 
 
 def pr_notices(pr: PullRequestDiff) -> list[str]:
-    """What a pull request changed that this run did not measure, first among the notices."""
+    """What a pull request changed that this run did not measure or apply, first among the notices."""
     out = []
+    if pr.budgets is not None and pr.budgets.head_changed_files:
+        out.append(budget_notices(pr.budgets)[0])
     if pr.unmeasured_files:
         shown = ", ".join(pr.unmeasured_files[:5]) + (", ..." if len(pr.unmeasured_files) > 5 else "")
         out.append(f"not measurable on this engine stack: {len(pr.unmeasured_files)} changed file(s) of compiled "
@@ -385,6 +387,21 @@ def pr_notices(pr: PullRequestDiff) -> list[str]:
                    "them decides the rest")
     if not pr.measured:
         out.append("not measured: base and head have the same vllm/ Python sources")
+    if pr.budgets is not None:
+        out.append(budget_notices(pr.budgets)[-1])
+    return out
+
+
+def budget_notices(source: BudgetSource) -> list[str]:
+    """``guard pr --thresholds-in-repo``: where the budgets came from, and a budget change head made
+    (reported for a maintainer's approval, never applied: guard.revisions.inrepo)."""
+    out = []
+    if source.head_changed_files:
+        out.append(f"budget change in this pull request, needs a maintainer's approval: it changes "
+                   f"{', '.join(source.head_changed_files)}; not applied: base's copy judged both sides. "
+                   + "; ".join(source.head_changes))
+    out.append(f"budgets: {source.path} as base {source.revision[:12]} has it"
+               + (f", with {', '.join(source.files[1:])}" if len(source.files) > 1 else ""))
     return out
 
 

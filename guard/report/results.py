@@ -147,6 +147,7 @@ class ReasonKind(StrEnum):
     SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.measure.speedref)
     SCOPE_NEVER_ENTERED = "scope_never_entered"
     SCOPE_NOT_MEASURED = "scope_not_measured"  # budgeted, but no counts recorded
+    SCOPE_GONE = "scope_gone"  # guard pr: a budgeted scope's function no longer exists in head (renamed?)
     VACUOUS_BUDGET = "vacuous_budget"  # an op budget naming the variant that is never called
     CENSUS_MISSING = "census_missing"  # no census (or no Python frames) measured for an image size
     CENSUS_BASELINE = "census_baseline"  # no committed census baseline yet: update-thresholds may write one past it
@@ -447,6 +448,18 @@ class FunctionChange:
 
 
 @dataclass(frozen=True)
+class BudgetSource:
+    """``guard pr --thresholds-in-repo``: the budget file read from the vLLM tree, from base (the
+    trusted side), and what head did to it (reported, never applied). Paths are repository-relative."""
+
+    revision: str  # the commit the budgets were read from (base)
+    path: str  # the budget file
+    files: tuple[str, ...] = ()  # the budget file and the files it names (census baselines, ...) that base holds
+    head_changed_files: tuple[str, ...] = ()  # of those (or of the files head's copy names): what head changed
+    head_changes: tuple[str, ...] = ()  # one line per budget head's copy changes, e.g. "profile cpu: op budget ..."
+
+
+@dataclass(frozen=True)
 class PullRequestDiff:
     """What ``guard pr`` compared: two revisions of a vLLM repository, base measured as the baseline."""
 
@@ -457,6 +470,7 @@ class PullRequestDiff:
     unmeasured_files: tuple[str, ...] = ()  # compiled code or dependencies: not measurable on this engine stack
     measured: bool = True  # False: base and head have the same vllm/ Python, so there was nothing to measure
     function_changes: tuple[FunctionChange, ...] = ()
+    budgets: BudgetSource | None = None  # --thresholds-in-repo: where the budgets came from
 
 
 @dataclass(frozen=True)
@@ -604,6 +618,8 @@ def _pr_to_dict(pr: PullRequestDiff) -> dict[str, Any]:
     d["changed_files"], d["unmeasured_files"] = list(pr.changed_files), list(pr.unmeasured_files)
     d["function_changes"] = [{"function": f.function, "lines": [{"line": n, "text": t} for n, t in f.lines]}
                              for f in pr.function_changes]
+    if pr.budgets is None:
+        del d["budgets"]  # written only when the budgets came from the vLLM tree
     return d
 
 
@@ -614,7 +630,9 @@ def _pr_from_dict(d: dict[str, Any] | None) -> PullRequestDiff | None:
         repository=d["repository"], base=RevisionInfo(**d["base"]), head=RevisionInfo(**d["head"]),
         changed_files=tuple(d["changed_files"]), unmeasured_files=tuple(d["unmeasured_files"]), measured=d["measured"],
         function_changes=tuple(FunctionChange(f["function"], tuple((x["line"], x["text"]) for x in f["lines"]))
-                               for f in d["function_changes"]))
+                               for f in d["function_changes"]),
+        budgets=None if d.get("budgets") is None else BudgetSource(**{
+            k: tuple(v) if isinstance(v, list) else v for k, v in d["budgets"].items()}))
 
 
 def results_from_dict(d: dict[str, Any]) -> Results:
