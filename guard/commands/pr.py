@@ -26,7 +26,7 @@ from guard.measure.hardware import detect, select_profile
 from guard.measure.harness import OPS_ONLY, empty_record
 from guard.judge.opnames import check_op_names
 from guard.report.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
-from guard.revisions import git, inrepo, overlay, scopes
+from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
 from guard.report.terminal import render_terminal
 
@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else ~/.cache/guard/pr)")
     parser.add_argument("--cache-max-gb", type=float, default=overlay.DEFAULT_MAX_BYTES / 1024**3,
                         help="keep the cache below this size, least recently used entries out first (default: %(default)g)")
+    parser.add_argument("--base-python", default=None, metavar="PYTHON",
+                        help="base's own environment: the python of a venv (or image) with base's vLLM and torch "
+                             "installed; default: base's vllm/ over the compiled files of guard's vLLM wheel")
+    parser.add_argument("--head-python", default=None, metavar="PYTHON",
+                        help="head's own environment, likewise; with both, compiled code and dependency changes "
+                             "are measured too (docs/pr.md, environments per side)")
     parser.add_argument("--fresh", action="store_true", help="profile both sides again even when their op counts are cached")
 
 
@@ -84,16 +90,28 @@ def run(args: argparse.Namespace) -> int:
         (output / stale).unlink(missing_ok=True)
     cache_dir = Path(args.cache_dir).expanduser().resolve() if args.cache_dir else overlay.default_cache_dir()
 
+    own, broken = _own_environments(args, repo, base, head, cache_dir)
+    stack = overlay.engine_stack() if len(own) < len(SIDES) else None
     changed = git.changed_files(repo, base, head)
-    unmeasured = tuple(f for f in changed if git.unmeasurable(f))
-    measured = base.package_tree != head.package_tree
-    pr = PullRequestDiff(repository=str(repo), base=RevisionInfo(base.rev, base.sha, base.subject),
-                         head=RevisionInfo(head.rev, head.sha, head.subject), changed_files=tuple(changed),
-                         unmeasured_files=unmeasured, measured=measured)
+    # both sides built from their own revision: compiled code and dependencies are measured like Python
+    unmeasured = () if len(own) == len(SIDES) else tuple(f for f in changed if git.unmeasurable(f))
+    measured = base.package_tree != head.package_tree or (len(own) == len(SIDES) and own["base"].key != own["head"].key)
+    revisions = {name: RevisionInfo(rev.rev, rev.sha, rev.subject, version=git.describe(repo, rev),
+                                    environment=own[name].describe() if name in own
+                                    else f"its vllm/ over {stack.version}'s compiled files (overlay)",
+                                    differs=len(own[name].differs) if name in own else 0)
+                 for name, rev in (("base", base), ("head", head))}
+    pr = PullRequestDiff(repository=str(repo), base=revisions["base"], head=revisions["head"],
+                         changed_files=tuple(changed), unmeasured_files=unmeasured, measured=measured)
     pr = _with_budget_source(pr, args, repo, base, head, budget_files, changed)
     say(f"{thresholds.model}, profile '{profile.name}' on {hw.describe()}")
-    say(f"base {base.sha[:12]} {base.subject[:70]}")
-    say(f"head {head.sha[:12]} {head.subject[:70]}")
+    for name, rev in (("base", base), ("head", head)):
+        info = revisions[name]
+        say(f"{name} {rev.sha[:12]} {rev.subject[:70]}")
+        say(f"     {info.version or 'no version tag'}; runs in {info.environment}")
+    if broken is not None:
+        return finish(unjudged(profile, thresholds, pr, Verdict.INVALID, [InvalidReason(ReasonKind.REVISION, broken.args[0])]),
+                      output, time.perf_counter(), hint=broken.hint, thresholds=_named(args))
     say(f"{len(changed)} file(s) changed, {len(git.runtime_files(changed))} under {git.PACKAGE}/, "
         f"{len(unmeasured)} not measurable here (compiled code, dependencies)")
     t0 = time.perf_counter()
@@ -101,15 +119,17 @@ def run(args: argparse.Namespace) -> int:
         results = unjudged(profile, thresholds, pr, Verdict.NOT_MEASURABLE if unmeasured else Verdict.PASS)
         return finish(results, output, t0, thresholds=_named(args))
 
-    stack = overlay.engine_stack()
-    envs = {}
+    envs: dict = dict(own)
     try:
         for name, rev in (("base", base), ("head", head)):
+            if name in own:
+                continue
             envs[name] = overlay.prepare(repo, rev, cache_dir, stack, progress=say)
             state = "cached" if envs[name].reused else f"built ({envs[name].linked} files linked from {stack.version})"
             say(f"{name} environment {envs[name].root} ({state})")
-        # a side whose op counts are cached imported fine when they were counted: same tree, same stack
-        to_check = [envs[n] for n in SIDES if not (ops_only and not args.fresh
+        # a side whose op counts are cached imported fine when they were counted: same tree, same stack;
+        # a side in its own environment was imported by installed.inspect
+        to_check = [envs[n] for n in SIDES if n not in own and not (ops_only and not args.fresh
                                                    and cached_pass(envs[n], profile, thresholds).is_file())]
         if to_check:
             say(f"checking that {' and '.join(e.revision.rev for e in to_check)} import against the engine stack ...")
@@ -119,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
                                       [InvalidReason(ReasonKind.REVISION, exc.args[0])]), output, t0,
                       hint=exc.hint, thresholds=_named(args))
     finally:
-        dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3), keep={e.root for e in envs.values()})
+        dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3),
+                                keep={e.root for n, e in envs.items() if n not in own})
         if dropped:
             say(f"cache over {args.cache_max_gb:g} GB: dropped {len(dropped)} least recently used environment(s)")
 
@@ -139,6 +160,18 @@ def run(args: argparse.Namespace) -> int:
     results = _with_function_changes(results, repo, base, head)
     results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
     return finish(results, output, t0, thresholds=_named(args))
+
+
+def _own_environments(args: argparse.Namespace, repo: Path, base: git.Revision, head: git.Revision,
+                      cache_dir: Path) -> tuple[dict[str, installed.InstalledEnvironment], InvalidRunError | None]:
+    """The sides given an interpreter of their own (--base-python/--head-python), as inspected; or
+    why one cannot run (its vLLM does not import): an invalid run, not a usage error."""
+    given = [(name, rev, installed.resolve_python(python, f"--{name}-python"))
+             for name, rev, python in (("base", base, args.base_python), ("head", head, args.head_python)) if python]
+    try:
+        return {name: installed.inspect(python, repo, rev, name, cache_dir) for name, rev, python in given}, None
+    except InvalidRunError as exc:
+        return {}, exc
 
 
 def say(message: str) -> None:

@@ -20,6 +20,7 @@ from guard.measure.contention import busy
 from guard.measure.speedref import speed_notice, speed_problems, unsteady
 from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
 from guard.files import person_path
+from guard.revisions.git import unmeasurable
 from guard.report.environment import Environment
 from guard.report.results import (TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
@@ -387,9 +388,40 @@ def pr_notices(pr: PullRequestDiff) -> list[str]:
                    "them decides the rest")
     if not pr.measured:
         out.append("not measured: base and head have the same vllm/ Python sources")
+    for name, side in (("base", pr.base), ("head", pr.head)):
+        if side.differs:
+            out.append(f"{name} ran {side.environment}, whose vllm/ is not {side.sha[:12]}'s in {side.differs} Python "
+                       "file(s): its census is of the code installed there")
     if pr.budgets is not None:
         out.append(budget_notices(pr.budgets)[-1])
     return out
+
+
+# What a side's environment is named by when the two differ; vLLM's own version is the revision's.
+ENVIRONMENT_FACTS = (("torch", "torch"), ("transformers", "transformers"), ("python", "Python"),
+                     ("cuda_runtime", "CUDA runtime"), ("vllm_dist", "vLLM distribution"))
+
+
+def environment_differences(rec: ABRecord) -> list[tuple[str, str | None, str | None]]:
+    """(what, base's, head's) for each fact of the two sides' environments that differs."""
+    base, head = rec.baseline.environment, rec.candidate.environment
+    return [(label, getattr(base, key), getattr(head, key)) for key, label in ENVIRONMENT_FACTS
+            if getattr(base, key) != getattr(head, key) and getattr(base, key) and getattr(head, key)]
+
+
+def environment_notice(rec: ABRecord, pr: PullRequestDiff) -> list[str]:
+    """Named, not blamed: the verdict stands (docs/pr.md, environments per side), and a reviewer can
+    tell a dependency's change from vLLM's own in the census findings."""
+    diffs = environment_differences(rec)
+    if not diffs:
+        return []
+    said = ", ".join(f"{what} {a} → {b}" for what, a, b in diffs)
+    own = any(unmeasurable(f) == "dependencies" for f in pr.changed_files)
+    why = ("the pull request changes dependency files, so they are its own change" if own else
+           "the pull request changes no dependency file: the environments were built at different times or from "
+           "different indexes")
+    return [f"environments differ: {said} ({why}); census changes in functions that call into them may be the "
+            "dependency's, not vLLM's Python"]
 
 
 def budget_notices(source: BudgetSource) -> list[str]:
@@ -424,7 +456,7 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_onl
                            f"({before}) already; this pull request did not add to it")
             c = dataclasses.replace(c, status=Status.PASS)
         ops.append(c)
-    notices[:0] = pr_notices(pr)
+    notices[:0] = pr_notices(pr) + environment_notice(rec, pr)
     res = dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr)
     return dataclasses.replace(res, verdict=verdict_of(res.checks, res.invalid_reasons,
                                                        unmeasurable=bool(pr.unmeasured_files)))

@@ -437,6 +437,9 @@ class RevisionInfo:
     rev: str  # as named on the command line
     sha: str
     subject: str
+    version: str | None = None  # its vLLM version as the repository's tags say (git describe); None: untagged
+    environment: str | None = None  # what it ran in: its own interpreter, or its vllm/ over guard's wheel
+    differs: int = 0  # its own environment's vllm/ Python files that are not the revision's
 
 
 @dataclass(frozen=True)
@@ -615,6 +618,8 @@ def results_to_dict(res: Results) -> dict[str, Any]:
 
 def _pr_to_dict(pr: PullRequestDiff) -> dict[str, Any]:
     d = asdict(pr)
+    for side in ("base", "head"):  # not recorded (an older guard, an overlay side's count) is not written
+        d[side] = {k: v for k, v in d[side].items() if not (k in ("version", "environment", "differs") and not v)}
     d["changed_files"], d["unmeasured_files"] = list(pr.changed_files), list(pr.unmeasured_files)
     d["function_changes"] = [{"function": f.function, "lines": [{"line": n, "text": t} for n, t in f.lines]}
                              for f in pr.function_changes]

@@ -27,9 +27,9 @@ class Revision:
     package_tree: str | None  # git's hash of the vllm/ tree: the content hash of the side's Python; None: no vllm/
 
 
-def git(repo: Path, *args: str, check: bool = True, text: bool = True) -> subprocess.CompletedProcess:
+def git(repo: Path, *args: str, check: bool = True, text: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
     try:
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, check=False)
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, check=False, input=stdin)
     except FileNotFoundError:
         raise UsageError("git is not installed: guard pr reads the vLLM repository with git") from None
     if check and done.returncode != 0:
@@ -99,6 +99,13 @@ def added_lines(repo: Path, base: Revision, head: Revision, path: str) -> list[t
             lines.append((number, raw[1:]))
             number += 1
     return lines
+
+
+def describe(repo: Path, rev: Revision) -> str | None:
+    """The revision's vLLM version as its tags say (``v0.31.0``, ``v0.32.0-12-gabc1234``); None untagged.
+    This, not a ``_version.py`` borrowed from a wheel, is what a side is labelled with."""
+    done = git(repo, "describe", "--tags", "--match", "v[0-9]*", rev.sha, check=False)
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def file_at(repo: Path, rev: Revision, path: str) -> str | None:

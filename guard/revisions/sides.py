@@ -18,6 +18,7 @@ from guard.measure.harness import OPS_ONLY, record_suite
 from guard.report.results import FunctionChange, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
+from guard.revisions.installed import InstalledEnvironment
 
 MAX_LINES_PER_FUNCTION = 40
 
@@ -73,12 +74,41 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     side_out.mkdir(parents=True, exist_ok=True)
     (side_out / "run.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
-    record = record_suite(thresholds, profile, side_out, only=OPS_ONLY, python=str(env.python))
+    if isinstance(env, InstalledEnvironment):
+        record = own_environment_pass(name, env, profile, thresholds, side_out, say)
+    else:
+        record = record_suite(thresholds, profile, side_out, only=OPS_ONLY, python=str(env.python))
     say(f"{name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s")
     if not record.invalid_reasons:  # a stopped or broken run says why there, and is never kept
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(cached, run_file_dict(record))
     return record, False
+
+
+def own_environment_pass(name: str, env: InstalledEnvironment, profile: Profile, thresholds: Thresholds,
+                         output: Path, say: Callable[[str], None]) -> RunRecord:
+    """The op-count pass in the side's own interpreter: the run stage over one worker side, which
+    imports guard from here and needs nothing installed there but vLLM (guard.measure.worker)."""
+    from guard.errors import InvalidRunError
+    from guard.measure.hardware import detect, fingerprint
+    from guard.measure.run import GuardRun
+    from guard.measure.worker import WORKER_REPORTED, WorkerSide
+    from guard.report.results import InvalidReason, ReasonKind
+
+    side = WorkerSide(name, env.python, output, thresholds=thresholds.path.resolve(), profile=profile,
+                      progress=lambda m: say(f"{name} {m}"))
+    environment = fingerprint(detect(), profile)  # this machine's; the versions are the worker's to say
+    environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
+    stage = GuardRun(thresholds, profile, detect(), output, side=side, environment=environment,
+                     progress=lambda m: say(f"{name} {m}"))
+    try:
+        with stage:
+            stage.profile_ops()
+    except InvalidRunError as exc:
+        stage.record.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, f"{name}: {exc.args[0]}"))
+    record = stage.finish()
+    write_json_atomic(output / "run.json", run_file_dict(record))
+    return record
 
 
 def function_changes(repo: Path, base: git.Revision, head: git.Revision, results: Results) -> tuple[FunctionChange, ...]:
