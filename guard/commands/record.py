@@ -34,12 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="when the run started (default: the run's started_at)")
     parser.add_argument("--note", default="", help="free text kept with the record, e.g. the workflow run's URL")
     parser.add_argument("--replace", action="store_true", help="replace the record of the same commit and profile")
+    parser.add_argument("--skip-unmeasured", action="store_true",
+                        help="exit 0 without recording when `guard pr` measured nothing (the commit changed nothing "
+                             "under vllm/: its census is its parent's)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.commit is not None and not SHA.fullmatch(args.commit):
         raise UsageError(f"--commit {args.commit!r} is not a commit hash (7 to 40 hex digits)")
     results = load_results(Path(args.results))
+    if args.skip_unmeasured and results.pr is not None and not results.pr.measured:
+        print(f"guard record: {results.pr.head.sha[:12]} changed nothing under vllm/ against "
+              f"{results.pr.base.sha[:12]}: nothing measured, nothing recorded ({args.history} unchanged)")
+        return 0
     record = record_from_results(results, commit=args.commit, date=args.date, note=args.note)
     records, replaced = append(args.history, record, replace=args.replace)
     census = ", ".join(f"{fmt.size(c.image_size)} {fmt.calls(c.calls)} in {c.functions} functions"
