@@ -447,7 +447,7 @@ def test_actionlint_is_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-ENV = {"base": "a" * 40, "ONLY": "ops", "RESULTS": "/tmp/r/results.json", "store": "/tmp/store",
+ENV = {"base": "a" * 40, "ONLY": "ops", "RESULTS": "/tmp/r/results.json", "store": "/tmp/store", "GITHUB_STEP_SUMMARY": "/tmp/s",
        "BASE": "a" * 40, "HEAD": "b" * 40, "PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml",
        "dir": "/tmp/a/guard-deepseek-ocr-2-cpu", "RUN_HEAD_SHA": HEAD, "RUN_HEAD_REPO": FORK, "RUN_URL": RUN_URL,
        "TRUSTED": "thresholds/deepseek-ocr-2.yaml", "CONCLUSION": "cancelled", "model": "deepseek-ocr-2",
