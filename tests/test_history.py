@@ -105,7 +105,7 @@ GOOD = json.loads(ZEN5.read_text(encoding="utf-8").splitlines()[0])
     ({"date": "yesterday"}, "date"),
     ({"date": "2026-12-02T14:11:04"}, "date"),
     ({"extra": 1}, "(record)"),
-    ({"schema_version": 2}, "schema_version"),
+    ({"schema_version": 3}, "schema_version"),  # 1 and 2 are read; a newer guard wrote 3
 ])
 def test_a_bad_record_is_named_by_file_line_and_field(change, field):
     second = {**GOOD, "commit": "f" * 40, **change}
@@ -148,13 +148,81 @@ def test_append_refuses_a_recorded_commit_unless_replace_and_replaces_in_place(r
     assert not replaced and records[-1] == new and len(load_history(store)) == len(before) + 1
 
 
-def test_an_invalid_run_a_run_without_ttft_and_a_run_without_a_commit_are_not_recorded(tmp_path):
+def test_an_invalid_run_a_run_with_nothing_measured_and_a_run_without_a_commit_are_not_recorded(tmp_path):
     with pytest.raises(InvalidRunError, match="engine died"):
         record_from_results(load_results(check_results(tmp_path, verdict="invalid")))
-    with pytest.raises(UsageError, match="no TTFT samples"):
-        record_from_results(load_results(check_results(tmp_path, ttft_s=())))
+    no_census = json.loads(check_results(tmp_path, ttft_s=()).read_text(encoding="utf-8"))
+    no_census["run"]["census"] = {}
+    write_json_atomic(tmp_path / "nothing.json", no_census)
+    with pytest.raises(UsageError, match="neither TTFT samples nor a census"):
+        record_from_results(load_results(tmp_path / "nothing.json"))
     with pytest.raises(UsageError, match="--commit"):
         record_from_results(load_results(check_results(tmp_path, commit=None)))
+
+
+# ----------------------------------------------------------------------------- ops-only runs (schema version 2)
+def test_an_ops_only_check_is_recorded_with_its_census_and_no_ttft_as_version_2(tmp_path):
+    r = record_from_results(load_results(check_results(tmp_path, ttft_s=())))
+    assert (r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms, r.samples) == (None, None, None, 0) and not r.has_ttft
+    assert r.census_calls > 0 and r.census_digest is not None
+    d = json.loads(to_line(r))
+    assert d["schema_version"] == 2 and d["ttft_p50_ms"] is None and d["samples"] == 0
+    assert parse_history(to_line(r), "h.jsonl") == [r]
+
+
+def test_a_record_with_ttft_is_still_written_as_version_1_byte_for_byte(results):
+    """An older guard that reads version 1 only keeps reading every record that has TTFT."""
+    d = json.loads(to_line(record_from_results(results)))
+    assert d["schema_version"] == 1 and isinstance(d["ttft_p50_ms"], float) and d["samples"] == len(TTFT_S)
+    assert list(d) == ["schema", "schema_version", "commit", "date", "profile", "model", "machine", "dtype",
+                       "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "samples", "census", "census_digest", "verdict",
+                       "guard_version"]
+
+
+def test_the_committed_version_1_stores_read_unchanged_and_take_ops_only_records_after_them(tmp_path, store):
+    old = load_history(ZEN5)
+    assert {json.loads(line)["schema_version"] for line in ZEN5.read_text().splitlines()} == {1}
+    ops = record_from_results(load_results(check_results(tmp_path, commit="ab" * 20, ttft_s=())))
+    records, _ = append(store, ops)
+    assert records[:-1] == old and records[-1] == ops
+    text = store.read_text(encoding="utf-8")
+    assert text.startswith(ZEN5.read_text(encoding="utf-8"))  # the old lines are kept as they were
+    analysis = analyse("cpu", records)
+    assert analysis.rows[-1].record is ops and analysis.rows[-1].shift is None
+    axis = next(line for line in chart.mermaid(analysis.rows) if "x-axis" in line)
+    assert f'"{ops.commit[:chart.AXIS_HEX]}"' not in axis and f'"{old[-1].commit[:chart.AXIS_HEX]}"' in axis
+    chart.write_png(analysis.rows, tmp_path / "h.png", title="t")  # a gap in the TTFT lines, a census point
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"schema_version": 1, "ttft_p50_ms": None, "ttft_p90_ms": None, "ttft_p99_ms": None, "samples": 0}, "ttft_p"),
+    ({"schema_version": 2, "ttft_p50_ms": None}, "ttft_p50_ms"),  # some percentiles null, others not
+    ({"schema_version": 2, "ttft_p50_ms": None, "ttft_p90_ms": None, "ttft_p99_ms": None, "samples": 6}, "samples"),
+    ({"schema_version": 2, "ttft_p50_ms": None, "ttft_p90_ms": None, "ttft_p99_ms": None, "samples": 0,
+      "census": [], "census_digest": None}, "census"),
+    ({"schema_version": 1, "samples": 0}, "samples"),
+])
+def test_a_record_without_ttft_must_be_version_2_and_hold_a_census(change, field):
+    bad = {**GOOD, **change}
+    with pytest.raises(ConfigError) as e:
+        parse_history(json.dumps(bad) + "\n", "h.jsonl")
+    assert e.value.key.startswith(field) and e.value.line == 1, str(e.value)
+
+
+def test_guard_pr_ops_only_results_record_heads_census_at_heads_commit(tmp_path):
+    """The real `guard pr --only ops` results (tests/fixtures/pr): head's side, head's commit."""
+    res = load_results(REAL_RUN)
+    r = record_from_results(res)
+    assert r.commit == res.pr.head.sha and not r.has_ttft and r.verdict == Verdict.REGRESSION
+    assert r.census_digest == census_digest(res.run.census)
+    out = run_guard("record", "--from", str(REAL_RUN), "--history", str(tmp_path / "h.jsonl"), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"appended {res.pr.head.sha[:12]} (cpu)" in out.stdout and "no TTFT (an ops-only run)" in out.stdout
+    shown = run_guard("history", "--history", str(tmp_path / "h.jsonl"), timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    row = next(line for line in shown.stdout.splitlines() if line.startswith(res.pr.head.sha[:7]))
+    assert row.split()[3:6] == ["-", "-", "ops"] and str(r.census_calls) in row
 
 
 # ----------------------------------------------------------------------------- the commands
@@ -292,6 +360,21 @@ def test_the_comment_places_the_run_in_mains_range_only_when_its_base_is_in_the_
     st = standing(records, profile="cpu", base=base.commit, p50_ms=base.ttft_p50_ms, census_calls=None)
     assert st.base == base and len(st.window) == 20 and 0 < st.rank_pct < 100
     assert standing(records, profile="a10", base=base.commit, p50_ms=1.0, census_calls=None) is None
+
+
+def test_an_ops_only_base_in_the_history_shows_its_census_and_the_range_of_the_commits_with_ttft(results, tmp_path):
+    records = load_history(ZEN5)
+    ops = dataclasses.replace(record_from_results(load_results(check_results(tmp_path, commit="cd" * 20, ttft_s=()))))
+    history = [*records[:25], ops]
+    md = render_markdown(results, history=history, history_base=ops.commit)
+    section = md.split("### Against main's recent history", 1)[1].split("\n### ", 1)[0]
+    assert f"| base `{ops.commit[:7]}` | — | {ops.census_calls} |" in section
+    window = records[6:25]  # the window is 20 records ending at the base; 19 of them measured TTFT
+    lo = min(r.ttft_p50_ms for r in window)
+    assert f"| main, 19 of 20 commit(s) (with TTFT) up to the base: min / median / max | {lo:.0f} / " in section
+    assert "above 19 of those 19" in section
+    only_ops = render_markdown(results, history=[ops], history_base=ops.commit)
+    assert "min / median / max" not in only_ops and "percentile rank" not in only_ops
 
 
 def test_guard_pr_results_use_the_measured_base_and_guard_comment_passes_the_history_through(tmp_path):

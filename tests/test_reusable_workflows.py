@@ -39,6 +39,7 @@ CLEAN = RUNS / "cpu-float32-clean.json"  # a real guard check, pass
 MASK_LOOP = REPO / "tests" / "fixtures" / "pr" / "mask-loop.results.json"  # a real guard pr, regression
 SYNTHETIC_A10 = REPO / "tests" / "fixtures" / "synthetic-a10-regression.results.json"
 GUARD_SHA = "f" * 40
+REFUSE = "Refuse a guard that is not this workflow's own pinned commit"
 RUN_URL = "https://github.example/acme/guarded/actions/runs/77"
 BIN = Path(sys.executable).parent
 
@@ -69,7 +70,14 @@ def evaluate(expr: str, ctx: dict[str, Any], workspace: Path) -> Any:
         found = [p for pat in patterns for p in workspace.glob(pat) if p.is_file()]
         return f"hash-of-{len(found)}-files" if found else ""
 
-    return eval("".join(out), {"_v": _v, "hashFiles": hashFiles, "True": True})  # noqa: S307 - our own files
+    def startsWith(text: str, prefix: str) -> bool:  # noqa: N802 - GitHub's name (case-insensitive)
+        return str(text).lower().startswith(str(prefix).lower())
+
+    def fromJSON(text: str) -> Any:  # noqa: N802 - GitHub's name
+        return json.loads(text)
+
+    return eval("".join(out), {"_v": _v, "hashFiles": hashFiles, "startsWith": startsWith,  # noqa: S307 - our own files
+                               "fromJSON": fromJSON, "True": True})
 
 
 def substitute(text: Any, ctx: dict[str, Any], workspace: Path) -> str:
@@ -124,9 +132,12 @@ class Runner:
                 dest.mkdir(parents=True)
                 shutil.copytree(REPO / "thresholds", dest / "thresholds")
                 shutil.copyfile(REPO / "uv.lock", dest / "uv.lock")
-            else:  # the caller's vLLM repository, full history, at the merge ref
-                assert with_["fetch-depth"] == "0", "guard pr needs base and head in the clone"
-                subprocess.run(["git", "clone", "-q", str(self.vllm_source), str(dest)], check=True)
+            else:  # the caller's vLLM repository at the merge ref, fetched as actions/checkout does it
+                depth = int(with_["fetch-depth"])
+                subprocess.run(["git", "init", "-q", str(dest)], check=True)
+                subprocess.run(["git", "-C", str(dest), "fetch", "-q", "--no-tags",
+                                *([f"--depth={depth}"] if depth else []), f"file://{self.vllm_source}",
+                                with_["ref"] if depth else "+refs/heads/*:refs/remotes/origin/*"], check=True)
                 subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", with_["ref"]], check=True)
             return True
         if action in ("astral-sh/setup-uv", "actions/cache"):
@@ -134,30 +145,38 @@ class Runner:
         if action == "actions/upload-artifact":
             paths = [p.strip().rstrip("/") for p in with_["path"].splitlines() if p.strip()]
             present = [p for p in paths if (workspace / p).exists()]
-            if present:
+            if present:  # as upload-artifact stores them: relative to the paths' least common ancestor
+                root = Path(os.path.commonpath(present)) if len(present) > 1 else Path(present[0])
                 for p in present:
-                    shutil.copytree(workspace / p, self.store / with_["name"] / p, dirs_exist_ok=True)
+                    rel = Path(p).relative_to(root)
+                    shutil.copytree(workspace / p, self.store / with_["name"] / rel, dirs_exist_ok=True)
             return bool(present) or with_.get("if-no-files-found") in ("warn", "ignore")
         if action == "actions/download-artifact":
             dest = Path(with_["path"])
+            if "name" in with_:  # one artifact: its files straight into path
+                shutil.copytree(self.store / with_["name"], dest, dirs_exist_ok=True)
+                return True
             for art in sorted(self.store.glob(with_["pattern"])):
                 shutil.copytree(art, dest / art.name)
             return True
         raise AssertionError(f"no stand-in for {action}")
 
-    def run_job(self, workflow: str, ctx: dict[str, Any]) -> JobRun:
+    def run_job(self, workflow: str, ctx: dict[str, Any], job_id: str | None = None) -> JobRun:
         data = yaml.safe_load((WORKFLOWS / workflow).read_text(encoding="utf-8"))
-        [job] = data["jobs"].values()
+        job = data["jobs"][job_id or next(iter(data["jobs"]))]
         workspace = self.tmp / "workspace"
         shutil.rmtree(workspace, ignore_errors=True)
         workspace.mkdir(parents=True)
         (self.tmp / "runner-temp").mkdir(exist_ok=True)
         ctx = {"runner.os": "Linux", "runner.temp": str(self.tmp / "runner-temp"), "github.run_id": "77",
-               "github.repository": "acme/guarded", "github.token": TOKEN, "github.workspace": str(workspace), **ctx}
+               "github.repository": "acme/guarded", "github.token": TOKEN, "github.workspace": str(workspace),
+               "job.workflow_sha": GUARD_SHA, "job.workflow_repository": "acme/guard", **ctx}
         if "if" in job and not evaluate(str(job["if"]), ctx, workspace):
             return JobRun(ran=False)
         for key in ("group",):  # every expression of the job's own settings must evaluate
-            substitute(job["concurrency"][key], ctx, workspace)
+            if "concurrency" in job:
+                substitute(job["concurrency"][key], ctx, workspace)
+        substitute(job["runs-on"], ctx, workspace) if isinstance(job["runs-on"], str) else None
         run = JobRun(ran=True)
         for step in job["steps"]:
             name = step.get("name", step.get("uses", ""))
@@ -235,9 +254,13 @@ def vllm_repo(tmp_path) -> dict[str, str]:
 
 
 def measuring_ctx(vllm: dict[str, str], head: str, profile: str, **more: Any) -> dict[str, Any]:
-    return {"inputs.guard-repository": "acme/guard", "inputs.guard-ref": GUARD_SHA, "inputs.base": vllm["base"],
+    """The inputs as the caller examples pass them, with the workflows' defaults: base empty (head's
+    first parent), fetch-depth 2, the profile's runner."""
+    runs_on = "ubuntu-latest" if profile == "cpu" else '["self-hosted", "linux", "gpu", "a10"]'
+    return {"inputs.guard-repository": "acme/guard", "inputs.guard-ref": GUARD_SHA, "inputs.base": "",
             "inputs.head": head, "inputs.pr-number": "7", "inputs.head-sha": HEAD, "inputs.model": "deepseek-ocr-2",
-            "inputs.profile": profile, "inputs.thresholds": "thresholds/deepseek-ocr-2.yaml", **more}
+            "inputs.profile": profile, "inputs.thresholds": "thresholds/deepseek-ocr-2.yaml",
+            "inputs.fetch-depth": 2, "inputs.runs-on": runs_on, **more}
 
 
 def comment_ctx(conclusion: str, expected: str = "deepseek-ocr-2/cpu", optional: str = "") -> dict[str, Any]:
@@ -249,7 +272,7 @@ def comment_ctx(conclusion: str, expected: str = "deepseek-ocr-2/cpu", optional:
             "github.event.workflow_run.conclusion": conclusion, "github.event.workflow_run.head_sha": HEAD,
             "github.event.workflow_run.head_repository.full_name": FORK,
             "github.event.workflow_run.head_branch": "feature", "github.event.workflow_run.html_url": RUN_URL,
-            "github.event.workflow_run.id": "77"}
+            "github.event.workflow_run.id": "77", "inputs.runs-on": "ubuntu-latest"}
 
 
 @pytest.fixture
@@ -322,15 +345,18 @@ def test_an_unpinned_guard_ref_is_refused_before_anything_runs(tmp_path, vllm_re
     (tmp_path / "m").mkdir()
     job = runner(tmp_path, vllm_repo, str(CLEAN)).run_job(
         "guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "cpu", **{"inputs.guard-ref": "main"}))
-    assert job.failed and job.steps[0] == ("Refuse a guard that is not pinned by commit", "failure")
+    assert job.failed and job.steps[0] == (REFUSE, "failure")
     assert not (tmp_path / "artifacts" / "guard-deepseek-ocr-2-cpu").exists()
 
 
 def test_without_the_label_the_a10_job_does_not_run_and_its_status_says_not_run(tmp_path, vllm_repo, github):
     (tmp_path / "g").mkdir()
-    gpu = runner(tmp_path, vllm_repo, str(SYNTHETIC_A10), name="g").run_job(
-        "guard-gpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "a10", **{"inputs.run": False}))
-    assert not gpu.ran
+    gpu_runner = runner(tmp_path, vllm_repo, str(SYNTHETIC_A10), name="g")
+    ctx = measuring_ctx(vllm_repo, vllm_repo["code"], "a10", **{"inputs.run": False})
+    assert not gpu_runner.run_job("guard-gpu.yml", ctx, "measure").ran
+    marker = gpu_runner.run_job("guard-gpu.yml", ctx, "not-run")
+    assert marker.ran and not marker.failed, ok(marker)
+    assert (tmp_path / "artifacts" / "guard-notrun-deepseek-ocr-2-a10").is_dir()
     (tmp_path / "m").mkdir()
     runner(tmp_path, vllm_repo, str(CLEAN)).run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"))
     (tmp_path / "p").mkdir()
@@ -405,9 +431,10 @@ def load(name: str) -> dict:
 
 @pytest.mark.parametrize("name", MEASURING)
 def test_model_and_profile_name_every_artifact_and_the_concurrency_group(name):
-    [job] = load(name)["jobs"].values()
+    job = next(iter(load(name)["jobs"].values()))  # the measuring job (guard-gpu's not-run job holds no runner)
     assert "inputs.model" in job["concurrency"]["group"] and "inputs.profile" in job["concurrency"]["group"]
-    uploads = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    uploads = [s for j in load(name)["jobs"].values() for s in j["steps"]
+               if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert uploads and all("${{ inputs.model }}-${{ inputs.profile }}" in s["with"]["name"] for s in uploads)
     assert "secrets" not in json.dumps(load(name))
 
@@ -420,14 +447,16 @@ def test_actionlint_is_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-ENV = {"BASE": "a" * 40, "HEAD": "b" * 40, "PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml",
+ENV = {"base": "a" * 40, "ONLY": "ops", "RESULTS": "/tmp/r/results.json", "store": "/tmp/store", "GITHUB_STEP_SUMMARY": "/tmp/s",
+       "BASE": "a" * 40, "HEAD": "b" * 40, "PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml",
        "dir": "/tmp/a/guard-deepseek-ocr-2-cpu", "RUN_HEAD_SHA": HEAD, "RUN_HEAD_REPO": FORK, "RUN_URL": RUN_URL,
        "TRUSTED": "thresholds/deepseek-ocr-2.yaml", "CONCLUSION": "cancelled", "model": "deepseek-ocr-2",
        "profile": "cpu"}
 
 
 @pytest.mark.parametrize("workflow,command,n", [("guard-cpu.yml", "pr", 1), ("guard-gpu.yml", "pr", 1),
-                                                ("guard-comment.yml", "comment", 3)])
+                                                ("guard-comment.yml", "comment", 3), ("guard-main.yml", "pr", 1),
+                                                ("guard-main.yml", "record", 1), ("guard-main.yml", "history", 1)])
 def test_each_command_line_parses_with_guards_parser(workflow, command, n):
     """Beside the runs above (which execute these lines), each line on its own through guard's parser."""
     from guard import cli
@@ -439,6 +468,12 @@ def test_each_command_line_parses_with_guards_parser(workflow, command, n):
             argv = workflow_argv("guard-cpu.yml", "pr", ENV, nth)
         elif workflow == "guard-gpu.yml":
             argv = workflow_argv("guard-gpu.yml", "pr", ENV, nth)
+        elif (workflow, command) == ("guard-main.yml", "pr"):
+            argv = workflow_argv("guard-main.yml", "pr", ENV, nth)
+        elif (workflow, command) == ("guard-main.yml", "history"):
+            argv = workflow_argv("guard-main.yml", "history", ENV, nth)
+        elif workflow == "guard-main.yml":
+            argv = workflow_argv("guard-main.yml", "record", ENV, nth)
         else:
             argv = workflow_argv("guard-comment.yml", "comment", ENV, nth)
         assert parser.parse_args(argv).command == command
@@ -452,7 +487,8 @@ def test_the_caller_examples_are_valid_and_pass_exactly_the_inputs_the_workflows
     """docs/examples/ is what a vLLM repository copies: GitHub's schema, actionlint and zizmor accept
     it, every input it passes is declared by the called workflow, and every required one is passed."""
     files = sorted(EXAMPLES.glob("*.yml"))
-    assert [f.name for f in files] == ["vllm-guard-comment.yml", "vllm-guard.yml"]
+    assert [f.name for f in files] == ["vllm-guard-a10.yml", "vllm-guard-comment.yml", "vllm-guard-cpu.yml",
+                                       "vllm-guard-main.yml"]
     for cmd in ([shutil.which("check-jsonschema", path=str(BIN)), "--builtin-schema", "vendor.github-workflows"],
                 [shutil.which("actionlint", path=str(BIN))],
                 [shutil.which("zizmor", path=str(BIN)), "--offline", "--no-progress", "--min-severity", "medium"]):
@@ -470,7 +506,143 @@ def test_the_caller_examples_are_valid_and_pass_exactly_the_inputs_the_workflows
 
 def test_the_readme_shows_the_caller_example_as_committed():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    example = (EXAMPLES / "vllm-guard.yml").read_text(encoding="utf-8")
-    cpu = example[: example.index("  a10:\n")]
-    assert cpu in readme
+    example = (EXAMPLES / "vllm-guard-cpu.yml").read_text(encoding="utf-8")
+    assert example in readme
     assert len(readme.splitlines()) <= 250
+
+
+# ----------------------------------------------------------------------------- issue #40: the gate vLLM keeps on
+@pytest.fixture
+def merged(tmp_path) -> dict[str, str]:
+    """A pull request's merge ref after main moved on: the branch (docs only) left main at `old`,
+    main then gained a commit under vllm/ (`tip`), and GitHub's merge ref has `tip` as first parent."""
+    repo = tmp_path / "vllm-merge"
+    (repo / "vllm").mkdir(parents=True)
+    git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    (repo / "vllm" / "m.py").write_text("def f():\n    return 1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "old base")
+    old = git(repo, "rev-parse", "HEAD")
+    (repo / "vllm" / "n.py").write_text("def g():\n    return [i for i in range(9)]\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "main moved on")
+    tip = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "pr", old)
+    (repo / "docs").mkdir()
+    (repo / "docs" / "x.md").write_text("docs\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "docs only")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "-m", "Merge pr into main", "pr")
+    return {"path": str(repo), "old": old, "tip": tip, "merge": git(repo, "rev-parse", "HEAD")}
+
+
+def test_base_is_the_merge_refs_first_parent_so_mains_new_commits_are_not_the_pull_requests(tmp_path, merged, github):
+    """pull_request.base.sha (`old`) would put main's later vllm/ commit on the pull request's side;
+    the merge ref's first parent (`tip`) does not. fetch-depth 2 is all guard pr needs."""
+    assert "vllm/n.py" in git(Path(merged["path"]), "diff", "--name-only", merged["old"], merged["merge"])
+    (tmp_path / "m").mkdir()
+    cpu = runner(tmp_path, merged, "").run_job("guard-cpu.yml", measuring_ctx(merged, merged["merge"], "cpu"))
+    assert cpu.ran and not cpu.failed, ok(cpu)
+    assert f"measuring head {merged['merge']} against base {merged['tip']}" in ok(cpu)
+    assert "not measured" in ok(cpu)  # the real guard pr: nothing under vllm/ between tip and the merge ref
+    results = json.loads((tmp_path / "artifacts" / "guard-deepseek-ocr-2-cpu" / "guard-results" / "results.json")
+                         .read_text(encoding="utf-8"))
+    assert results["pr"]["base"]["sha"] == merged["tip"] and results["pr"]["changed_files"] == ["docs/x.md"]
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", comment_ctx("success"))
+    assert not post.failed, ok(post)
+    assert statuses(github)["guard/deepseek-ocr-2/cpu"][0] == "success"
+
+
+@pytest.mark.parametrize("name", ["guard-cpu.yml", "guard-gpu.yml", "guard-comment.yml", "guard-main.yml"])
+def test_a_guard_ref_other_than_the_workflows_own_commit_is_refused(name, tmp_path, vllm_repo):
+    ctx = {**measuring_ctx(vllm_repo, vllm_repo["docs"], "cpu"), **comment_ctx("success"),
+           "job.workflow_sha": "e" * 40, "inputs.run": True}
+    job = runner(tmp_path, vllm_repo, "").run_job(name, ctx)
+    assert job.failed and job.steps[0] == (REFUSE, "failure"), job.steps
+    assert not any(st == "success" and ("guard" in n.lower() and "upload" not in n.lower()) for n, st in job.steps[1:])
+    assert f"guard-ref {GUARD_SHA} is not the commit this workflow was called at ({'e' * 40})" in ok(job)
+    other = runner(tmp_path, vllm_repo, "", name="o").run_job(name, {**ctx, "job.workflow_sha": GUARD_SHA,
+                                                                     "job.workflow_repository": "mallory/guard"})
+    assert other.failed and "is not the repository this workflow was called from (mallory/guard)" in ok(other)
+
+
+def test_without_job_workflow_sha_the_pin_is_not_cross_checked_and_says_so(tmp_path, vllm_repo):
+    (tmp_path / "m").mkdir()
+    job = runner(tmp_path, vllm_repo, "").run_job(
+        "guard-cpu.yml", {**measuring_ctx(vllm_repo, vllm_repo["docs"], "cpu"), "job.workflow_sha": ""})
+    assert not job.failed, ok(job)
+    assert "::warning::this runner does not say which commit the workflow was called at" in ok(job)
+
+
+@pytest.mark.parametrize("name", ["guard-cpu.yml", "guard-gpu.yml", "guard-comment.yml", "guard-main.yml"])
+@pytest.mark.parametrize(("given", "runs_on"), [
+    ("ubuntu-latest", "ubuntu-latest"),
+    ('["self-hosted", "linux", "gpu", "a10"]', ["self-hosted", "linux", "gpu", "a10"]),
+    ('{"group": "gpu-runners", "labels": ["a10"]}', {"group": "gpu-runners", "labels": ["a10"]}),
+])
+def test_runs_on_is_an_input_a_label_or_json(name, given, runs_on, tmp_path):
+    job = next(iter(load(name)["jobs"].values()))
+    assert evaluate(job["runs-on"], {"inputs.runs-on": given}, tmp_path) == runs_on
+    default = load(name)[True]["workflow_call"]["inputs"]["runs-on"]["default"]
+    expected = ["self-hosted", "linux", "gpu", "a10"] if name == "guard-gpu.yml" else "ubuntu-latest"
+    assert evaluate(job["runs-on"], {"inputs.runs-on": default}, tmp_path) == expected  # today's runner
+
+
+def test_an_a10_run_about_another_label_leaves_the_a10_status_alone(tmp_path, github):
+    """Another label: the caller starts no job (examples/vllm-guard-a10.yml), so the run has no
+    artifact at all; the poster posts nothing for the optional pair instead of "not run"."""
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job(
+        "guard-comment.yml", {**comment_ctx("success", expected="", optional="deepseek-ocr-2/a10"),
+                              "github.event.workflow_run.path": ".github/workflows/guard.yml"})
+    assert post.ran and not post.failed, ok(post)
+    assert github.statuses == [] and "its status is left as it was" in ok(post)
+
+
+def test_the_caller_examples_split_cpu_and_a10_and_labels_never_rerun_the_cpu_gate():
+    """Each measuring workflow has its own poster job, so the CPU status is posted when the CPU run ends."""
+    cpu, a10, post = (yaml.safe_load((EXAMPLES / f).read_text(encoding="utf-8"))
+                      for f in ("vllm-guard-cpu.yml", "vllm-guard-a10.yml", "vllm-guard-comment.yml"))
+    assert cpu[True]["pull_request"] == {"types": ["opened", "synchronize", "reopened"]}  # no labeled, no paths
+    assert "labeled" in a10[True]["pull_request"]["types"] and "paths" not in a10[True]["pull_request"]
+    [job] = a10["jobs"].values()
+    assert job["if"] == "github.event.action != 'labeled' || github.event.label.name == 'perf-a10'"
+    ctx = {"github.event.action": "labeled", "github.event.label.name": "ci/build"}
+    assert not evaluate(job["if"], ctx, Path("."))
+    assert evaluate(job["if"], {**ctx, "github.event.label.name": "perf-a10"}, Path("."))
+    assert evaluate(job["if"], {**ctx, "github.event.action": "synchronize"}, Path("."))
+    assert post[True]["workflow_run"]["workflows"] == [cpu["name"], a10["name"]]
+    paths = {j["with"]["measuring-workflow-path"]: j for j in post["jobs"].values()}
+    assert set(paths) == {".github/workflows/guard-cpu.yml", ".github/workflows/guard-a10.yml"}
+    assert paths[".github/workflows/guard-cpu.yml"]["with"]["expected"] == "deepseek-ocr-2/cpu"
+    assert paths[".github/workflows/guard-a10.yml"]["with"] == {**paths[".github/workflows/guard-a10.yml"]["with"],
+                                                                "expected": "", "optional": "deepseek-ocr-2/a10"}
+    for j in (cpu["jobs"]["cpu"], job):
+        assert "base" not in j["with"] and j["with"]["head"] == "${{ github.sha }}"  # base: the merge ref's parent
+
+
+def test_guard_main_records_an_ops_only_census_on_the_history_branch(tmp_path, vllm_repo):
+    """The history workflow for vLLM's main: guard pr on the pushed commit against its parent (the
+    recorded real `guard pr --only ops` run), then guard record pushes a version 2 line."""
+    remote = tmp_path / "server" / "acme" / "guarded.git"
+    remote.parent.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    extra = {"GITHUB_SERVER_URL": f"file://{tmp_path / 'server'}", "GITHUB_REPOSITORY": "acme/guarded",
+             "GITHUB_SHA": vllm_repo["code"]}
+    ctx = {**measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"), "inputs.only": "ops", "inputs.extra": "cpu",
+           "inputs.history-branch": "guard-history", "github.server_url": "https://github.example"}
+    (tmp_path / "m").mkdir()
+    measure = Runner(tmp_path / "m", tmp_path / "artifacts", Path(vllm_repo["path"]), str(MASK_LOOP), extra)
+    (tmp_path / "artifacts").mkdir()
+    job = measure.run_job("guard-main.yml", ctx, "measure")
+    assert not job.failed and "the measurement exited 1" in ok(job), ok(job)  # a regression is still history
+    (tmp_path / "r").mkdir()
+    record = Runner(tmp_path / "r", tmp_path / "artifacts", None, "", extra).run_job("guard-main.yml", ctx, "record")
+    assert not record.failed, ok(record)
+    lines = git(remote, "show", "guard-history:history.jsonl").splitlines()
+    [line] = [json.loads(x) for x in lines]
+    head = json.loads(MASK_LOOP.read_text(encoding="utf-8"))["pr"]["head"]["sha"]
+    assert line["commit"] == head and line["schema_version"] == 2 and line["ttft_p50_ms"] is None
+    assert line["census"] and line["verdict"] == "regression"

@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
-FILES = ["perf-guard.yml", "perf-guard-comment.yml", "ci.yml", "guard-history.yml", "guard-cpu.yml", "guard-gpu.yml",
+FILES = ["perf-guard.yml", "perf-guard-comment.yml", "ci.yml", "guard-history.yml", "guard-cpu.yml", "guard-gpu.yml", "guard-main.yml",
          "guard-comment.yml"]
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+(\.\d+)*$")
 

@@ -52,8 +52,9 @@ def table(analysis: Analysis, rows: tuple[Row, ...]) -> list[str]:
     for r in rows:
         rec = r.record
         census = str(rec.census_calls) if rec.census else "-"
-        body.append((short(rec.commit), rec.date[:16].replace("T", " "), fmt.ms(rec.ttft_p50_ms),
-                     fmt.ms(rec.ttft_p90_ms), str(rec.samples), census, _note(r)))
+        p50, p90 = (fmt.ms(rec.ttft_p50_ms), fmt.ms(rec.ttft_p90_ms)) if rec.has_ttft else ("-", "-")
+        body.append((short(rec.commit), rec.date[:16].replace("T", " "), p50, p90,
+                     str(rec.samples) if rec.has_ttft else "ops", census, _note(r)))
     widths = [max(len(x[i]) for x in (header, *body)) for i in range(len(header))]
     right = {2, 3, 4, 5}
 

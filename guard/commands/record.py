@@ -1,7 +1,9 @@
-"""Append a `guard check` run of main to the history store (one JSON line per commit and profile).
+"""Append a run of main to the history store (one JSON line per commit and profile).
 
-Reads results.json (validated as every guard reader does), computes TTFT p50/p90/p99 from its
-measured requests and the census totals, and appends one line to ``--history`` atomically. A
+Reads results.json (validated as every guard reader does) of `guard check` or `guard pr` (head's
+side; the commit defaults to the head it measured), computes TTFT p50/p90/p99 from its measured
+requests and the census totals, and appends one line to ``--history`` atomically. An ops-only run
+(``--only ops``) is recorded with its census and no TTFT (history schema version 2). A
 commit already recorded for the profile is refused unless ``--replace``; an invalid run is not
 recorded (exit 3). Exit 0: recorded; 2: bad input.
 """
@@ -23,25 +25,34 @@ SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="results", default=DEFAULT_RESULTS, metavar="RESULTS",
-                        help="results.json of a `guard check` run on main (default: %(default)s)")
+                        help="results.json of a `guard check` or `guard pr` run on main, with TTFT or ops-only "
+                             "(default: %(default)s)")
     parser.add_argument("--history", required=True, metavar="PATH", help="the history file (JSON lines; created if missing)")
     parser.add_argument("--commit", default=None, metavar="SHA",
-                        help="the commit that was measured (default: the run's environment.git_commit)")
+                        help="the commit that was measured (default: guard pr's head, else the run's environment.git_commit)")
     parser.add_argument("--date", default=None, metavar="ISO8601",
                         help="when the run started (default: the run's started_at)")
     parser.add_argument("--note", default="", help="free text kept with the record, e.g. the workflow run's URL")
     parser.add_argument("--replace", action="store_true", help="replace the record of the same commit and profile")
+    parser.add_argument("--skip-unmeasured", action="store_true",
+                        help="exit 0 without recording when `guard pr` measured nothing (the commit changed nothing "
+                             "under vllm/: its census is its parent's)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.commit is not None and not SHA.fullmatch(args.commit):
         raise UsageError(f"--commit {args.commit!r} is not a commit hash (7 to 40 hex digits)")
     results = load_results(Path(args.results))
+    if args.skip_unmeasured and results.pr is not None and not results.pr.measured:
+        print(f"guard record: {results.pr.head.sha[:12]} changed nothing under vllm/ against "
+              f"{results.pr.base.sha[:12]}: nothing measured, nothing recorded ({args.history} unchanged)")
+        return 0
     record = record_from_results(results, commit=args.commit, date=args.date, note=args.note)
     records, replaced = append(args.history, record, replace=args.replace)
     census = ", ".join(f"{fmt.size(c.image_size)} {fmt.calls(c.calls)} in {c.functions} functions"
                        for c in record.census) or "no census"
+    ttft = (f"TTFT p50 {fmt.ms_unit(record.ttft_p50_ms)}, p90 {fmt.ms_unit(record.ttft_p90_ms)} "
+            f"({record.samples} requests)" if record.has_ttft else "no TTFT (an ops-only run)")
     print(f"guard record: {'replaced' if replaced else 'appended'} {record.commit[:12]} ({record.profile}) in "
-          f"{args.history}: TTFT p50 {fmt.ms_unit(record.ttft_p50_ms)}, p90 {fmt.ms_unit(record.ttft_p90_ms)} "
-          f"({record.samples} requests); census {census}; {len(records)} record(s)")
+          f"{args.history}: {ttft}; census {census}; {len(records)} record(s)")
     return 0

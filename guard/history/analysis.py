@@ -34,7 +34,10 @@ class Analysis:
 
 def analyse(profile: str, records: Sequence[HistoryRecord], method: Method = DEFAULT) -> Analysis:
     """Change points over every record of the profile (more history, surer segments)."""
-    shifts = {s.index: s for s in change_points([r.ttft_p50_ms for r in records], method)}
+    # change points over the records that measured TTFT (an ops-only record has none), placed back at
+    # their own commits
+    timed = [i for i, r in enumerate(records) if r.has_ttft]
+    shifts = {timed[s.index]: s for s in change_points([records[i].ttft_p50_ms for i in timed], method)}
     rows = []
     for i, r in enumerate(records):
         prev = records[i - 1] if i else None
@@ -62,20 +65,26 @@ class Standing:
     census_calls: int | None  # the run's census total over the profiled sizes (None: no census)
 
     @property
-    def p50_range_ms(self) -> tuple[float, float, float]:
+    def timed(self) -> tuple[HistoryRecord, ...]:
+        """The window's records that measured TTFT (ops-only records have none)."""
+        return tuple(r for r in self.window if r.has_ttft)
+
+    @property
+    def p50_range_ms(self) -> tuple[float, float, float] | None:
+        """None: no record of the window measured TTFT."""
         import statistics
 
-        values = [r.ttft_p50_ms for r in self.window]
-        return min(values), statistics.median(values), max(values)
+        values = [r.ttft_p50_ms for r in self.timed]
+        return (min(values), statistics.median(values), max(values)) if values else None
 
     @property
     def rank_pct(self) -> float | None:
         """Share of the window's p50s below the run's (ties count half), in percent."""
-        if self.p50_ms is None:
+        if self.p50_ms is None or not self.timed:
             return None
-        below = sum(r.ttft_p50_ms < self.p50_ms for r in self.window)
-        ties = sum(r.ttft_p50_ms == self.p50_ms for r in self.window)
-        return (below + ties / 2) / len(self.window) * 100
+        below = sum(r.ttft_p50_ms < self.p50_ms for r in self.timed)
+        ties = sum(r.ttft_p50_ms == self.p50_ms for r in self.timed)
+        return (below + ties / 2) / len(self.timed) * 100
 
 
 def find_commit(records: Sequence[HistoryRecord], commit: str) -> int | None:

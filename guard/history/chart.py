@@ -43,9 +43,11 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
     if not rows:
         raise ValueError("no history to chart")
     xs = list(range(len(rows)))
-    p50 = [r.record.ttft_p50_ms for r in rows]
-    p90 = [r.record.ttft_p90_ms for r in rows]
+    nan = float("nan")  # an ops-only record: a gap in the TTFT lines, a point in the census
+    p50 = [r.record.ttft_p50_ms if r.record.has_ttft else nan for r in rows]
+    p90 = [r.record.ttft_p90_ms if r.record.has_ttft else nan for r in rows]
     census = [r.record.census_calls if r.record.census else None for r in rows]
+    timed = [v for v in p50 if v == v]
 
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(max(8.0, min(18.0, 0.22 * len(rows) + 4)), 6.4),
                                       gridspec_kw={"height_ratios": [3, 1.3], "hspace": 0.08}, dpi=110)
@@ -53,8 +55,11 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
     top.plot(xs, p90, color=P90, marker=".", linewidth=1.2, label="TTFT p90", zorder=2)
     top.set_ylabel("TTFT (ms)")
     top.grid(axis="y", alpha=0.3)
-    ymin = min(p50) * 0.9
-    top.set_ylim(bottom=max(0.0, ymin))
+    if timed:
+        top.set_ylim(bottom=max(0.0, min(timed) * 0.9))
+    else:
+        top.text(0.5, 0.5, "no TTFT recorded (ops-only runs)", transform=top.transAxes, ha="center", va="center",
+                 color="grey")
 
     edges = [0, *[i for i, r in enumerate(rows) if r.shift is not None], len(rows)]
     for i, r in enumerate(rows):
@@ -124,7 +129,7 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
 
 def mermaid(rows: Sequence[Row], *, last: int = MERMAID_LAST) -> list[str]:
     """A fenced ``mermaid`` block (p50 and p90 of the last ``last`` commits) and one line under it."""
-    rows = list(rows)[-last:]
+    rows = [r for r in rows if r.record.has_ttft][-last:]  # the chart is TTFT's; ops-only records have none
     if not rows:
         return []
     p50 = [r.record.ttft_p50_ms for r in rows]

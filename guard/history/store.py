@@ -1,10 +1,16 @@
 """The history store: one JSON line per `guard check` run on main (``history.jsonl``).
 
-Each line is a ``HistoryRecord`` under a schema header (``guard/history``, version 1, described by
+Each line is a ``HistoryRecord`` under a schema header (``guard/history``, described by
 ``record.schema.json`` beside this module): the commit, when and where it ran, TTFT p50/p90/p99 in
 milliseconds (the percentiles of ``guard.judge.stats``, the same estimate the budgets use), and the
 census totals per profiled image size with a digest of the whole census, so a change that moves
-calls between functions without changing a total is still seen. The file's order is the order main
+calls between functions without changing a total is still seen.
+
+Versions: 1, every record with TTFT; 2 (this guard), TTFT may be absent (null percentiles, 0
+samples): an ops-only run (``guard check --only ops``, ``guard pr --only ops``) records the census
+per commit. A record with TTFT is still written as version 1, byte for byte as before, so a guard
+that reads version 1 only keeps reading every line it can understand; version 1 lines are read as
+they always were. The file's order is the order main
 was measured in; ``append`` writes atomically (``guard.files``) and re-reads the new file before it
 replaces the old one. Errors name ``file:line`` and the field.
 """
@@ -27,7 +33,8 @@ from guard.report.results import ImageSize, Results, Verdict, reasons_text, to_m
 from guard.judge.stats import percentile
 
 HISTORY_SCHEMA = "guard/history"
-HISTORY_SCHEMA_VERSION = 1
+HISTORY_SCHEMA_VERSION = 2  # the newest this guard reads and writes
+READABLE_VERSIONS = (1, 2)
 SCHEMA_FILE = Path(__file__).with_name("record.schema.json")
 PERCENTILES = (50, 90, 99)  # ttft_p50_ms, ttft_p90_ms, ttft_p99_ms
 DIGEST_HEX = 16
@@ -50,10 +57,10 @@ class HistoryRecord:
     model: str
     machine: str  # "AMD EPYC (2 cores, avx512_bf16)"
     dtype: str | None
-    ttft_p50_ms: float
-    ttft_p90_ms: float
-    ttft_p99_ms: float
-    samples: int
+    ttft_p50_ms: float | None  # None: an ops-only run (census, no TTFT; schema version 2)
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    samples: int  # 0 for an ops-only run
     census: tuple[CensusTotal, ...]
     census_digest: str | None  # None: the run had no census
     verdict: Verdict | None  # None: not known (a record made from a recorded pool)
@@ -64,6 +71,15 @@ class HistoryRecord:
     def census_calls(self) -> int:
         """All operator calls over the profiled image sizes: the census total the chart shows."""
         return sum(c.calls for c in self.census)
+
+    @property
+    def has_ttft(self) -> bool:
+        return self.ttft_p50_ms is not None
+
+    @property
+    def schema_version(self) -> int:
+        """The oldest version that holds this record: 1 with TTFT, 2 without."""
+        return 1 if self.has_ttft else 2
 
     @property
     def key(self) -> tuple[str, str]:
@@ -95,25 +111,34 @@ def census_digest(census: dict[str, dict[str, dict[str, int]]]) -> str | None:
 
 def record_from_results(results: Results, *, commit: str | None = None, date: str | None = None,
                         note: str = "") -> HistoryRecord:
-    """One history line from a `guard check` results file. An invalid run is not history (exit 3)."""
+    """One history line from a results file: `guard check`'s, or `guard pr`'s (head's side: the run
+    record of its candidate, the commit its head). A run without TTFT samples (``--only ops``) is
+    recorded with its census and no TTFT; one with neither is refused. An invalid run is not history
+    (exit 3)."""
     run = results.run
     if results.verdict == Verdict.INVALID:
         reasons = reasons_text(results.invalid_reasons) or "no reason recorded"
         raise InvalidRunError(f"the run is invalid ({reasons}): an invalid run is not recorded in the history")
     samples = run.ttft_client_s()
-    if not samples:
-        raise UsageError("the results have no TTFT samples: the history keeps `guard check` runs that measured TTFT",
-                         hint="`guard pr --only ops` and census-only runs are not recorded")
-    commit = commit or run.environment.git_commit
+    if not samples and not run.census:
+        why = ("guard pr measured nothing: the pull request changed nothing under vllm/"
+               if results.pr is not None and not results.pr.measured else "the results have neither TTFT samples nor a census")
+        raise UsageError(f"{why}: the history keeps runs that measured TTFT or the operator census",
+                         hint="record a `guard check` (or `guard pr`) run that profiled the engine")
+    pr_head = results.pr.head.sha if results.pr is not None else None
+    commit = commit or pr_head or run.environment.git_commit
     if not commit:
         raise UsageError("the results do not say which commit was measured (environment.git_commit is empty)",
                          hint="pass --commit SHA")
+    if samples:
+        ttft = {f"ttft_p{p}_ms": round(to_ms(percentile(samples, p)), 3) for p in PERCENTILES}
+    else:
+        ttft = dict.fromkeys((f"ttft_p{p}_ms" for p in PERCENTILES), None)
     record = HistoryRecord(
         commit=str(commit).lower(),
         date=date or run.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         profile=run.profile, model=run.model, machine=run.environment.machine_summary(),
-        dtype=run.environment.dtype,
-        **{f"ttft_p{p}_ms": round(to_ms(percentile(samples, p)), 3) for p in PERCENTILES},
+        dtype=run.environment.dtype, **ttft,
         samples=len(samples), census=census_totals(run.census), census_digest=census_digest(run.census),
         verdict=results.verdict, guard_version=results.guard_version, note=note)
     _check_record(record_to_dict(record), "the new record", None)
@@ -123,7 +148,7 @@ def record_from_results(results: Results, *, commit: str | None = None, date: st
 # ----------------------------------------------------------------------------- JSON lines
 def record_to_dict(r: HistoryRecord) -> dict[str, Any]:
     d: dict[str, Any] = {
-        "schema": HISTORY_SCHEMA, "schema_version": HISTORY_SCHEMA_VERSION, "commit": r.commit, "date": r.date,
+        "schema": HISTORY_SCHEMA, "schema_version": r.schema_version, "commit": r.commit, "date": r.date,
         "profile": r.profile, "model": r.model, "machine": r.machine, "dtype": r.dtype,
         "ttft_p50_ms": r.ttft_p50_ms, "ttft_p90_ms": r.ttft_p90_ms, "ttft_p99_ms": r.ttft_p99_ms,
         "samples": r.samples,
@@ -139,11 +164,15 @@ def record_to_dict(r: HistoryRecord) -> dict[str, Any]:
 def record_from_dict(d: dict[str, Any]) -> HistoryRecord:
     return HistoryRecord(
         commit=d["commit"], date=d["date"], profile=d["profile"], model=d["model"], machine=d["machine"],
-        dtype=d["dtype"], ttft_p50_ms=float(d["ttft_p50_ms"]), ttft_p90_ms=float(d["ttft_p90_ms"]),
-        ttft_p99_ms=float(d["ttft_p99_ms"]), samples=d["samples"],
+        dtype=d["dtype"], ttft_p50_ms=_ms(d["ttft_p50_ms"]), ttft_p90_ms=_ms(d["ttft_p90_ms"]),
+        ttft_p99_ms=_ms(d["ttft_p99_ms"]), samples=d["samples"],
         census=tuple(CensusTotal(tuple(c["image_size"]), c["calls"], c["functions"]) for c in d["census"]),
         census_digest=d["census_digest"], verdict=None if d["verdict"] is None else Verdict(d["verdict"]),
         guard_version=d["guard_version"], note=d.get("note", ""))
+
+
+def _ms(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def to_line(r: HistoryRecord) -> str:
@@ -170,9 +199,10 @@ def _check_record(d: Any, path: str, line: int | None) -> None:
 
     version = d.get("schema_version") if isinstance(d, dict) else None
     if isinstance(d, dict) and d.get("schema") == HISTORY_SCHEMA and isinstance(version, int) \
-            and version != HISTORY_SCHEMA_VERSION:
+            and version not in READABLE_VERSIONS:
         raise ConfigError(path, line, "schema_version",
-                          f"schema version {version}; this guard reads version {HISTORY_SCHEMA_VERSION}",
+                          f"schema version {version}; this guard reads versions "
+                          f"{', '.join(map(str, READABLE_VERSIONS))}",
                           hint="a newer guard wrote this history: run `guard history` with that guard")
     error = jsonschema.exceptions.best_match(_validator().iter_errors(d))
     if error is not None:
@@ -184,8 +214,16 @@ def _check_record(d: Any, path: str, line: int | None) -> None:
         raise ConfigError(path, line, "date", f"{d['date']!r} is not an ISO 8601 date and time") from None
     if when.tzinfo is None:
         raise ConfigError(path, line, "date", f"{d['date']!r} has no UTC offset", hint="write it as 2026-12-02T14:11:04+00:00")
+    absent = [p for p in PERCENTILES if d[f"ttft_p{p}_ms"] is None]
+    if absent and len(absent) != len(PERCENTILES):
+        raise ConfigError(path, line, f"ttft_p{absent[0]}_ms",
+                          "null while other percentiles are not: a record has all three TTFT percentiles or none")
+    if absent and d["samples"] != 0:
+        raise ConfigError(path, line, "samples", f"{d['samples']} samples but no TTFT percentiles")
+    if absent and not d["census"]:
+        raise ConfigError(path, line, "census", "no TTFT and no census: the record holds nothing measured")
     for p in PERCENTILES:
-        if not math.isfinite(d[f"ttft_p{p}_ms"]):
+        if not absent and not math.isfinite(d[f"ttft_p{p}_ms"]):
             raise ConfigError(path, line, f"ttft_p{p}_ms", "not a finite number")
 
 

@@ -446,7 +446,6 @@ def _history(results: Results, history: Sequence[HistoryRecord] | None, base: st
     st = standing(history, profile=run.profile, base=base, p50_ms=p50, census_calls=calls)
     if st is None:
         return []
-    lo, mid, hi = st.p50_range_ms
     b = st.base
     n = len(st.window)
     census_cell = "—"
@@ -459,13 +458,16 @@ def _history(results: Results, history: Sequence[HistoryRecord] | None, base: st
              f"The base of this pull request, {code(short(b.commit))}, is in main's history (profile {code(b.profile)}).",
              "", "| | TTFT p50 | census (op calls per request) |", "|---|---:|---:|",
              f"| this run | {fmt.ms_unit(p50) if p50 is not None else '—'} | {census_cell} |",
-             f"| base {code(short(b.commit), in_table=True)} | {fmt.ms_unit(b.ttft_p50_ms)} | "
-             f"{b.census_calls if b.census else '—'} |",
-             f"| main, {n} commit(s) up to the base: min / median / max | {fmt.ms(lo)} / {fmt.ms(mid)} / "
-             f"{fmt.ms_unit(hi)} | |"]
+             f"| base {code(short(b.commit), in_table=True)} | "
+             f"{fmt.ms_unit(b.ttft_p50_ms) if b.has_ttft else '—'} | {b.census_calls if b.census else '—'} |"]
+    if st.p50_range_ms is not None:
+        lo, mid, hi = st.p50_range_ms
+        timed = f"{n} commit(s)" if len(st.timed) == n else f"{len(st.timed)} of {n} commit(s) (with TTFT)"
+        lines.append(f"| main, {timed} up to the base: min / median / max | {fmt.ms(lo)} / {fmt.ms(mid)} / "
+                     f"{fmt.ms_unit(hi)} | |")
     if st.rank_pct is not None:
-        above = sum(r.ttft_p50_ms < p50 for r in st.window)
-        lines += ["", f"This run's p50 is above {above} of those {n} (percentile rank {st.rank_pct:.0f} %)."]
+        above = sum(r.ttft_p50_ms < p50 for r in st.timed)
+        lines += ["", f"This run's p50 is above {above} of those {len(st.timed)} (percentile rank {st.rank_pct:.0f} %)."]
         run_machine = run.environment.machine_summary()
         if run_machine != b.machine:
             lines[-1] += (f" main's history was measured on {text(b.machine)}, this run on {text(run_machine)}: "

@@ -12,9 +12,16 @@ from guard.errors import UsageError
 PACKAGE = "vllm"  # the folder of a vLLM checkout whose Python sources are measured
 
 # Changes the locked engine stack cannot show: compiled code is the wheel's, dependencies the lock's.
-COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hip", ".s")
-COMPILED_PATHS = ("csrc/", "cmake/", "CMakeLists.txt", "setup.py")
+# From vLLM's tree: C++/CUDA/HIP kernels under csrc/ and their CMake build, the Rust frontend
+# (rust/, Cargo manifests, build_rust.sh; built into vllm/_rust_*.so and vllm/vllm-rs by
+# docker/Dockerfile.* and setup.py), Cython, and the build and dependency declarations.
+COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hip", ".s", ".rs", ".cmake",
+                     ".pyx", ".pxd")
+COMPILED_NAMES = ("CMakeLists.txt", "Cargo.toml", "Cargo.lock", "rust-toolchain.toml", "rust-toolchain")
+COMPILED_PATHS = ("csrc/", "cmake/", "rust/", "CMakeLists.txt", "setup.py", "build_rust.sh", "tools/build_rust.py")
 DEPENDENCY_PATHS = ("requirements/", "requirements.txt", "requirements-")
+DEPENDENCY_SUFFIXES = (".txt", ".in")  # requirements/*.txt and the pip-compile inputs (requirements/test/cuda.in)
+DEPENDENCY_FILES = ("pyproject.toml",)  # the top-level one: build requirements (torch) and the package's metadata
 
 
 @dataclass(frozen=True)
@@ -70,9 +77,9 @@ def unmeasurable(path: str) -> str | None:
     """Why a CPU run of the locked engine stack cannot measure a change to ``path``; None: it can
     (Python, Triton kernels included, and data files) or it is outside what runs (tests, docs)."""
     p = PurePosixPath(path)
-    if path.startswith(COMPILED_PATHS) or p.name == "CMakeLists.txt" or p.suffix.lower() in COMPILED_SUFFIXES:
+    if path.startswith(COMPILED_PATHS) or p.name in COMPILED_NAMES or p.suffix.lower() in COMPILED_SUFFIXES:
         return "compiled code"
-    if path.startswith(DEPENDENCY_PATHS) and p.suffix == ".txt":
+    if path in DEPENDENCY_FILES or (path.startswith(DEPENDENCY_PATHS) and p.suffix in DEPENDENCY_SUFFIXES):
         return "dependencies"
     return None
 
