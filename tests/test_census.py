@@ -143,6 +143,21 @@ def test_calls_moved_into_a_new_helper_are_a_notice_not_growth() -> None:
     assert helper.moved_from == ("vllm/a.py:Enc.forward",)
     assert fmt.census_change(helper).startswith("moved: 68 op calls from vllm/a.py:Enc.forward to vllm/a.py:Enc._scale")
     assert d["vllm/a.py:Enc.forward"].status == Status.PASS
+    # forward gave its calls to the helper: that is no improvement, only a move
+    assert not fmt.census_change(d["vllm/a.py:Enc.forward"], donor=True).startswith("improvement")
+
+
+def test_fewer_calls_are_said_as_an_improvement_naming_the_host_syncs_gone() -> None:
+    """0.31 -> 0.32: _parse_and_validate_image_input lost 11 op calls, one .item() among them."""
+    base = {"vllm/m.py:parse": {"aten::_local_scalar_dense": 1, "aten::select": 10, "aten::view": 2}}
+    got = {"vllm/m.py:parse": {"aten::view": 2}}
+    parse = _moved(base, got)["vllm/m.py:parse"]
+    assert parse.status == Status.PASS
+    said = fmt.census_change(parse)
+    assert said.startswith("improvement: vllm/m.py:parse [640x480]: 13 → 2 op calls")
+    assert said.endswith("host syncs gone: 1 .item() (aten::_local_scalar_dense)")
+    grew = _moved({"vllm/m.py:f": {"aten::view": 2}}, {"vllm/m.py:f": {"aten::view": 3}})["vllm/m.py:f"]
+    assert not fmt.census_change(grew).startswith("improvement")
 
 
 def test_a_renamed_function_is_a_move() -> None:

