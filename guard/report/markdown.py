@@ -200,6 +200,9 @@ def _pull_request(results: Results) -> list[str]:
     lines = ["", "### Pull request", "",
              f"Base {code(pr.base.sha[:12])} {text(pr.base.subject)} → head {code(pr.head.sha[:12])} "
              f"{text(pr.head.subject)}: {len(pr.changed_files)} file(s) changed."]
+    ran = [f"- {name}: {text(fmt.revision(side))}" for name, side in (("base", pr.base), ("head", pr.head))
+           if side.version or side.environment]
+    lines += ["", *ran] if ran else []
     if pr.unmeasured_files:
         lines += ["", "Not measurable on this engine stack (compiled code, dependencies): "
                   + ", ".join(code(f) for f in pr.unmeasured_files[:20])

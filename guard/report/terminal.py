@@ -144,6 +144,8 @@ def pr_lines(results: Results) -> list[str]:
         return []
     lines = [f"pull request: base {pr.base.sha[:12]} ({pr.base.subject[:60]}) -> head {pr.head.sha[:12]} "
              f"({pr.head.subject[:60]}); {len(pr.changed_files)} file(s) changed"]
+    lines += [f"  {name}: {fmt.revision(side)}" for name, side in (("base", pr.base), ("head", pr.head))
+              if side.version or side.environment]
     for change in pr.function_changes:
         lines.append(f"  added inside {change.function}:")
         lines += [f"    {n:>5} + {text.rstrip()}" for n, text in change.lines]
