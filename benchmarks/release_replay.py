@@ -64,6 +64,7 @@ def main() -> int:
     ap.add_argument("--venvs", type=Path, default=None, help="where the release venvs live (default: OUT/venvs)")
     ap.add_argument("--thresholds", type=Path, default=REPO / "thresholds" / "deepseek-ocr-2.yaml")
     ap.add_argument("--modes", default="own,overlay")
+    ap.add_argument("--cache", type=Path, default=None, help="guard pr's --cache-dir (default: OUT/cache)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     venvs = args.venvs or args.out / "venvs"
@@ -76,7 +77,7 @@ def main() -> int:
             out.mkdir(parents=True, exist_ok=True)
             sides = {"base": str(pythons[old]), "head": str(pythons[new])} if mode == "own" else None
             print(f"replay {old} -> {new} ({mode}) ...", flush=True)
-            row = judge(repo, f"v{old}", f"v{new}", out, args.out / "cache", sides, args.thresholds)
+            row = judge(repo, f"v{old}", f"v{new}", out, args.cache or args.out / "cache", sides, args.thresholds)
             print(f"  exit {row['exit']}, {row.get('verdict')}, {row['wall_s']} s, "
                   f"{len(row.get('census', []))} census rows", flush=True)
             for c in row.get("census", []):
