@@ -348,3 +348,8 @@ def test_differing_environments_are_named_beside_the_census_and_never_change_the
     assert f"transformers 5.17.0 → {rec.candidate.environment.transformers}" in notice and whose in notice
     assert fresh.verdict == same.verdict == Verdict.REGRESSION  # named, not blamed: the census decides
     assert not [n for n in same.notices if n.startswith("environments differ")]
+    from guard.report.markdown import render_markdown
+
+    md, plain = render_markdown(fresh), render_markdown(same)
+    assert md.count("- context: environments differ: torch 2.12.0 → ") >= 1  # beside each census finding
+    assert "- context:" not in plain

@@ -22,7 +22,7 @@ from guard.measure.hardware import gpu_state_problems, recorded_hardware_problem
 from guard.files import person_path
 from guard.revisions.git import unmeasurable
 from guard.report.environment import Environment
-from guard.report.results import (TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
+from guard.report.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
 from guard.judge.rules import judge_ttft
 
@@ -421,7 +421,7 @@ def environment_notice(rec: ABRecord, pr: PullRequestDiff) -> list[str]:
     why = ("the pull request changes dependency files, so they are its own change" if own else
            "the pull request changes no dependency file: the environments were built at different times or from "
            "different indexes")
-    return [f"environments differ: {said} ({why}); census changes in functions that call into them may be the "
+    return [f"{ENVIRONMENTS_DIFFER} {said} ({why}); census changes in functions that call into them may be the "
             "dependency's, not vLLM's Python"]
 
 

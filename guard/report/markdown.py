@@ -18,7 +18,7 @@ from typing import Any
 from guard.report import format as fmt
 from guard.report.findings import Finding, added_calls, findings
 from guard.report.environment import Environment
-from guard.report.results import TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
+from guard.report.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path
@@ -168,6 +168,9 @@ def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
                      + (f"; {text(worst.reason)}" if worst.reason else "")
                      + (f" ({added_calls(worst)} added at {_size(worst.image_size)})" if f.kind == "census_notice" else ""))
         lines.append(f"- ops that moved most at {_size(worst.image_size)}: {code(fmt.census_ops(worst))}")
+    differ = next((n for n in results.notices if n.startswith(ENVIRONMENTS_DIFFER)), None)
+    if f.census and differ:  # said where the finding is read, so a dependency's change is not taken for a loop
+        lines.append(f"- context: {text(differ.partition(' (')[0])}; this growth may be theirs")
     for scope in dict.fromkeys(c.scope for c in f.ops):
         lines.append(f"- op budgets exceeded in code path {code(scope)}: "
                      + _op_budgets([c for c in f.ops if c.scope == scope]))

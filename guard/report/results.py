@@ -430,6 +430,9 @@ def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[InvalidReason]
     return Verdict.NOT_MEASURABLE if unmeasurable else Verdict.PASS
 
 
+ENVIRONMENTS_DIFFER = "environments differ:"  # how the notice naming two sides' differing environments begins
+
+
 @dataclass(frozen=True)
 class RevisionInfo:
     """One side of a pull request (``guard pr``)."""
