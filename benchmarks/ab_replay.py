@@ -23,7 +23,7 @@ from pathlib import Path
 
 from guard.judge.ab import judge_ratio, undecided_ratios
 from guard.config.budgets import load_thresholds
-from guard.report.results import Pair, Status
+from guard.model.results import Pair, Status
 from guard.judge.rules import measure_until_decided
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from guard.report import format as fmt
 from guard.judge.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
-from guard.report.results import Pair, Status
+from guard.model.results import Pair, Status
 from guard.config.budgets import Profile, load_thresholds
 from guard.judge.rules import judge_ttft, measure_until_decided, undecided
 from guard.judge.stats import percentile

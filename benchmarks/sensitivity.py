@@ -43,7 +43,7 @@ from typing import Any
 
 from guard.report import format as fmt
 from guard.config.budgets import Profile, load_thresholds, percentile_value
-from guard.report.results import RunRecord, Status
+from guard.model.results import RunRecord, Status
 from guard.judge.rules import judge_ttft, measure_until_decided
 from guard.judge.stats import percentile
 

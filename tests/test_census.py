@@ -18,7 +18,7 @@ from guard.measure.census import (QualnameResolver, compare, count_functions, fo
 from guard.errors import ConfigError, InvalidRunError
 from guard.measure.mutants import MUTANTS, Edit, Mutant, mutate
 from guard.measure.probes import ProfEvent, load_events
-from guard.report.results import Status
+from guard.model.results import Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 MASK_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model."

@@ -14,7 +14,7 @@ from guard.measure.census import load_baseline, render_baseline
 from guard.commands import update_thresholds as ut
 from guard.judge.evaluate import evaluate
 from guard.report.markdown import render_markdown
-from guard.report.results import (ReasonKind, RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict,
+from guard.model.results import (ReasonKind, RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict,
                            write_json_atomic)
 from guard.report.terminal import render_terminal
 from tests.conftest import SHIPPED_THRESHOLDS

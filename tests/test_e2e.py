@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
-from guard.report.results import RESULTS_SCHEMA_VERSION, results_schema
+from guard.model.results import RESULTS_SCHEMA_VERSION, results_schema
 from guard.measure.speedref import unsteady
 
 from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.report.results import ReasonKind, Status, Verdict, load_results
+from guard.model.results import ReasonKind, Status, Verdict, load_results
 from tests.conftest import run_guard
 from tests.pr_heads import HEADS, ITEM_FN, MASK_FN
 from tests.test_e2e import small_cpu_yaml

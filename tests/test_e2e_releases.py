@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.report.results import Verdict, load_results
+from guard.model.results import Verdict, load_results
 from tests.conftest import REPO, run_guard
 from tests.test_e2e import small_cpu_yaml
 from tests.vllm_repo import package_dir, release_venv, releases

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from guard.judge.evaluate import evaluate
-from guard.report.results import InvalidReason, ReasonKind, Verdict
+from guard.model.results import InvalidReason, ReasonKind, Verdict
 from tests.ttft_scenarios import budgeted, record, spread
 
 
@@ -58,7 +58,7 @@ def test_a_stopped_in_process_run_is_not_said_to_be_a_remote_server():
 
     from guard.config.budgets import load_thresholds
     from guard.judge.rejudge import judged_profile
-    from guard.report.results import load_results
+    from guard.model.results import load_results
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)

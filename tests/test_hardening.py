@@ -22,7 +22,7 @@ from guard.measure import harness
 from guard.commands import check
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
 from guard.judge.opnames import check_op_names, problems, vacuous_budgets
-from guard.report.results import RunRecord, ScopeCounts
+from guard.model.results import RunRecord, ScopeCounts
 from guard.github.sanitize import no_workflow_commands, one_line
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 
@@ -358,7 +358,7 @@ def test_one_line(raw, want):
 
 # ----------------------------------------------------------------------------- 7. guard check's run stage, without an engine
 def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_path):
-    from guard.report.results import InvalidReason, ReasonKind, RequestOutcome, run_file_dict, write_json_atomic
+    from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, run_file_dict, write_json_atomic
 
     rec = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={},
                     outcomes=[RequestOutcome(0, (640, 480), True, True, 6.0),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from guard.config.budgets import TtftHardware, load_thresholds
-from guard.report.environment import Environment
+from guard.model.environment import Environment
 from guard.measure.hardware import (Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for,
                             ttft_hardware_problem)
 from tests.conftest import SHIPPED_THRESHOLDS

@@ -126,7 +126,7 @@ def test_the_graph_sees_late_and_from_package_imports():
     graph = import_graph()
     assert "guard.report.format" in graph["guard.judge.rules"]  # `from guard import format as fmt`
     assert "guard.measure.contention" in graph["guard.report.format"]
-    assert "guard.files" in graph["guard.report.results"]  # imported inside a function
+    assert "guard.files" in graph["guard.model.results"]  # imported inside a function
 
 
 def test_every_guard_module_imports_in_a_fresh_interpreter():

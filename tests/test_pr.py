@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from guard.report.results import ABRecord
+from guard.model.results import ABRecord
 from guard.config.budgets import load_thresholds
 from guard.judge.evaluate import evaluate_pr
-from guard.report.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,
+from guard.model.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,
                            results_to_dict, validate)
 from guard.revisions import git, overlay
 from guard.revisions.functions import function_spans, lines_inside

@@ -8,7 +8,7 @@ import pytest
 
 from guard.config.budgets import Statistics
 from guard.judge.evaluate import evaluate
-from guard.report.results import Status, Verdict
+from guard.model.results import Status, Verdict
 from guard.judge.rules import decide_ttft, judge_ttft, measure_until_decided, next_batch, undecided
 from tests.ttft_scenarios import budgeted, record, spread
 

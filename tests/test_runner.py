@@ -11,7 +11,7 @@ from guard.config.budgets import Statistics, TtftHardware
 from guard.measure.contention import ContentionSampler
 from guard.judge.evaluate import evaluate
 from guard.measure.hardware import Hardware
-from guard.report.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
+from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.measure.inprocess import InProcessSide
 from guard.measure.run import GuardRun
 from guard.measure.side import SideInfo
@@ -192,7 +192,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
 def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):
     """If the process dies after any round (SIGKILL, OOM), run.json holds what was measured so far,
     marked unfinished, so `guard check` reports an invalid run with those samples (issue #11, 7)."""
-    from guard.report.results import load_run
+    from guard.model.results import load_run
 
     run, driver, _ = scripted_run(thresholds, cpu, [7.0] * 40, tmp_path)
     run.warm_up()

@@ -12,7 +12,7 @@ import pytest
 
 from guard.report import format as fmt
 from guard.measure import speedref
-from guard.report.results import Status, TtftCheck
+from guard.model.results import Status, TtftCheck
 from guard.measure.speedref import (WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, change_pct, combined, slowdown_pct,
                             speed_notice, speed_problems, unsteady)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from guard import __version__
 from guard.report import format as fmt
-from guard.report.results import ABRecord
+from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.measure.census import folded
 from guard.commands.check import prepare_output
@@ -27,7 +27,7 @@ from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_names
-from guard.report.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
+from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)
 from guard.revisions import bisect, git, inrepo, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules

@@ -25,7 +25,7 @@ from guard.measure.harness import OPS_ONLY, record_suite
 from guard.measure.hardware import detect, select_profile
 from guard.report.markdown import render_markdown
 from guard.judge.opnames import check_op_names
-from guard.report.results import Results, results_to_dict, write_json_atomic
+from guard.model.results import Results, results_to_dict, write_json_atomic
 from guard.report.terminal import render_terminal
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
 

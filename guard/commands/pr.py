@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard import __version__
-from guard.report.results import ABRecord
+from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.commands.check import prepare_output, say_dtype, write_report
 from guard.errors import InvalidRunError, UsageError
@@ -25,7 +25,7 @@ from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr
 from guard.measure.hardware import detect, select_profile
 from guard.measure.harness import OPS_ONLY, empty_record
 from guard.judge.opnames import check_op_names
-from guard.report.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
+from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
 from guard.report.terminal import render_terminal

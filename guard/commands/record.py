@@ -17,7 +17,7 @@ from pathlib import Path
 from guard.report import format as fmt
 from guard.errors import UsageError
 from guard.history.store import append, record_from_results
-from guard.report.results import load_results
+from guard.model.results import load_results
 
 DEFAULT_RESULTS = "guard-results/results.json"
 SHA = re.compile(r"[0-9a-fA-F]{7,40}")

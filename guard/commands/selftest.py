@@ -22,7 +22,7 @@ from guard.judge.evaluate import DEFAULT_OUTPUT
 from guard.commands.check import run_and_judge, write_report
 from guard.measure.harness import OPS_ONLY
 from guard.measure.hardware import detect, select_profile
-from guard.report.results import Results, Status, Verdict, reasons_text
+from guard.model.results import Results, Status, Verdict, reasons_text
 from guard.report.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"

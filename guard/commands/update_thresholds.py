@@ -32,8 +32,8 @@ from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresh
 from guard.measure.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.measure.hardware import git_commit, ttft_hardware_for
-from guard.report.environment import Environment
-from guard.report.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
+from guard.model.environment import Environment
+from guard.model.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
 
 SIGNIFICANT_FIGURES = 3
 HYSTERESIS_FRACTION = 1 / 3  # of the headroom: smaller moves are noise, not a new baseline

@@ -28,7 +28,7 @@ from github3.session import GitHubSession
 from guard.report import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
 from guard.report.markdown import render_markdown, text
-from guard.report.results import Results, Verdict
+from guard.model.results import Results, Verdict
 from guard.github.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
                          thresholds_change_lines)
 

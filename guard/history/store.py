@@ -29,7 +29,7 @@ from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import write_text_atomic
-from guard.report.results import ImageSize, Results, Verdict, reasons_text, to_ms
+from guard.model.results import ImageSize, Results, Verdict, reasons_text, to_ms
 from guard.judge.stats import percentile
 
 HISTORY_SCHEMA = "guard/history"

@@ -1,7 +1,7 @@
 """Budgets + run record -> typed checks -> verdict. Pure: no I/O, no engine.
 
 Each kind of budget has one function here that turns a budget and a measurement into its check
-record (``guard.report.results``); the decision rules themselves live in ``guard.judge.rules``, shared with the
+record (``guard.model.results``); the decision rules themselves live in ``guard.judge.rules``, shared with the
 run stage so the two cannot disagree. Adding a kind of budget: a record in results.py, a function
 here, a label and failure sentence in guard.report.format, a table in each view.
 """
@@ -21,8 +21,8 @@ from guard.measure.speedref import speed_notice, speed_problems, unsteady
 from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
 from guard.files import person_path
 from guard.revisions.git import unmeasurable
-from guard.report.environment import Environment
-from guard.report.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
+from guard.model.environment import Environment
+from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
 from guard.judge.rules import judge_ttft
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from guard.config.budgets import Profile, Thresholds
 from guard.errors import ConfigError
 from guard.measure.probes import CUDA_SYNC, MEMCPY_HTOD
-from guard.report.results import ScopeCounts
+from guard.model.results import ScopeCounts
 
 PSEUDO_OPS = frozenset({MEMCPY_HTOD, CUDA_SYNC})
 TOTAL_OPS = "total_ops"

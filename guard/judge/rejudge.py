@@ -17,18 +17,18 @@ import dataclasses
 import math
 from typing import Any
 
-from guard.report.results import ABRecord
+from guard.model.results import ABRecord
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.census import read_baseline
 from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
-from guard.report.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
+from guard.model.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
                            verdict_of)
 from guard.github.sanitize import one_line
 
 
 def implied_verdict(results: Results) -> Verdict:
-    """The verdict a results file's own checks and reasons give (guard.report.results.verdict_of)."""
+    """The verdict a results file's own checks and reasons give (guard.model.results.verdict_of)."""
     return verdict_of(results.checks, results.invalid_reasons,
                       unmeasurable=results.pr is not None and bool(results.pr.unmeasured_files))
 

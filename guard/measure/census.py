@@ -37,7 +37,7 @@ from typing import Any
 
 from guard.config.budgets import DEFAULT_ROOTS, CensusRule
 from guard.errors import ConfigError
-from guard.report.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
+from guard.model.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
 from guard.measure.probes import FRAME_RE, HTOD_PREFIX, MEMCPY_HTOD, SYNC_CALLS, CUDA_SYNC, ProfEvent
 
 CENSUS_SCHEMA = "guard/census"

@@ -22,7 +22,7 @@ from typing import Any
 from guard import __version__
 from guard.config.budgets import CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa
 from guard.errors import InvalidRunError
-from guard.report.environment import Environment
+from guard.model.environment import Environment
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 from guard.config.budgets import Profile, Thresholds
 from guard.errors import InvalidRunError
 from guard.measure.run import post_run_checks
-from guard.report.environment import Environment
-from guard.report.results import InvalidReason, ReasonKind, RunRecord, load_run
+from guard.model.environment import Environment
+from guard.model.results import InvalidReason, ReasonKind, RunRecord, load_run
 
 GRACE_S = 60.0  # how long an interrupted suite may take to write its run.json before it is killed
 FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on

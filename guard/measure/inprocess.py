@@ -22,7 +22,7 @@ from guard import compat
 from guard.config.budgets import EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
-from guard.report.results import RequestOutcome
+from guard.model.results import RequestOutcome
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
@@ -378,7 +378,7 @@ class InProcessSide:
             found.census_s = time.perf_counter() - t
         if files is not None:
             from guard.judge.evaluate import op_checks
-            from guard.report.results import Status
+            from guard.model.results import Status
 
             if files.traces_always or any(c.status == Status.FAIL for c in op_checks(self.profile, counts)):
                 found.trace = f"trace{files.label}-{size}.json.gz"

@@ -82,7 +82,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
-    from guard.report.results import InvalidReason, ReasonKind, run_file_dict, write_json_atomic
+    from guard.model.results import InvalidReason, ReasonKind, run_file_dict, write_json_atomic
 
     record = run.finish()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -49,8 +49,8 @@ from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.judge.opnames import vacuous_budgets
-from guard.report.environment import Environment
-from guard.report.results import (ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
+from guard.model.environment import Environment
+from guard.model.results import (ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
                                   scope_counts_from_dict)
 from guard.judge.rules import TtftDecision, measure_until_decided
 
@@ -248,7 +248,7 @@ class RunStage:
         """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
         `guard check` still reports what was measured, as an invalid run. The session's final
         run.json replaces it."""
-        from guard.report.results import run_file_dict, write_json_atomic
+        from guard.model.results import run_file_dict, write_json_atomic
 
         snapshot = dataclasses.replace(self.own, invalid_reasons=[*self.own.invalid_reasons,
                                                                     InvalidReason(ReasonKind.UNFINISHED, f"{UNFINISHED_PREFIX} {after}")],

@@ -45,7 +45,7 @@ from guard.errors import InvalidRunError
 from guard.measure.inprocess import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, InProcessSide, synthetic_image
 from guard.measure.process import die_with_parent, log_tail
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
-from guard.report.results import RequestOutcome
+from guard.model.results import RequestOutcome
 
 HOST = "127.0.0.1"
 SERVED_MODEL_NAME = "guard-model"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from guard.config.budgets import Workload
-    from guard.report.results import RequestOutcome, ScopeCounts
+    from guard.model.results import RequestOutcome, ScopeCounts
     from guard.measure.speedref import SpeedReading
 
 OnOutcome = Callable[["RequestOutcome"], None]

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from guard.report.results import Status, TtftCheck, to_ms
+from guard.model.results import Status, TtftCheck, to_ms
 
 WORKLOAD = "speedref-1"
 # The same workload in float32, for an engine that runs float32 for want of native bf16

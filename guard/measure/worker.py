@@ -247,7 +247,7 @@ def baseline_hint(python: str) -> str:
 
 
 def _outcome(msg: dict[str, Any]):
-    from guard.report.results import outcome_from_dict
+    from guard.model.results import outcome_from_dict
 
     return outcome_from_dict({k: v for k, v in msg.items() if k != "type"})
 
@@ -342,7 +342,7 @@ class WorkerSide:
         return self
 
     def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
-        from guard.report.results import scope_counts_from_dict
+        from guard.model.results import scope_counts_from_dict
 
         outcomes: list = []
 

@@ -5,7 +5,7 @@ progress lines all call these, so a check reads the same everywhere. Plain text:
 escaping (Markdown) escape what comes from the run, and only that.
 
 ``failure`` dispatches on the check's type (``functools.singledispatch``): a new kind of check
-registers its sentence here, and its ``label`` on its record (guard.report.results), and every view shows it.
+registers its sentence here, and its ``label`` on its record (guard.model.results), and every view shows it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from guard.measure.contention import ContentionReading
 from guard.measure.speedref import WORKLOADS as SPEED_WORKLOADS
-from guard.report.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
+from guard.model.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",

@@ -17,8 +17,8 @@ from typing import Any
 
 from guard.report import format as fmt
 from guard.report.findings import Finding, added_calls, findings
-from guard.report.environment import Environment
-from guard.report.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
+from guard.model.environment import Environment
+from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path

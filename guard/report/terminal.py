@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from guard.report import format as fmt
-from guard.report.environment import Environment
-from guard.report.results import Results, Status, Verdict
+from guard.model.environment import Environment
+from guard.model.results import Results, Status, Verdict
 from guard.judge.stats import percentile
 
 MAX_SITES = 6

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from guard.config.budgets import Thresholds, load_thresholds
 from guard.errors import ConfigError, UsageError
-from guard.report.results import BudgetSource
+from guard.model.results import BudgetSource
 from guard.revisions import git
 
 FLAG = "--thresholds-in-repo"

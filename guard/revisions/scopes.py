@@ -28,7 +28,7 @@ from pathlib import Path
 
 from guard.config.budgets import CensusRule, Profile, ScopeBudget, ScopeKind
 from guard.measure.census import compare, folded, request_deltas, size_key
-from guard.report.results import ABRecord, InvalidReason, ReasonKind, RunRecord, ScopeCounts
+from guard.model.results import ABRecord, InvalidReason, ReasonKind, RunRecord, ScopeCounts
 from guard.revisions import git
 from guard.revisions.functions import function_spans
 

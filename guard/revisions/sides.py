@@ -15,7 +15,7 @@ from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.harness import OPS_ONLY, record_suite
-from guard.report.results import FunctionChange, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
+from guard.model.results import FunctionChange, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
 from guard.revisions.installed import InstalledEnvironment
@@ -93,7 +93,7 @@ def own_environment_pass(name: str, env: InstalledEnvironment, profile: Profile,
     from guard.measure.hardware import detect, fingerprint
     from guard.measure.run import GuardRun
     from guard.measure.worker import WORKER_REPORTED, WorkerSide
-    from guard.report.results import InvalidReason, ReasonKind
+    from guard.model.results import InvalidReason, ReasonKind
 
     side = WorkerSide(name, env.python, output, thresholds=thresholds.path.resolve(), profile=profile,
                       progress=lambda m: say(f"{name} {m}"))

@@ -3,7 +3,7 @@
 The run stage writes it: ``guard.measure.hardware.fingerprint`` at the start, then what the stage and
 its engine side learn as they run (engine mode, contention, speed reference, GPU state, the worker or
 server). Evaluation, the reports, ``update-thresholds`` and history read its fields, never string keys.
-A file is checked against results.schema.json at the edge (``guard.report.results.read_json``), which
+A file is checked against results.schema.json at the edge (``guard.model.results.read_json``), which
 names the line and field of a bad value; ``from_dict`` types what passed. The nested readings
 (``cpu_contention``, ``speed_reference``, ``gpu_state``, ``server``, ``worker``, ``engine_args``) stay
 mappings: each has its own reader where it is measured and its own definition in the schema.

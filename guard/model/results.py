@@ -28,7 +28,7 @@ from typing import Any
 
 from guard.config.budgets import Rule
 from guard.errors import ConfigError, ExitCode
-from guard.report.environment import Environment
+from guard.model.environment import Environment
 
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
