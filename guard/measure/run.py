@@ -16,9 +16,8 @@ checks every side's record gets. Two shapes of it:
   environment was profiled before.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
-run on both sides at once they took longer than one after the other (two OpenMP teams on two
-cores: a 640x480 warm-up pair 15.2 s instead of 13.4 s, an 800x400 pair 32.6 s instead of
-25.4-29.0 s, measured here; docs/ab.md, "Wall time").
+run on both sides at once they take longer than one after the other, because two OpenMP teams
+then share the same cores (measured: docs/campaigns/2026-11-30-ab-wall-time.md).
 
 Progress goes to the ``progress`` callback: runs take minutes.
 """

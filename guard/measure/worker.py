@@ -32,10 +32,9 @@ A worker that exits (or closes its stdout) before answering makes the run invali
 
 While one side's requests are timed, the other side's process is stopped (SIGSTOP, then SIGCONT:
 ``WorkerClient.paused``, through ``WorkerSide.pause``). An idle vLLM engine is not idle: torch.distributed's gloo transport
-keeps threads (``gloo_tcp_loop``) that wake up all the time, together 1.5 % of a core measured
-here, and on a 2-core machine each wake-up preempts one of the timed engine's OpenMP threads.
-Measured: one engine's request-to-request spread was 5.0-5.7 % beside an idle engine, 2.5-3.0 %
-with it stopped or gone (docs/ab.md, "Pausing the idle side"). A stopped worker dies with guard
+keeps threads (``gloo_tcp_loop``) that wake up all the time, and on a 2-core machine each wake-up
+preempts one of the timed engine's OpenMP threads, so an idle engine beside the timed one about
+doubles its request-to-request spread (measured: docs/ab.md, "Pausing the idle side"). A stopped worker dies with guard
 (PR_SET_PDEATHSIG), so a killed check never leaves a frozen engine behind.
 """
 
