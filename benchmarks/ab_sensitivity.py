@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.judge.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
 from guard.model.results import Pair, Status
 from guard.config.budgets import Profile, load_thresholds

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.config.budgets import Profile, load_thresholds, percentile_value
 from guard.model.results import RunRecord, Status
 from guard.judge.rules import judge_ttft, measure_until_decided

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from guard import __version__
 from guard.errors import ExitCode, GuardError
-from guard.github.sanitize import no_workflow_commands, one_line
+from guard.sanitize import no_workflow_commands, one_line
 
 # command name -> (module under guard.commands, one-line help)
 COMMANDS = {

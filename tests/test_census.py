@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.config.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
 from guard.measure.census import (QualnameResolver, compare, count_functions, fold, folded, function_of, load_baseline,
                           render_baseline,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.measure.contention import (
     ContentionReading,
     ContentionSampler,

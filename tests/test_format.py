@@ -1,4 +1,4 @@
-"""guard.report.format: how every view writes numbers, intervals, sizes, rules and failures."""
+"""guard.model.format: how every view writes numbers, intervals, sizes, rules and failures."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.model.results import TOTAL_OPS, OpCheck, Rule, Status, TtftCheck
 
 

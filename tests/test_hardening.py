@@ -23,7 +23,7 @@ from guard.commands import check
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
 from guard.judge.opnames import check_op_names, problems, vacuous_budgets
 from guard.model.results import RunRecord, ScopeCounts
-from guard.github.sanitize import no_workflow_commands, one_line
+from guard.sanitize import no_workflow_commands, one_line
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -45,7 +45,7 @@ def import_graph() -> dict[str, set[str]]:
                     module = ".".join(base + ([node.module] if node.module else []))
                 else:
                     module = node.module or ""
-                # `from guard import format` imports the module guard.report.format; `from guard.x import y` imports guard.x
+                # `from guard import format` imports the module guard.model.format; `from guard.x import y` imports guard.x
                 targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
             graph[name] |= {t for t in targets if t in mods and t != name}
     return graph
@@ -124,8 +124,8 @@ def test_the_cycle_finder_finds_a_late_import_cycle():
 
 def test_the_graph_sees_late_and_from_package_imports():
     graph = import_graph()
-    assert "guard.report.format" in graph["guard.judge.rules"]  # `from guard import format as fmt`
-    assert "guard.measure.contention" in graph["guard.report.format"]
+    assert "guard.model.format" in graph["guard.judge.rules"]  # `from guard import format as fmt`
+    assert "guard.model.environment" in graph["guard.model.format"]
     assert "guard.files" in graph["guard.model.results"]  # imported inside a function
 
 
@@ -151,3 +151,32 @@ def test_measure_calls_judge_only_where_it_needs_the_verdicts_own_rule():
     edges = {(m, t) for m, targets in graph.items() if m.startswith("guard.measure.")
              for t in targets if t.startswith("guard.judge.")}
     assert edges == set(MEASURE_USES_JUDGE)
+
+
+# The stages' order: config -> measure -> judge -> report -> publish (github), on the data model
+# (guard.model) below them all. A stage imports only stages before it; the model imports none.
+# Late imports count (import_graph sees them). Each edge still against the order is named here with
+# why, and the test fails on a new one and on one that is gone (so this list only shrinks).
+FORBIDDEN = {"model": ("config", "measure", "judge", "report", "history", "github", "commands", "revisions"),
+             "config": ("measure", "judge", "report", "history", "github", "commands"),
+             "measure": ("judge", "report", "history", "github", "commands"),
+             "judge": ("report", "history", "github", "commands"),
+             "report": ("measure", "history", "commands")}
+KNOWN_BACK_IMPORTS: dict[tuple[str, str], str] = {
+    **MEASURE_USES_JUDGE,
+    ("guard.measure.plugin", "guard.report.terminal"): "`pytest tests/perf` by hand prints its own verdict table",
+    ("guard.report.markdown", "guard.history.analysis"): "the comment's history section computes where the run stands",
+    ("guard.report.markdown", "guard.history.store"): "the comment's history section reads main's records",
+    ("guard.model.results", "guard.config.budgets"): "a check's rule is the budgets file's Rule enum",
+}
+
+
+def test_imports_follow_the_stage_order():
+    graph = import_graph()
+    stage = lambda m: m.split(".")[1] if m.count(".") >= 2 else None  # noqa: E731 - guard.<stage>.<module>
+    edges = {(m, t) for m, targets in graph.items() for t in targets
+             if stage(m) in FORBIDDEN and stage(t) in FORBIDDEN[stage(m)]}
+    new = sorted(edges - set(KNOWN_BACK_IMPORTS))
+    assert not new, "imports against config -> measure -> judge -> report -> publish:\n  " + "\n  ".join(map(str, new))
+    gone = sorted(set(KNOWN_BACK_IMPORTS) - edges)
+    assert not gone, f"no longer imported, drop them from KNOWN_BACK_IMPORTS: {gone}"

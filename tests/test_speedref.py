@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.measure import speedref
 from guard.model.results import Status, TtftCheck
 from guard.measure.speedref import (WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, change_pct, combined, slowdown_pct,

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from guard import __version__
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.measure.census import folded

@@ -22,7 +22,7 @@ from guard.report.findings import has_finding, summary_line
 from guard.report.markdown import render_markdown, text
 from guard.judge.rejudge import rejudge
 from guard.model.results import load_results
-from guard.github.sanitize import no_workflow_commands, one_line
+from guard.sanitize import no_workflow_commands, one_line
 from guard.github.trust import TrustPolicy
 
 DEFAULT_RESULTS = "guard-results/results.json"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.errors import UsageError
 from guard.files import write_text_atomic
 from guard.history import chart

@@ -14,7 +14,7 @@ import argparse
 import re
 from pathlib import Path
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.errors import UsageError
 from guard.history.store import append, record_from_results
 from guard.model.results import load_results

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles

@@ -25,7 +25,7 @@ import requests
 from github3 import exceptions as gh_exc
 from github3.session import GitHubSession
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
 from guard.report.markdown import render_markdown, text
 from guard.model.results import Results, Verdict

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from guard.config.budgets import Profile, Thresholds, load_thresholds
 from guard.errors import ConfigError
-from guard.github.sanitize import one_line
+from guard.sanitize import one_line
 
 PROTECTED_PATTERNS = (".github/workflows/*", "guard/*", "tests/perf/*")
 APPROVER_ASSOCIATIONS = ("OWNER", "MEMBER", "COLLABORATOR")  # GitHub's author_association of a review

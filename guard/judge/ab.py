@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from guard.config.budgets import Statistics, percentile_value
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.model.results import BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck, to_ms
 from guard.judge.rules import interval_status
 from guard.judge.stats import centre_estimate, percentile, percentile_interval

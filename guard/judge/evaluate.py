@@ -3,7 +3,7 @@
 Each kind of budget has one function here that turns a budget and a measurement into its check
 record (``guard.model.results``); the decision rules themselves live in ``guard.judge.rules``, shared with the
 run stage so the two cannot disagree. Adding a kind of budget: a record in results.py, a function
-here, a label and failure sentence in guard.report.format, a table in each view.
+here, a label and failure sentence in guard.model.format, a table in each view.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.config import recipes
 from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
 from guard.measure.census import Baseline, CensusJudgement, judge, size_key

@@ -24,7 +24,7 @@ from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
 from guard.model.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
                            verdict_of)
-from guard.github.sanitize import one_line
+from guard.sanitize import one_line
 
 
 def implied_verdict(results: Results) -> Verdict:

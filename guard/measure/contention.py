@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from guard.model.environment import ContentionReading  # the reading, typed where the record is
+
 # /proc/stat "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice.
 # guest and guest_nice are already counted in user and nice, so they are not added again.
 _BUSY_FIELDS = (0, 1, 2, 5, 6)  # user, nice, system, irq, softirq
@@ -77,41 +79,6 @@ class Snapshot:
     tree_pids: tuple[int, ...]
     load_1m: float | None
     mhz: float | None  # mean over CPUs; None when not readable
-
-
-@dataclass(frozen=True)
-class ContentionReading:
-    """What the rest of the machine did between two snapshots. Cores are averages over the window."""
-
-    window_s: float
-    cpus: int
-    other_cores: float  # busy cores not used by this process tree
-    steal_cores: float  # cores the hypervisor took from this VM
-    own_cores: float  # this process tree
-    load_1m_start: float | None = None
-    load_1m_end: float | None = None
-    mhz_start: float | None = None
-    mhz_end: float | None = None
-    tree_processes: int = 1  # processes in our tree at the end (the engine runs in one process)
-
-    @property
-    def lost_cores(self) -> float:
-        """Cores this run could not have: other processes plus the hypervisor."""
-        return self.other_cores + self.steal_cores
-
-    @property
-    def lost_fraction(self) -> float:
-        return self.lost_cores / self.cpus if self.cpus else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["lost_cores"] = round(self.lost_cores, 4)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ContentionReading:
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 # ----------------------------------------------------------------------------- parsers (pure)
@@ -287,7 +254,7 @@ class ContentionSampler:
 def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
     """The reading, when the rest of the machine took more than the limit and so absolute TTFT is
     untrustworthy; None: within the limit, or not measured (no /proc: evaluation says so in a
-    notice). The sentence that says so is ``guard.report.format.busy_machine``'s."""
+    notice). The sentence that says so is ``guard.model.format.busy_machine``'s."""
     if not recorded:
         return None
     r = ContentionReading.from_dict(recorded)

@@ -357,7 +357,7 @@ class InProcessSide:
     def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
         """One request under torch.profiler: op counts per budgeted scope (guard.measure.probes), the census
         (guard.measure.census), and with ``files`` the scopes' events and, on a failed op budget, the trace."""
-        from guard.report import format as fmt
+        from guard.model import format as fmt
         from guard.measure.probes import attribute, profile_request, save_events, save_trace, scope_events
 
         outcomes: list[RequestOutcome] = []

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.measure import abcache, speedref
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.judge.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.census import size_key

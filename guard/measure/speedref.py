@@ -32,16 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from guard.model.environment import SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32, SPEED_WORKLOADS
 from guard.model.results import Status, TtftCheck, to_ms
 
-WORKLOAD = "speedref-1"
-# The same workload in float32, for an engine that runs float32 for want of native bf16
-# (engine.dtype_without_native_bf16): there bf16 is emulated, 12.3 s a reading on an AVX2-only
-# EPYC against 79 ms on the budget's, and says nothing of the engine's speed. A budget's reference
-# and a run's reading are in the same dtype: ttft_hardware.cpu_isa binds the budget to CPUs that
-# resolve the engine's dtype alike.
-WORKLOAD_FLOAT32 = "speedref-1-float32"
-WORKLOADS = (WORKLOAD, WORKLOAD_FLOAT32)
+# The workloads, named where the record is typed: a budget's reference and a run's reading are in
+# the same dtype, since ttft_hardware.cpu_isa binds the budget to CPUs that resolve the engine's dtype alike.
+WORKLOAD, WORKLOAD_FLOAT32, WORKLOADS = SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32, SPEED_WORKLOADS
 
 
 def workload_for(engine_dtype: str) -> str:

@@ -11,8 +11,51 @@ mappings: each has its own reader where it is measured and its own definition in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+
+# The speed reference's workloads a record may name (guard.measure.speedref measures them).
+SPEED_WORKLOAD = "speedref-1"
+# The same workload in float32, for an engine that runs float32 for want of native bf16
+# (engine.dtype_without_native_bf16): there bf16 is emulated and says nothing of the engine's speed.
+SPEED_WORKLOAD_FLOAT32 = "speedref-1-float32"
+SPEED_WORKLOADS = (SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32)
+
+
+@dataclass(frozen=True)
+class ContentionReading:
+    """What the rest of the machine did between two snapshots. Cores are averages over the window."""
+
+    window_s: float
+    cpus: int
+    other_cores: float  # busy cores not used by this process tree
+    steal_cores: float  # cores the hypervisor took from this VM
+    own_cores: float  # this process tree
+    load_1m_start: float | None = None
+    load_1m_end: float | None = None
+    mhz_start: float | None = None
+    mhz_end: float | None = None
+    tree_processes: int = 1  # processes in our tree at the end (the engine runs in one process)
+
+    @property
+    def lost_cores(self) -> float:
+        """Cores this run could not have: other processes plus the hypervisor."""
+        return self.other_cores + self.steal_cores
+
+    @property
+    def lost_fraction(self) -> float:
+        return self.lost_cores / self.cpus if self.cpus else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["lost_cores"] = round(self.lost_cores, 4)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ContentionReading:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ carries its unit in its name (``_s``, ``_ms``, ``_calls``).
 A check is a typed record (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``): its
 identity is its ``key`` (built from its fields: percentile; scope, image size and op; function and
 image size), never a string to parse back, and its ``label`` is the one short name every view shows.
-How the rest of a check reads to people is ``guard.report.format``'s business. ``verdict_of`` is the one
+How the rest of a check reads to people is ``guard.model.format``'s business. ``verdict_of`` is the one
 roll-up from checks and invalid reasons to a verdict. An invalid reason is typed the same way
 (``InvalidReason``: a ``ReasonKind`` for code to filter on, the text for people), never matched by
 substring.
@@ -55,7 +55,7 @@ ENGINE_MODE_SERVER = "server"
 
 def to_ms(seconds: float) -> float:
     """Seconds, guard's unit inside, as the milliseconds a ``_ms`` field or a reader sees: the one
-    place that multiplies by 1000 (``guard.report.format`` words it, ``seconds_as_ms``)."""
+    place that multiplies by 1000 (``guard.model.format`` words it, ``seconds_as_ms``)."""
     return seconds * 1000.0
 
 

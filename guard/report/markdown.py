@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.report.findings import Finding, added_calls, findings
 from guard.model.environment import Environment
 from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from guard.report import format as fmt
+from guard.model import format as fmt
 from guard.model.environment import Environment
 from guard.model.results import Results, Status, Verdict
 from guard.judge.stats import percentile

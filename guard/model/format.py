@@ -16,8 +16,7 @@ from functools import singledispatch
 from collections.abc import Mapping
 from typing import Any
 
-from guard.measure.contention import ContentionReading
-from guard.measure.speedref import WORKLOADS as SPEED_WORKLOADS
+from guard.model.environment import SPEED_WORKLOADS, ContentionReading
 from guard.model.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
