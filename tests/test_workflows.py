@@ -125,7 +125,8 @@ def test_comment_workflow_is_triggered_by_perf_guard_with_minimal_permissions():
 
 
 NODE24_RELEASES = {  # first major that runs on Node 24
-    "actions/checkout": 5, "actions/cache": 5, "actions/upload-artifact": 6, "actions/download-artifact": 7, "astral-sh/setup-uv": 7}
+    "actions/checkout": 5, "actions/cache": 5, "actions/cache/restore": 5, "actions/cache/save": 5,
+    "actions/upload-artifact": 6, "actions/download-artifact": 7, "astral-sh/setup-uv": 7}
 
 
 @pytest.mark.parametrize("name", FILES)
