@@ -178,9 +178,159 @@ def qwen3_vl(out: Path) -> str:
     return f"<|im_start|>user\n{QWEN_IMAGE}Free OCR.<|im_end|>\n<|im_start|>assistant\n"
 
 
+def glm4_1v(out: Path) -> str:
+    from transformers import Glm4vConfig, Glm4vImageProcessor, Glm4vProcessor, Glm4vVideoProcessor
+
+    specials = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+                "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+                "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>", "<think>", "</think>"]
+    image = "<|begin_of_image|><|image|><|end_of_image|>"
+    template = ("[gMASK]<sop>{% for message in messages %}<|{{ message['role'] }}|>\n"
+                "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+                "{% for c in message['content'] %}{% if c['type'] in ('image', 'image_url') %}" + image +
+                "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+                "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    tok = make_tokenizer(specials, bos=None, eos="<|endoftext|>", pad="<|endoftext|>", chat_template=template)
+    lm = {k: v for k, v in LM.items() if k != "head_dim"}  # GLM-4's head_dim is hidden/heads (32)
+    config = Glm4vConfig(
+        architectures=["Glm4vForConditionalGeneration"],
+        # half the head is rotated (partial_rotary_factor 0.5): 16 dims, 8 frequencies, split t/h/w
+        text_config=dict(**lm, hidden_act="silu", attention_bias=True, pad_token_id=tid(tok, "<|endoftext|>"),
+                         eos_token_id=[tid(tok, t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")],
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
+                                              mrope_section=[2, 3, 3])),  # real [8, 12, 12], /4
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=LM["intermediate_size"], num_heads=2,
+                           image_size=336, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                           out_hidden_size=LM["hidden_size"]),
+        image_token_id=tid(tok, "<|image|>"), video_token_id=tid(tok, "<|video|>"),
+        image_start_token_id=tid(tok, "<|begin_of_image|>"), image_end_token_id=tid(tok, "<|end_of_image|>"),
+        video_start_token_id=tid(tok, "<|begin_of_video|>"), video_end_token_id=tid(tok, "<|end_of_video|>"),
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    size = {"shortest_edge": 112 * 112, "longest_edge": 1024 * 28 * 28}  # real longest 15000 tokens' pixels
+    improc = Glm4vImageProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
+    video = Glm4vVideoProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
+    save(out, config, Glm4vProcessor(image_processor=improc, tokenizer=tok, video_processor=video,
+                                     chat_template=template))
+    return f"[gMASK]<sop><|user|>\n{image}Free OCR.<|assistant|>\n"
+
+
+def internvl(out: Path) -> str:
+    """InternVL3 in transformers' own format (InternVLForConditionalGeneration; vLLM runs it as InternS1)."""
+    from transformers import GotOcr2ImageProcessor, InternVLConfig, InternVLProcessor, InternVLVideoProcessor
+
+    named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+             "video_token": "<video>"}
+    tok = make_tokenizer(QWEN_SPECIALS + list(named.values()), bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+                         named=named, chat_template=chatml("<IMG_CONTEXT>\n", system="You are a helpful assistant."))
+    # 224 px tiles of 16x16 patches, pixel-shuffled by 0.5: 64 tokens a tile (real: 448 px, 256 tokens)
+    tile, patch = 224, 14
+    seq = (tile // patch) ** 2 // 4
+    config = InternVLConfig(
+        architectures=["InternVLForConditionalGeneration"],
+        text_config=dict(**LM, model_type="qwen2", hidden_act="silu", bos_token_id=tid(tok, "<|endoftext|>"),
+                         eos_token_id=tid(tok, "<|im_end|>"), pad_token_id=tid(tok, "<|endoftext|>"),
+                         rope_parameters=dict(rope_type="default", rope_theta=1e6), tie_word_embeddings=False),
+        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=[tile, tile], patch_size=[patch, patch]),
+        image_token_id=tid(tok, "<IMG_CONTEXT>"), image_seq_length=seq, downsample_ratio=0.5,
+        vision_feature_layer=-1, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    improc = GotOcr2ImageProcessor(size={"height": tile, "width": tile}, crop_to_patches=True, min_patches=1,
+                                   max_patches=12, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    video = InternVLVideoProcessor(size={"height": tile, "width": tile})
+    save(out, config, InternVLProcessor(image_processor=improc, tokenizer=tok, video_processor=video,
+                                        image_seq_length=seq, chat_template=tok.chat_template))
+    return "<|im_start|>user\n<IMG_CONTEXT>\nFree OCR.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def minicpm_v(out: Path) -> str:
+    """MiniCPM-V 4.6 (transformers-native; Qwen3.5 hybrid language model: Gated-DeltaNet + full attention)."""
+    from transformers import (MiniCPMV4_6Config, MiniCPMV4_6ImageProcessor, MiniCPMV4_6Processor,
+                              MiniCPMV4_6VideoProcessor)
+
+    named = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "image_start_token": "<image>",
+             "image_end_token": "</image>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+             "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"}
+    tok = make_tokenizer(QWEN_SPECIALS + list(named.values()), bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+                         named=named, chat_template=chatml("<|image_pad|>"))
+    lm = dict(LM, num_key_value_heads=2)
+    config = MiniCPMV4_6Config(
+        architectures=["MiniCPMV4_6ForConditionalGeneration"],
+        text_config=dict(**lm, model_type="qwen3_5_text", hidden_act="silu",
+                         layer_types=["linear_attention", "full_attention"],
+                         # vLLM's CPU Gated-DeltaNet kernel (chunk_gated_delta_rule_cpu) refuses other
+                         # head dims: "RuntimeError: Unexpected head dim size, 32"; 128 is the real one
+                         linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                         linear_num_key_heads=2, linear_num_value_heads=4,
+                         bos_token_id=tid(tok, "<|endoftext|>"), eos_token_id=tid(tok, "<|im_end|>"),
+                         pad_token_id=tid(tok, "<|endoftext|>"),
+                         # a quarter of the head rotated: 8 dims, 4 frequencies (real [11, 11, 10] of 32)
+                         rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
+                                              mrope_interleaved=True, mrope_section=[2, 1, 1])),
+        # SigLIP-style tower (Idefics2 in vLLM); the window-attention merger sits after layer 0 of 2
+        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=448, patch_size=14),
+        insert_layer_id=0, image_size=448, downsample_mode="16x",
+        image_token_id=tid(tok, "<|image_pad|>"), video_token_id=tid(tok, "<|video_pad|>"),
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    # real defaults: 448 px slices of 14 px patches, up to 9 slices, 64 tokens a slice after 16x merging
+    improc = MiniCPMV4_6ImageProcessor(scale_resolution=448, patch_size=14, max_slice_nums=9)
+    video = MiniCPMV4_6VideoProcessor(scale_resolution=448, patch_size=14)
+    save(out, config, MiniCPMV4_6Processor(image_processor=improc, video_processor=video, tokenizer=tok,
+                                           chat_template=tok.chat_template))
+    return "<|im_start|>user\n<|image_pad|>\nFree OCR.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def llava_onevision(out: Path) -> str:
+    """LLaVA-OneVision: SigLIP tower, anyres tiling (anyres_max_9), Qwen2 language model."""
+    from transformers import (LlavaOnevisionConfig, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor,
+                              LlavaOnevisionVideoProcessor)
+
+    named = {"image_token": "<image>", "video_token": "<video>"}
+    tok = make_tokenizer(QWEN_SPECIALS + list(named.values()), bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+                         named=named, chat_template=chatml("<image>\n"))
+    # 192 px tiles of 16 px patches: 144 tokens a tile (real: 384 px / 14 px, 729); grid up to 4x4 tiles,
+    # which anyres_max_9 scales down to at most 9 tiles' worth: <= ~1500 tokens an image
+    tile, patch = 192, 16
+    pinpoints = [[tile * i, tile * j] for i in range(1, 5) for j in range(1, 5)]
+    config = LlavaOnevisionConfig(
+        architectures=["LlavaOnevisionForConditionalGeneration"],
+        text_config=dict(**LM, model_type="qwen2", hidden_act="silu", bos_token_id=tid(tok, "<|endoftext|>"),
+                         eos_token_id=tid(tok, "<|im_end|>"), pad_token_id=tid(tok, "<|endoftext|>"),
+                         rope_parameters=dict(rope_type="default", rope_theta=1e6), tie_word_embeddings=False),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=2, image_size=tile, patch_size=patch,
+                           vision_use_head=False),
+        image_token_index=tid(tok, "<image>"), video_token_index=tid(tok, "<video>"),
+        image_grid_pinpoints=pinpoints, vision_aspect_ratio="anyres_max_9",
+        vision_feature_select_strategy="full", vision_feature_layer=-1,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    improc = LlavaOnevisionImageProcessor(size={"height": tile, "width": tile}, image_grid_pinpoints=pinpoints,
+                                          image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    video = LlavaOnevisionVideoProcessor(size={"height": tile, "width": tile}, image_mean=[0.5] * 3,
+                                         image_std=[0.5] * 3)
+    save(out, config, LlavaOnevisionProcessor(image_processor=improc, tokenizer=tok, video_processor=video,
+                                              num_image_tokens=(tile // patch) ** 2,
+                                              vision_feature_select_strategy="full",
+                                              vision_aspect_ratio="anyres_max_9", chat_template=tok.chat_template))
+    return "<|im_start|>user\n<image>\nFree OCR.<|im_end|>\n<|im_start|>assistant\n"
+
+
 REGISTRY: dict[str, Callable[[Path], str]] = {
     "qwen2.5-vl": qwen2_5_vl,
     "qwen3-vl": qwen3_vl,
+    "glm-4.1v": glm4_1v,
+    "internvl": internvl,
+    "minicpm-v": minicpm_v,
+    "llava-onevision": llava_onevision,
 }
 
 
