@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 ROOT = Path(__file__).resolve().parent.parent / "guard" / "models"
 
@@ -39,20 +39,34 @@ LM = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_atten
 
 def make_tokenizer(specials: list[str], *, bos: str | None, eos: str, pad: str, unk: str | None = None,
                    named: dict[str, str] | None = None, chat_template: str | None = None,
-                   add_bos: bool = False, fast_cls=None, **init):
-    """Byte-level BPE with no merges, specials first (ids 0..n-1), wrapped as a transformers fast
-    tokenizer. ``named`` become ``extra_special_tokens`` (tokenizer.image_token etc., which several
-    processors read)."""
+                   spm: bool = False, **init):
+    """A small local tokenizer, specials first (ids 0..n-1), wrapped as a transformers fast tokenizer.
+
+    Default: byte-level BPE with no merges (GPT-2/Qwen style): every UTF-8 byte is one token.
+    ``spm=True``: SentencePiece-style BPE as Gemma's (spaces as "▁", printable ASCII characters,
+    <0xNN> byte fallback, and "\\n" runs of up to four as single tokens, which vLLM's Gemma 3
+    processor looks up by their text).
+    ``named`` become ``extra_special_tokens`` (tokenizer.image_token etc., which several processors
+    read). It adds no BOS by itself: prompts and chat templates that need one write it."""
     from transformers import PreTrainedTokenizerFast
 
     specials = list(dict.fromkeys(specials))
     vocab = {tok: i for i, tok in enumerate(specials)}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
+    if spm:
+        for piece in [f"<0x{b:02X}>" for b in range(256)] + ["▁"] + [chr(c) for c in range(33, 127)] + \
+                     ["\n", "\n\n", "\n\n\n", "\n\n\n\n"]:
+            vocab.setdefault(piece, len(vocab))
+        merges = [("\n", "\n"), ("\n\n", "\n"), ("\n\n", "\n\n")]
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True))
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    else:
+        for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+            vocab[ch] = len(vocab)
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
     assert len(vocab) <= VOCAB, len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
     kwargs = dict(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk,
                   model_max_length=4096, clean_up_tokenization_spaces=False, **init)
@@ -60,10 +74,7 @@ def make_tokenizer(specials: list[str], *, bos: str | None, eos: str, pad: str, 
         kwargs["extra_special_tokens"] = named
     if chat_template:
         kwargs["chat_template"] = chat_template
-    hf = (fast_cls or PreTrainedTokenizerFast)(**kwargs)
-    hf.add_bos_token = add_bos
-    hf.add_eos_token = False
-    return hf
+    return PreTrainedTokenizerFast(**kwargs)
 
 
 def tid(tok, token: str) -> int:
@@ -324,6 +335,81 @@ def llava_onevision(out: Path) -> str:
     return "<|im_start|>user\n<image>\nFree OCR.<|im_end|>\n<|im_start|>assistant\n"
 
 
+def gemma3(out: Path) -> str:
+    """Gemma 3: SigLIP tower average-pooled to a fixed token count, Gemma 3 language model
+    (sliding-window and global layers)."""
+    from transformers import Gemma3Config, Gemma3ImageProcessor, Gemma3Processor
+
+    named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", *named.values()]
+    template = ("{{ bos_token }}{% for message in messages %}<start_of_turn>"
+                "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+                "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+                "{% for c in message['content'] %}{% if c['type'] in ('image', 'image_url') %}<start_of_image>"
+                "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+                "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    tok = make_tokenizer(specials, bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", named=named,
+                         chat_template=template, spm=True)
+    # 224 px of 14 px patches = 16x16, average-pooled 2x2 to 64 tokens an image (real: 896 px, 256 tokens)
+    tile, patch, tokens = 224, 14, 64
+    config = Gemma3Config(
+        architectures=["Gemma3ForConditionalGeneration"],
+        text_config=dict(**LM, model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+                         query_pre_attn_scalar=LM["head_dim"], sliding_window=512,
+                         layer_types=["sliding_attention", "full_attention"],
+                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}},
+                         bos_token_id=tid(tok, "<bos>"), eos_token_id=[tid(tok, "<eos>"), tid(tok, "<end_of_turn>")],
+                         pad_token_id=tid(tok, "<pad>"), tie_word_embeddings=True),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=2, image_size=tile, patch_size=patch,
+                           vision_use_head=False),
+        mm_tokens_per_image=tokens, boi_token_index=tid(tok, "<start_of_image>"),
+        eoi_token_index=tid(tok, "<end_of_image>"), image_token_index=tid(tok, "<image_soft_token>"),
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+    )
+    improc = Gemma3ImageProcessor(size={"height": tile, "width": tile}, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                                  do_pan_and_scan=False)
+    save(out, config, Gemma3Processor(image_processor=improc, tokenizer=tok, image_seq_length=tokens,
+                                      chat_template=template))
+    return "<bos><start_of_turn>user\n<start_of_image>Free OCR.<end_of_turn>\n<start_of_turn>model\n"
+
+
+def llava_1_5(out: Path) -> str:
+    """LLaVA-1.5: CLIP tower (penultimate layer, CLS dropped), MLP projector, Llama language model."""
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaProcessor
+
+    specials = ["<unk>", "<s>", "</s>", "<image>", "<pad>"]
+    template = ("{{ bos_token }}{% for message in messages %}{{ message['role'].upper() }}: "
+                "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+                "{% for c in message['content'] %}{% if c['type'] in ('image', 'image_url') %}<image>\n"
+                "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %} "
+                "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+    tok = make_tokenizer(specials, bos="<s>", eos="</s>", pad="<pad>", unk="<unk>",
+                         named={"image_token": "<image>"}, chat_template=template)
+    # 224 px of 14 px patches: 256 tokens an image (real: 336 px, 576)
+    tile, patch = 224, 14
+    config = LlavaConfig(
+        architectures=["LlavaForConditionalGeneration"],
+        text_config=dict(**LM, model_type="llama", hidden_act="silu", bos_token_id=tid(tok, "<s>"),
+                         eos_token_id=tid(tok, "</s>"), pad_token_id=tid(tok, "<pad>"),
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0), tie_word_embeddings=False),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=64, intermediate_size=128,
+                           projection_dim=64, num_hidden_layers=2, num_attention_heads=2, image_size=tile,
+                           patch_size=patch, hidden_act="quick_gelu"),
+        image_token_index=tid(tok, "<image>"), image_seq_length=(tile // patch) ** 2,
+        vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    improc = CLIPImageProcessor(size={"shortest_edge": tile}, crop_size={"height": tile, "width": tile})
+    save(out, config, LlavaProcessor(image_processor=improc, tokenizer=tok, patch_size=patch,
+                                     vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                     chat_template=template))
+    return "<s>USER: <image>\nFree OCR. ASSISTANT:"
+
+
 REGISTRY: dict[str, Callable[[Path], str]] = {
     "qwen2.5-vl": qwen2_5_vl,
     "qwen3-vl": qwen3_vl,
@@ -331,6 +417,8 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "internvl": internvl,
     "minicpm-v": minicpm_v,
     "llava-onevision": llava_onevision,
+    "gemma3": gemma3,
+    "llava-1.5": llava_1_5,
 }
 
 
