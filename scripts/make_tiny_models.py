@@ -104,10 +104,8 @@ def save(out: Path, config, processor) -> None:
 
 
 # ChatML, as Qwen2.5-VL/Qwen3-VL/InternVL/LLaVA-OneVision write it; `image` is the text an image part becomes
-def chatml(image: str, system: str | None = None) -> str:
-    sys = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\n" + system + "<|im_end|>\n{% endif %}"
-           if system else "")
-    return (sys + "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+def chatml(image: str) -> str:
+    return ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
             "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
             "{% for c in message['content'] %}{% if c['type'] in ('image', 'image_url') %}" + image +
             "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
@@ -234,7 +232,7 @@ def internvl(out: Path) -> str:
     named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
              "video_token": "<video>"}
     tok = make_tokenizer(QWEN_SPECIALS + list(named.values()), bos=None, eos="<|im_end|>", pad="<|endoftext|>",
-                         named=named, chat_template=chatml("<IMG_CONTEXT>\n", system="You are a helpful assistant."))
+                         named=named, chat_template=chatml("<IMG_CONTEXT>\n"))
     # 224 px tiles of 16x16 patches, pixel-shuffled by 0.5: 64 tokens a tile (real: 448 px, 256 tokens)
     tile, patch = 224, 14
     seq = (tile // patch) ** 2 // 4
@@ -267,7 +265,7 @@ def minicpm_v(out: Path) -> str:
              "image_end_token": "</image>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
              "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"}
     tok = make_tokenizer(QWEN_SPECIALS + list(named.values()), bos=None, eos="<|im_end|>", pad="<|endoftext|>",
-                         named=named, chat_template=chatml("<|image_pad|>"))
+                         named=named, chat_template=chatml("<|image_pad|>\n"))
     lm = dict(LM, num_key_value_heads=2)
     config = MiniCPMV4_6Config(
         architectures=["MiniCPMV4_6ForConditionalGeneration"],
@@ -422,6 +420,18 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
 }
 
 
+def check(out: Path, prompt: str) -> None:
+    """The saved folder loads through AutoProcessor, and its chat template, given one image and the
+    text, renders exactly the prompt guard sends (guard_prompt.txt)."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(out)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Free OCR."}]}]
+    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if rendered != prompt:
+        raise SystemExit(f"{out.name}: chat template renders {rendered!r}, guard_prompt.txt has {prompt!r}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT, help="parent folder; each model goes to tiny-<name>/")
@@ -433,6 +443,7 @@ def main() -> None:
         out = args.out / f"tiny-{name}"
         prompts[name] = REGISTRY[name](out)
         (out / "guard_prompt.txt").write_text(prompts[name])
+        check(out, prompts[name])
         print(f"wrote {out}")
 
 
