@@ -75,12 +75,13 @@ def child(folder: Path, dtype: str, max_tokens: int, repeat: int) -> dict:
 
 
 def summary(requests: list[dict], size: tuple[int, int]) -> str:
-    """'640x480: 0.41 s (421 tokens)'; with repeats, the first request and the median of the others."""
+    """'640x480: 0.41 s (421 tokens)'; with repeats, the first request, then the median and the fastest
+    of the others (on a shared machine the fastest is the least disturbed)."""
     mine = [r for r in requests if tuple(r["size"]) == size]
     text = f"{size[0]}x{size[1]}: {mine[0]['s']:.2f} s"
     if len(mine) > 1:
         rest = sorted(r["s"] for r in mine[1:])
-        text += f" first, {rest[len(rest) // 2]:.2f} s median of {len(rest)} more"
+        text += f" first, then median {rest[len(rest) // 2]:.2f} s, min {rest[0]:.2f} s of {len(rest)}"
     return text + f" ({mine[0]['prompt_tokens']} tokens)"
 
 
