@@ -80,6 +80,12 @@ def person_path(path: Path | str) -> str:
     return str(full)
 
 
+def recorded_as_person_path(recorded: str) -> str:
+    """A recorded path as printed commands name it: already from the repository's root, or (a record
+    from before paths were recorded so) made so here."""
+    return person_path(recorded) if Path(recorded).is_absolute() else recorded
+
+
 def find_recorded(recorded: str, *, start: Path | str | None = None) -> Path | None:
     """The file a recorded path names, found from ``start`` (default: the working directory):
     a relative path at the root of the repository ``start`` is in, then beneath ``start``; an

@@ -19,7 +19,7 @@ from guard.measure.census import Baseline, CensusJudgement, judge, size_key
 from guard.measure.contention import busy
 from guard.measure.speedref import speed_notice, speed_problems, unsteady
 from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
-from guard.files import person_path
+from guard.files import person_path, recorded_as_person_path
 from guard.revisions.git import unmeasurable
 from guard.model.environment import Environment
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
@@ -76,10 +76,7 @@ def dtype_notices(profile: Profile, env: Environment) -> list[str]:
 def printed_paths(run: RunRecord, output: str | Path) -> tuple[str, str]:
     """The results file and the thresholds file as the commands in notices name them: from the
     repository's root (guard.config.recipes), so a notice works in another checkout too."""
-    thresholds = run.thresholds_path
-    if Path(thresholds).is_absolute():  # a record from before paths were recorded from the root
-        thresholds = person_path(thresholds)
-    return person_path(Path(output) / "results.json"), thresholds
+    return person_path(Path(output) / "results.json"), recorded_as_person_path(run.thresholds_path)
 
 
 def not_judged_notice(why: str, run: RunRecord, profile: Profile, output: str | Path, *, usable: bool) -> str:

@@ -12,7 +12,6 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from guard.model import format as fmt
@@ -21,7 +20,7 @@ from guard.model.environment import Environment
 from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.config import recipes
 from guard.config.budgets import percentile_value
-from guard.files import person_path
+from guard.files import person_path, recorded_as_person_path
 from guard.history.analysis import short, standing
 from guard.history.store import HistoryRecord, census_totals
 from guard.judge.stats import percentile
@@ -487,8 +486,8 @@ def _recipes(results: Results, thresholds: str | None) -> list[str]:
     run = results.run
     profile = _token(run.profile, "PROFILE")
     # a file named from here is renamed from its repository's root; a recorded one already is, unless older
-    named = person_path(thresholds) if thresholds else run.thresholds_path
-    budgets = _path_token(person_path(named) if Path(named).is_absolute() else named, "THRESHOLDS")
+    named = person_path(thresholds) if thresholds else recorded_as_person_path(run.thresholds_path)
+    budgets = _path_token(named, "THRESHOLDS")
     only = None if results.ttft_checks or results.ab_checks else "ops"
     if results.pr is not None:  # both sides are measured: there are no numbers to accept
         pr = results.pr

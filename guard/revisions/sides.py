@@ -97,9 +97,10 @@ def own_environment_pass(name: str, env: InstalledEnvironment, profile: Profile,
 
     side = WorkerSide(name, env.python, output, thresholds=thresholds.path.resolve(), profile=profile,
                       progress=lambda m: say(f"{name} {m}"))
-    environment = fingerprint(detect(), profile)  # this machine's; the versions are the worker's to say
+    hw = detect()
+    environment = fingerprint(hw, profile)  # this machine's; the versions are the worker's to say
     environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
-    stage = GuardRun(thresholds, profile, detect(), output, side=side, environment=environment,
+    stage = GuardRun(thresholds, profile, hw, output, side=side, environment=environment,
                      progress=lambda m: say(f"{name} {m}"))
     try:
         with stage:
