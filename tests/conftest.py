@@ -31,10 +31,24 @@ def benchmark_script(stem: str):
         sys.modules.pop(name, None)
 
 
+# benchmarks/engine_budget.py's counting (guard.measure.enginelog): set for the whole run, kept
+# through the isolation below, and each line labelled with the test that caused it
+ENGINE_LOG_VARS = ("GUARD_ENGINE_LOG", "GUARD_ENGINE_LOG_TEST")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around setup, call and teardown, so a module fixture's engine run counts for the test that
+    started it."""
+    if os.environ.get("GUARD_ENGINE_LOG"):
+        os.environ["GUARD_ENGINE_LOG_TEST"] = item.nodeid
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
-        if name.startswith(("GITHUB_", "GUARD_")) or name in ("CI_GITHUB_TOKEN",):
+        if (name.startswith(("GITHUB_", "GUARD_")) or name in ("CI_GITHUB_TOKEN",)) and name not in ENGINE_LOG_VARS:
             monkeypatch.delenv(name, raising=False)
 
 

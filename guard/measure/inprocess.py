@@ -21,6 +21,7 @@ from typing import Any
 from guard import compat
 from guard.config.budgets import EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
+from guard.measure import enginelog
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
 from guard.model.results import RequestOutcome
 
@@ -91,10 +92,14 @@ def start_engine(engine: EngineArgs, seed: int):
         kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
     if engine.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
+    t = time.perf_counter()
     try:
-        return LLM(**kwargs)
+        llm = LLM(**kwargs)
     except Exception as exc:  # noqa: BLE001
+        enginelog.note("start", mode="in-process", ok=False, s=round(time.perf_counter() - t, 2))
         raise InvalidRunError(f"engine failed to start: {type(exc).__name__}: {exc}") from exc
+    enginelog.note("start", mode="in-process", ok=True, s=round(time.perf_counter() - t, 2))
+    return llm
 
 
 def synthetic_image(seed: int, index: int, size: tuple[int, int]):
@@ -339,6 +344,8 @@ class InProcessSide:
             outcomes = run_jobs(self.llm, self.profile.workload, jobs, on_outcome)
         except EngineDied as exc:
             raise EngineDied(f"engine died during {label}: {exc}") from exc
+        for o in outcomes:
+            enginelog.note("request", label=label, warmup=o.warmup, ok=o.success)
         if slow is not None:
             if slow.scale is None:
                 slow.calibrate([o.ttft_client_s for o in outcomes if o.success])

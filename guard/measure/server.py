@@ -42,6 +42,7 @@ from typing import Any
 from guard.config.budgets import EngineArgs, Workload, resolve_model
 from guard.compat import vllm_cli
 from guard.errors import InvalidRunError
+from guard.measure import enginelog
 from guard.measure.inprocess import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, InProcessSide, synthetic_image
 from guard.measure.process import die_with_parent, log_tail
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
@@ -163,8 +164,10 @@ class VllmServer:
         while True:
             code = self.proc.poll()
             if code is not None:
+                enginelog.note("start", mode="server", ok=False)
                 raise self.fail(f"vllm serve exited with status {code} before it was healthy")
             if health(self.url):
+                enginelog.note("start", mode="server", ok=True)
                 return
             if time.monotonic() > deadline:
                 self.stop()
@@ -405,6 +408,8 @@ class ServerSide:
     def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome) -> list[RequestOutcome]:
         outcomes = run_jobs_http(self.url or self.server.url, self.model, self.profile.workload, jobs,
                                  on_outcome=on_outcome)
+        for o in outcomes:
+            enginelog.note("request", label=label, warmup=o.warmup, ok=o.success)
         if self.server is not None and not self.server.alive():
             exc = self.server.fail(f"vllm serve died during {label} (exit status {self.server.proc.returncode})")
             raise EngineDied(str(exc)) from exc

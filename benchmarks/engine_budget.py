@@ -1,0 +1,79 @@
+"""What the engine test suite costs, per test: engine starts, requests, profiled requests, wall.
+
+Run the suite with the counter on (guard.measure.enginelog) and pytest's per-test times:
+
+    GUARD_ENGINE_LOG=/tmp/engine.jsonl uv run --extra cpu pytest -m engine --junitxml=/tmp/engine.xml
+    uv run --extra cpu python benchmarks/engine_budget.py /tmp/engine.jsonl --junit /tmp/engine.xml
+
+A test's wall (from the JUnit file) includes its setup, so a module fixture's engine run counts for
+the first test that uses it, as do its lines in the log. The estimate at the end is CI's worst case
+on the slowest machine class drawn so far (docs/measurements.md): the engine part times ``--slow``
+plus ``--fast-min`` minutes for the README's test command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+
+def read_log(path: Path) -> dict[str, dict[str, int]]:
+    per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError as exc:
+            raise SystemExit(f"{path}:{n}: not a JSON line: {exc}") from exc
+        row = per[line.get("test") or "(outside a test)"]
+        if line["event"] == "start":
+            row["starts"] += 1
+            row["failed_starts"] += not line.get("ok", True)
+        elif line["event"] == "request":
+            key = "profiled" if line.get("label") == "profiled" else "warmup" if line.get("warmup") else "timed"
+            row[key] += 1
+    return per
+
+
+def read_junit(path: Path) -> dict[str, float]:
+    """nodeid -> seconds (setup + call + teardown, pytest's default junit_duration_report)."""
+    out = {}
+    for case in ET.parse(path).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        out[f"{module}::{case.get('name')}"] = float(case.get("time", 0))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("log", type=Path, help="the $GUARD_ENGINE_LOG file")
+    p.add_argument("--junit", type=Path, help="pytest --junitxml file of the same run (per-test wall)")
+    p.add_argument("--slow", type=float, default=3.4, help="slowest machine class / this one (default 3.4)")
+    p.add_argument("--fast-min", type=float, default=10.0, help="the fast suite there, minutes (default 10)")
+    a = p.parse_args(argv)
+    per = read_log(a.log)
+    wall = read_junit(a.junit) if a.junit else {}
+    tests = sorted(set(per) | set(wall), key=lambda t: -wall.get(t, 0))
+    cols = ("starts", "warmup", "timed", "profiled")
+    print(f"{'test':<100} {'wall s':>7} " + " ".join(f"{c:>8}" for c in cols))
+    total = defaultdict(float)
+    for t in tests:
+        row = per.get(t, {})
+        print(f"{t[-100:]:<100} {wall.get(t, float('nan')):>7.0f} " + " ".join(f"{row.get(c, 0):>8}" for c in cols))
+        total["wall"] += wall.get(t, 0)
+        for c in cols:
+            total[c] += row.get(c, 0)
+    print(f"{'total (' + str(len(tests)) + ' tests)':<100} {total['wall']:>7.0f} "
+          + " ".join(f"{int(total[c]):>8}" for c in cols))
+    if wall:
+        worst = total["wall"] / 60 * a.slow + a.fast_min
+        print(f"worst case for CI: {total['wall'] / 60:.1f} min x {a.slow:g} + {a.fast_min:g} min = {worst:.0f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""The engine suite's cost counter (guard.measure.enginelog) and its reader (benchmarks/engine_budget.py):
+lines written by real processes, read back per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import REPO, benchmark_script
+
+WRITE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {repo!r})
+    from guard.measure import enginelog
+    enginelog.note("start", mode="in-process", ok=True, s=1.5)
+    enginelog.note("request", label="warm-up", warmup=True, ok=True)
+    enginelog.note("request", label="round 1", warmup=False, ok=True)
+    enginelog.note("request", label="profiled", warmup=False, ok=True)
+""").format(repo=str(REPO))
+
+
+def write_lines(env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-c", WRITE], check=True, env={**os.environ, **env})
+
+
+def test_nothing_is_written_without_the_variable(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_lines({})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lines_are_counted_per_test_and_joined_with_pytests_times(tmp_path, capsys) -> None:
+    log = tmp_path / "engine.jsonl"
+    write_lines({"GUARD_ENGINE_LOG": str(log), "GUARD_ENGINE_LOG_TEST": "tests/test_a.py::test_one"})
+    write_lines({"GUARD_ENGINE_LOG": str(log), "GUARD_ENGINE_LOG_TEST": "tests/test_a.py::test_one"})
+    write_lines({"GUARD_ENGINE_LOG": str(log), "GUARD_ENGINE_LOG_TEST": "tests/test_b.py::test_two"})
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == 12 and {x["event"] for x in lines} == {"start", "request"}
+    junit = tmp_path / "engine.xml"
+    junit.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="test_one" time="600"/>'
+                     '<testcase classname="tests.test_b" name="test_two" time="300"/></testsuite></testsuites>')
+    with benchmark_script("engine_budget") as eb:
+        per = eb.read_log(log)
+        assert dict(per["tests/test_a.py::test_one"]) == {"starts": 2, "failed_starts": 0, "warmup": 2, "timed": 2,
+                                                          "profiled": 2}
+        assert per["tests/test_b.py::test_two"]["starts"] == 1
+        assert eb.main([str(log), "--junit", str(junit)]) == 0
+    out = capsys.readouterr().out
+    assert "worst case for CI: 15.0 min x 3.4 + 10 min = 61 min" in out
+
+
+def test_conftest_labels_each_line_with_the_test_that_caused_it(tmp_path) -> None:
+    """A real pytest run with this suite's conftest: its isolation keeps the counter's variables,
+    and its hook names the running test, module fixtures included."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import _isolated_env, pytest_runtest_protocol\n")
+    (tmp_path / "test_x.py").write_text(textwrap.dedent("""
+        import pytest
+        from guard.measure import enginelog
+
+        @pytest.fixture(scope="module")
+        def shared():
+            enginelog.note("start", ok=True)
+
+        def test_first(shared):
+            enginelog.note("request", label="profiled", warmup=False, ok=True)
+
+        def test_second(shared):
+            enginelog.note("request", label="round 1", warmup=False, ok=True)
+    """))
+    log = tmp_path / "engine.jsonl"
+    env = {**os.environ, "GUARD_ENGINE_LOG": str(log), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:]
+    lines = [(x["event"], x["test"].rsplit("::", 1)[-1]) for x in map(json.loads, log.read_text().splitlines())]
+    assert lines == [("start", "test_first"), ("request", "test_first"), ("request", "test_second")]
