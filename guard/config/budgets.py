@@ -21,6 +21,7 @@ import yaml
 
 from guard.errors import ConfigError
 from guard.files import person_path
+from guard.model.results import Rule  # an op check's rule, the data model's; the budgets file names it
 
 SCHEMA_VERSION = 1
 DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"  # relative to the working directory
@@ -195,11 +196,6 @@ class Statistics:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-class Rule(StrEnum):
-    MAX = "max"
-    EXACT = "exact"
 
 
 class ScopeKind(StrEnum):
@@ -1050,3 +1046,15 @@ def resolve_model(model: str) -> str:
     if model.startswith(EMBEDDED_PREFIX):
         return str(Path(__file__).parents[1] / "models" / model[len(EMBEDDED_PREFIX):])
     return model
+
+
+def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int, isa: tuple[str, ...] | None) -> str | None:
+    """Why this CPU is not the one the profile's TTFT budgets were measured on; None: it is (or
+    the budgets are not bound to a CPU). Not a reason to reject the run: op counts are judged on
+    any machine the profile matches, only the absolute TTFT budgets are not."""
+    bound = profile.ttft_hardware
+    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count, isa):
+        return None
+    # the binding, not provenance.hardware: a hand-edited binding must not be described by stale provenance
+    machine = f"{cpu} ({cpu_count} cores, {describe_isa(isa)})" if bound.cpu_isa is not None else f"{cpu} ({cpu_count} cores)"
+    return f"budget measured on {bound.describe()}; this machine is {machine}"

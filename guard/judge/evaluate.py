@@ -15,12 +15,12 @@ from typing import Any
 from guard.model import format as fmt
 from guard.config import recipes
 from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
-from guard.measure.census import Baseline, CensusJudgement, judge, size_key
-from guard.measure.contention import busy
-from guard.measure.speedref import speed_notice, speed_problems, unsteady
-from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
+from guard.config.budgets import ttft_hardware_problem
+from guard.config.census import Baseline
 from guard.files import person_path, recorded_as_person_path
-from guard.revisions.git import unmeasurable
+from guard.judge.census import CensusJudgement, judge
+from guard.judge.gates import busy, gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
+from guard.model.changes import unmeasurable
 from guard.model.environment import Environment
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
@@ -228,11 +228,11 @@ def census_notices(profile: Profile, census: CensusJudgement, run: RunRecord, ou
 def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT,
              census_baseline: Baseline | None = None) -> Results:
     """``output``: the folder results.json is written to, for the commands notices print.
-    ``census_baseline``: the profile's committed census (guard.measure.census.read_baseline); None when
+    ``census_baseline``: the profile's committed census (guard.config.census.read_baseline); None when
     the file does not exist yet, which makes a profile with a census rule an invalid run."""
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
-    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.measure.speedref).
+    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.judge.gates).
     reasons += [InvalidReason(K.SLOW_MACHINE, t) for t in speed_problems(
         run.environment.speed_reference, profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft)]
     ops = op_checks(profile, run.op_counts)
@@ -349,8 +349,8 @@ def ab_census_judgement(profile: Profile, rec: ABRecord) -> CensusJudgement | No
     if profile.census is None:
         return None
     sizes = profile.workload.profile_image_sizes
-    missing = [InvalidReason(K.CENSUS_MISSING, f"census: the baseline side measured no census for a {size_key(s)} image")
-               for s in sizes if size_key(s) not in rec.baseline.census]
+    missing = [InvalidReason(K.CENSUS_MISSING, f"census: the baseline side measured no census for a {fmt.size(s)} image")
+               for s in sizes if fmt.size(s) not in rec.baseline.census]
     if missing:
         return CensusJudgement(invalid=tuple(missing))
     side = Baseline(path=Path(f"the baseline side ({rec.baseline_python})"), model=rec.candidate.model,

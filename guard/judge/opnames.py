@@ -22,11 +22,10 @@ from collections.abc import Iterable
 
 from guard.config.budgets import Profile, Thresholds
 from guard.errors import ConfigError
-from guard.measure.probes import CUDA_SYNC, MEMCPY_HTOD
-from guard.model.results import ScopeCounts
+from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD
+from guard.model.results import TOTAL_OPS, ScopeCounts
 
 PSEUDO_OPS = frozenset({MEMCPY_HTOD, CUDA_SYNC})
-TOTAL_OPS = "total_ops"
 
 
 def problems(profile: Profile, registry: frozenset[str]) -> list[tuple[str, int | None, str, str]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from guard.model.results import ABRecord
 from guard.config.budgets import Profile, Thresholds
-from guard.measure.census import read_baseline
+from guard.config.census import read_baseline
 from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
 from guard.model.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,

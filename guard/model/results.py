@@ -26,9 +26,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from guard.config.budgets import Rule
 from guard.errors import ConfigError, ExitCode
 from guard.model.environment import Environment
+from guard.model.readings import ImageSize, size
 
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
@@ -86,11 +86,11 @@ class Verdict(StrEnum):
                 Verdict.INVALID: ExitCode.INVALID, Verdict.NOT_MEASURABLE: ExitCode.NOT_MEASURABLE}[self]
 
 
-ImageSize = tuple[int, int]
+class Rule(StrEnum):
+    """How an op budget bounds its count (the budgets file's ``rule``): at most, or exactly."""
 
-
-def _size(image_size: ImageSize) -> str:
-    return f"{int(image_size[0])}x{int(image_size[1])}"
+    MAX = "max"
+    EXACT = "exact"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -285,7 +285,7 @@ class OpCheck:
 
     @property
     def label(self) -> str:
-        return f"{self.scope} [{_size(self.image_size)}] {self.op}"
+        return f"{self.scope} [{size(self.image_size)}] {self.op}"
 
     @property
     def excess_calls(self) -> int:
@@ -408,7 +408,7 @@ class CensusCheck:
 
     @property
     def label(self) -> str:
-        return f"census {self.function} [{_size(self.image_size)}]"
+        return f"census {self.function} [{size(self.image_size)}]"
 
     @property
     def growth_calls(self) -> int:
