@@ -480,6 +480,26 @@ class PullRequestDiff:
 
 
 @dataclass(frozen=True)
+class HistoryStanding:
+    """Where a pull request's run sits in main's recent history (guard.history.analysis.pr_standing
+    computes it, the comment shows it): the base's record, the run's own figures, and the window of
+    main's commits up to and including the base."""
+
+    base_commit: str
+    base_profile: str
+    base_ttft_p50_ms: float | None  # None: an ops-only record
+    base_census_calls: int | None  # None: the base recorded no census
+    base_machine: str
+    p50_ms: float | None  # the run's TTFT p50 (None: the run measured no TTFT)
+    census_calls: int | None  # the run's census total over the profiled sizes (None: no census)
+    window: int  # main's commits up to the base
+    timed: int  # of them, those that measured TTFT
+    p50_range_ms: tuple[float, float, float] | None  # min, median, max of their p50s
+    above: int | None  # how many of their p50s the run's is above
+    rank_pct: float | None
+
+
+@dataclass(frozen=True)
 class Results:
     """The verdict with everything needed to explain it: the content of results.json."""
 
