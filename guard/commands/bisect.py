@@ -22,7 +22,7 @@ from guard.model import format as fmt
 from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.model.readings import folded
-from guard.commands.check import prepare_output
+from guard.files import prepare_output
 from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.measure.hardware import detect, select_profile

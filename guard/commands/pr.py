@@ -19,7 +19,8 @@ from pathlib import Path
 from guard import __version__
 from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
-from guard.commands.check import prepare_output, say_dtype, write_report
+from guard.files import prepare_output
+from guard.report.output import write_report
 from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
 from guard.measure.hardware import detect, select_profile
@@ -28,7 +29,7 @@ from guard.judge.opnames import check_op_names
 from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
-from guard.report.terminal import render_terminal
+from guard.report.terminal import render_terminal, say_dtype
 
 SIDES = ("base", "head")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from guard.config.budgets import Profile
 from guard.model import format as fmt
 from guard.model.environment import Environment
 from guard.model.results import Results, Status, Verdict
@@ -173,3 +174,10 @@ def verdict_line(results: Results) -> str:
         return (f"REGRESSION: {where}: {len(results.failed)} budget(s) exceeded:\n"
                 + "\n".join(f"  - {fmt.failure(c)}" for c in results.failed))
     return f"INVALID RUN: {where}: the measurement cannot be trusted ({len(results.invalid_reasons)} reason(s) above)"
+
+
+def say_dtype(profile: Profile, prefix: str) -> None:
+    """A command's line saying the engine runs another dtype than the profile's bfloat16 on this CPU."""
+    if profile.engine.bf16_replaced:
+        print(f"{prefix}: engine dtype {profile.engine.dtype} instead of bfloat16: this CPU has no native bf16 "
+              "(engine.dtype_without_native_bf16)", flush=True)
