@@ -244,7 +244,7 @@ DEFAULT_WATCH = ("aten::_local_scalar_dense", "aten::nonzero", "aten::_index_put
 @dataclass(frozen=True)
 class CensusRule:
     """The ``census:`` block of a profile's budgets: judge every function's operator calls
-    against a committed baseline (guard/measure/census.py)."""
+    against a committed baseline (guard/config/census.py; judged by guard/judge/census.py)."""
 
     baseline: Path  # resolved against the thresholds file's folder
     # The census where the engine runs engine.dtype_without_native_bf16 (Profile.on_cpu swaps it in):

@@ -16,7 +16,7 @@ from typing import Any
 
 from guard.config.budgets import CensusRule
 from guard.errors import ConfigError
-from guard.model.readings import Census, folded, op_deltas, size, total_calls, without
+from guard.model.readings import Census, folded, op_deltas, parse_size, size, total_calls, without
 
 CENSUS_SCHEMA = "guard/census"
 CENSUS_SCHEMA_VERSION = 1
@@ -48,7 +48,7 @@ def render_baseline(model: str, profile: str, roots: tuple[str, ...], census: Ce
     ex = sorted(excluded.items())
     lines += [f"    {dump(fn)}: {dump(why)}{',' if i < len(ex) - 1 else ''}" for i, (fn, why) in enumerate(ex)]
     lines += ["  },", '  "census": {']
-    sizes = sorted(census, key=lambda s: tuple(int(x) for x in s.split("x")))
+    sizes = sorted(census, key=parse_size)
     for si, size in enumerate(sizes):
         lines.append(f"    {dump(size)}: {{")
         fns = sorted(census[size].items())

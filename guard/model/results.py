@@ -143,8 +143,8 @@ class ReasonKind(StrEnum):
     TOO_FEW_SAMPLES = "too_few_samples"  # TTFT samples, or A/B pairs
     HARDWARE_MISMATCH = "hardware_mismatch"  # not the profile's machine
     GPU_STATE = "gpu_state"  # another process on the GPU, or throttled clocks
-    BUSY_MACHINE = "busy_machine"  # other processes took the CPU (guard.measure.contention)
-    SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.measure.speedref)
+    BUSY_MACHINE = "busy_machine"  # other processes took the CPU (guard.judge.gates.busy)
+    SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.judge.gates.speed_problems)
     SCOPE_NEVER_ENTERED = "scope_never_entered"
     SCOPE_NOT_MEASURED = "scope_not_measured"  # budgeted, but no counts recorded
     SCOPE_GONE = "scope_gone"  # guard pr: a budgeted scope's function no longer exists in head (renamed?)
@@ -387,7 +387,7 @@ class CensusOpDelta:
 @dataclass(frozen=True)
 class CensusCheck:
     """One function whose operator census differs from the committed baseline, for one profiled
-    image size (guard.measure.census). Functions whose counts equal the baseline have no record."""
+    image size (guard.judge.census). Functions whose counts equal the baseline have no record."""
 
     function: str  # "file:qualname", the file relative to its package's folder; no line numbers
     image_size: ImageSize
