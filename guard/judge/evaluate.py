@@ -23,7 +23,7 @@ from guard.judge.gates import busy, gpu_state_problems, recorded_hardware_proble
 from guard.model.changes import unmeasurable
 from guard.model.environment import Environment
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
-                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
+                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.judge.rules import judge_ttft
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
@@ -264,7 +264,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
     return Results(
-        verdict=verdict_of((*ttft, *ops, *census_checks), (*run.invalid_reasons, *reasons)), run=run,
+        verdict=Verdict.INVALID, run=run,  # settled below, from these checks and reasons
         ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
@@ -274,7 +274,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
                         "validity": profile.validity.as_dict(), "speed_reference_ms": profile.speed_reference_ms,
                         **({"census": profile.census.as_dict()} if profile.census is not None else {})},
-    )
+    ).settled()
 
 
 AB_NOT_JUDGED = ("A/B mode: TTFT is judged as the ratio to the baseline measured beside it; this absolute "
@@ -315,7 +315,6 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
         notices += tuple(ab_census_notices(census))
     notices += tuple(ab_contention_notices(profile, rec.candidate.environment.cpu_contention))
     census_checks = census.checks if census is not None else ()
-    verdict = verdict_of((*ratio, *cand.op_checks, *census_checks), (*rec.candidate.invalid_reasons, *reasons))
     ab = ABComparison(baseline_python=rec.baseline_python, baseline=rec.baseline, order=tuple(rec.order),
                       pairs=tuple(paired), op_diff=tuple(op_diff(rec.candidate.op_counts, rec.baseline.op_counts)))
     # the census rule it was judged by (against the baseline side), as evaluate records it for its committed baseline
@@ -326,9 +325,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                             "batch": stats.batch, "confidence": stats.confidence,
                                             "fail_confidence": stats.fail_confidence,
                                             "idle_side": "paused"}}
-    return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
+    return dataclasses.replace(cand, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
                                census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
-                               profile_config=config, notices=notices)
+                               profile_config=config, notices=notices).settled()
 
 
 def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> list[str]:
@@ -455,6 +454,4 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_onl
             c = dataclasses.replace(c, status=Status.PASS)
         ops.append(c)
     notices[:0] = pr_notices(pr) + environment_notice(rec, pr)
-    res = dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr)
-    return dataclasses.replace(res, verdict=verdict_of(res.checks, res.invalid_reasons,
-                                                       unmeasurable=bool(pr.unmeasured_files)))
+    return dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr).settled()

@@ -20,7 +20,7 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
@@ -538,6 +538,17 @@ class Results:
     @property
     def exit_code(self) -> int:
         return int(self.verdict.exit_code)
+
+    @property
+    def implied_verdict(self) -> Verdict:
+        """The verdict these checks and invalid reasons give (verdict_of): a pull request's changes
+        this engine stack cannot measure make a pass not measurable."""
+        return verdict_of(self.checks, self.invalid_reasons,
+                          unmeasurable=self.pr is not None and bool(self.pr.unmeasured_files))
+
+    def settled(self) -> Results:
+        """These results with their implied verdict: the one place judging sets a verdict."""
+        return replace(self, verdict=self.implied_verdict)
 
 
 # ----------------------------------------------------------------------------- JSON
