@@ -18,7 +18,7 @@ from typing import Any
 
 from guard.model.environment import SPEED_WORKLOADS, ContentionReading
 from guard.model.readings import size  # noqa: F401 - the one writing of an image size, a census key's too
-from guard.model.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
+from guard.model.results import (TOTAL_OPS, CensusCheck, Check, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
