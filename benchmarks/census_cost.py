@@ -95,7 +95,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from guard.config.budgets import DEFAULT_ROOTS, load_thresholds
-    from guard.measure.census import QualnameResolver, count_functions, total_calls
+    from guard.measure.census import QualnameResolver, count_functions
+    from guard.model.readings import total_calls
     from guard.measure.hardware import detect, select_profile
     from guard.measure.probes import attribute, from_profiler
     from guard.measure.run import GuardRun

@@ -38,7 +38,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from guard.config.budgets import CensusRule, load_thresholds
-    from guard.measure.census import total_calls, unstable_functions
+    from guard.measure.census import unstable_functions
+    from guard.model.readings import total_calls
     from guard.measure.hardware import detect, select_profile
     from guard.measure.probes import profile_request, save_events
     from guard.measure.run import GuardRun

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from guard.errors import UsageError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -105,3 +107,21 @@ def find_recorded(recorded: str, *, start: Path | str | None = None) -> Path | N
         if found is not None:
             return found
     return None
+
+
+def prepare_output(output: Path) -> None:
+    """The output folder exists and is writable with some room, or a clear error naming it (exit 2)
+    before a minute is spent measuring. Only guard's own files in it are touched."""
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output}: exists and is not a folder",
+                         hint="pass a folder (it is created if missing), e.g. --output guard-results")
+    probe = output / f".guard-write-test-{os.getpid()}"
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        try:
+            probe.write_bytes(b"x" * 4096)  # a full disk fails here, not after minutes of measuring
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}",
+                         hint="pass a writable folder with free space, e.g. --output guard-results") from None

@@ -12,9 +12,10 @@ import yaml
 
 from guard.model import format as fmt
 from guard.config.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
-from guard.measure.census import (QualnameResolver, compare, count_functions, fold, folded, function_of, load_baseline,
-                          render_baseline,
-                          total_calls, unstable_functions)
+from guard.config.census import load_baseline, render_baseline
+from guard.judge.census import compare
+from guard.measure.census import QualnameResolver, count_functions, function_of, unstable_functions
+from guard.model.readings import fold, folded, total_calls
 from guard.errors import ConfigError, InvalidRunError
 from guard.measure.mutants import MUTANTS, Edit, Mutant, mutate
 from guard.measure.probes import ProfEvent, load_events

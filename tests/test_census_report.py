@@ -10,7 +10,7 @@ import yaml
 
 from guard import cli
 from guard.config.budgets import load_thresholds
-from guard.measure.census import load_baseline, render_baseline
+from guard.config.census import load_baseline, render_baseline
 from guard.commands import update_thresholds as ut
 from guard.judge.evaluate import evaluate
 from guard.report.markdown import render_markdown

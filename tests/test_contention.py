@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from guard.judge.gates import busy
 from guard.model import format as fmt
 from guard.measure.contention import (
     ContentionReading,
     ContentionSampler,
     Snapshot,
-    busy,
     mean_khz_as_mhz,
     parse_cpuinfo_mhz,
     parse_loadavg,

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from guard.model.results import RESULTS_SCHEMA_VERSION, results_schema
-from guard.measure.speedref import unsteady
+from guard.judge.gates import unsteady
 
 from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard
 
@@ -277,7 +277,7 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 
 def steady_clean_run(tmp_path: Path, passing_run, attempts: int = 2) -> dict:
     """A clean run fit to write a budget and its speed reference from, by update-thresholds' own
-    rule (guard.measure.speedref.unsteady: readings before and after the measured requests within twice
+    rule (guard.judge.gates.unsteady: readings before and after the measured requests within twice
     validity.max_slowdown_pct, 10 in small_cpu_yaml). In CI on 2 December this VM slowed inside
     the shared clean run (readings 194 then 311 ms, requests 13.0 then 17.4 s): a budget and
     reference averaged across such a phase describe no machine, and the 1.3-core run after it read

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from guard import compat
+from guard.judge import gates
 from guard.measure import hardware
 from guard.config.budgets import load_thresholds
 from guard.errors import InvalidRunError
@@ -137,10 +138,10 @@ def test_sampling_during_the_requests_catches_throttling_only_under_load():
     idle = {"throttle_reasons": ["gpu_idle"], "processes": [], "own_pids": [1]}
     loaded = {"throttle_reasons": ["sw_thermal_slowdown"], "processes": [], "own_pids": [1],
               "clocks_mhz": {"sm": 900, "sm_max": 1710}}
-    problems = hardware.gpu_state_problems({"start": idle, "during": [idle, loaded, loaded], "end": idle})
+    problems = gates.gpu_state_problems({"start": idle, "during": [idle, loaded, loaded], "end": idle})
     assert problems == ["GPU clocks were throttled during the measured requests (sample 2 of 3): "
                         "sw_thermal_slowdown (SM clock 900 of 1710 MHz)"]  # once, not once per sample
-    assert hardware.gpu_state_problems({"start": idle, "end": idle}) == []
+    assert gates.gpu_state_problems({"start": idle, "end": idle}) == []
 
 
 def test_the_sampler_thread_collects_snapshots_and_stops():

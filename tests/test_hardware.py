@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import TtftHardware, load_thresholds
+from guard.config.budgets import TtftHardware, load_thresholds, ttft_hardware_problem
 from guard.model.environment import Environment
-from guard.measure.hardware import (Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for,
-                            ttft_hardware_problem)
+from guard.measure.hardware import Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for
 from tests.conftest import SHIPPED_THRESHOLDS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cpuinfo"

@@ -15,7 +15,7 @@ import pytest
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.history import chart
-from guard.history.analysis import analyse, standing
+from guard.history.analysis import analyse, pr_standing, standing
 from guard.history.changepoints import change_points
 from guard.history.store import (append, census_digest, load_history, parse_history,
                                  record_from_results, record_to_dict, to_line)
@@ -339,12 +339,12 @@ def test_the_mermaid_chart_is_an_xychart_of_the_last_30_commits():
 def test_the_comment_places_the_run_in_mains_range_only_when_its_base_is_in_the_history(results):
     records = load_history(ZEN5)
     plain = render_markdown(results)
-    assert render_markdown(results, history=None) == plain
-    assert render_markdown(results, history=records) == plain  # no base known
-    assert render_markdown(results, history=records, history_base="f" * 40) == plain  # base not in the history
+    assert render_markdown(results, history=pr_standing(results, None)) == plain
+    assert render_markdown(results, history=pr_standing(results, records)) == plain  # no base known
+    assert render_markdown(results, history=pr_standing(results, records, "f" * 40)) == plain  # base not in the history
 
     base = records[24]
-    md = render_markdown(results, history=records, history_base=base.commit[:10])
+    md = render_markdown(results, history=pr_standing(results, records, base.commit[:10]))
     assert md != plain and "### Against main's recent history" in md
     section = md.split("### Against main's recent history", 1)[1].split("\n### ", 1)[0]
     assert f"`{base.commit[:7]}`" in section
@@ -366,14 +366,14 @@ def test_an_ops_only_base_in_the_history_shows_its_census_and_the_range_of_the_c
     records = load_history(ZEN5)
     ops = dataclasses.replace(record_from_results(load_results(check_results(tmp_path, commit="cd" * 20, ttft_s=()))))
     history = [*records[:25], ops]
-    md = render_markdown(results, history=history, history_base=ops.commit)
+    md = render_markdown(results, history=pr_standing(results, history, ops.commit))
     section = md.split("### Against main's recent history", 1)[1].split("\n### ", 1)[0]
     assert f"| base `{ops.commit[:7]}` | — | {ops.census_calls} |" in section
     window = records[6:25]  # the window is 20 records ending at the base; 19 of them measured TTFT
     lo = min(r.ttft_p50_ms for r in window)
     assert f"| main, 19 of 20 commit(s) (with TTFT) up to the base: min / median / max | {lo:.0f} / " in section
     assert "above 19 of those 19" in section
-    only_ops = render_markdown(results, history=[ops], history_base=ops.commit)
+    only_ops = render_markdown(results, history=pr_standing(results, [ops], ops.commit))
     assert "min / median / max" not in only_ops and "percentile rank" not in only_ops
 
 
@@ -382,7 +382,7 @@ def test_guard_pr_results_use_the_measured_base_and_guard_comment_passes_the_his
     record = dataclasses.replace(record_from_results(load_results(check_results(tmp_path))), commit=pr.pr.base.sha)
     history = tmp_path / "main.jsonl"
     history.write_text(to_line(record))
-    md = render_markdown(pr, history=load_history(history))
+    md = render_markdown(pr, history=pr_standing(pr, load_history(history)))
     assert "| this run | — | " in md and "### Against main's recent history" in md
 
     res = check_results(tmp_path)

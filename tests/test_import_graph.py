@@ -165,9 +165,6 @@ FORBIDDEN = {"model": ("config", "measure", "judge", "report", "history", "githu
 KNOWN_BACK_IMPORTS: dict[tuple[str, str], str] = {
     **MEASURE_USES_JUDGE,
     ("guard.measure.plugin", "guard.report.terminal"): "`pytest tests/perf` by hand prints its own verdict table",
-    ("guard.report.markdown", "guard.history.analysis"): "the comment's history section computes where the run stands",
-    ("guard.report.markdown", "guard.history.store"): "the comment's history section reads main's records",
-    ("guard.model.results", "guard.config.budgets"): "a check's rule is the budgets file's Rule enum",
 }
 
 

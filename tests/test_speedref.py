@@ -13,8 +13,8 @@ import pytest
 from guard.model import format as fmt
 from guard.measure import speedref
 from guard.model.results import Status, TtftCheck
-from guard.measure.speedref import (WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, change_pct, combined, slowdown_pct,
-                            speed_notice, speed_problems, unsteady)
+from guard.judge.gates import change_pct, slowdown_pct, speed_notice, speed_problems, unsteady
+from guard.measure.speedref import WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, combined
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 

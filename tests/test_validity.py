@@ -13,7 +13,8 @@ import pytest
 
 from guard.errors import ExitCode
 from guard.judge.evaluate import evaluate
-from guard.measure.hardware import Hardware, fingerprint, gpu_state_problems, other_gpu_processes, read_gpu_state
+from guard.judge.gates import gpu_state_problems, other_gpu_processes
+from guard.measure.hardware import Hardware, fingerprint, read_gpu_state
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.measure.contention import ContentionSampler
 from guard.measure.run import GuardRun

@@ -21,8 +21,9 @@ from guard import __version__
 from guard.model import format as fmt
 from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
-from guard.measure.census import folded
-from guard.commands.check import prepare_output
+from guard.model.readings import folded
+from guard.files import prepare_output
+from guard.report.terminal import added_lines
 from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.measure.hardware import detect, select_profile
@@ -247,8 +248,6 @@ def report(outcome: bisect.Outcome, detail: Results | None, good: git.Revision, 
             print("  census, against its parent:")
             for ch in grown[:10]:
                 print(f"    {ch.function} [{fmt.size(ch.image_size)}]: {fmt.census_calls(ch)} ({fmt.census_ops(ch)})")
-        for change in detail.pr.function_changes:
-            print(f"  added inside {change.function}:")
-            for n, text in change.lines:
-                print(f"    {n:>5} + {text.rstrip()}")
+        for line in added_lines(detail.pr.function_changes):
+            print(line)
     return int(ExitCode.PASS)

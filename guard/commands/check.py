@@ -23,10 +23,11 @@ from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
 from guard.measure.census import read_baseline
 from guard.measure.harness import OPS_ONLY, record_suite
 from guard.measure.hardware import detect, select_profile
-from guard.report.markdown import render_markdown
 from guard.judge.opnames import check_op_names
-from guard.model.results import Results, results_to_dict, write_json_atomic
-from guard.report.terminal import render_terminal
+from guard.model.results import Results
+from guard.files import prepare_output
+from guard.report.output import write_report
+from guard.report.terminal import render_terminal, say_dtype
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
 
 
@@ -141,42 +142,6 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
                           engine_mode=engine_mode, server_url=server_url)
     judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
     return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)
-
-
-def say_dtype(profile, prefix: str) -> None:
-    if profile.engine.bf16_replaced:
-        print(f"{prefix}: engine dtype {profile.engine.dtype} instead of bfloat16: this CPU has no native bf16 "
-              "(engine.dtype_without_native_bf16)", flush=True)
-
-
-def prepare_output(output: Path) -> None:
-    """The output folder exists and is writable with some room, or a clear error naming it (exit 2)
-    before a minute is spent measuring. Only guard's own files in it are touched."""
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"--output {output}: exists and is not a folder",
-                         hint="pass a folder (it is created if missing), e.g. --output guard-results")
-    probe = output / f".guard-write-test-{os.getpid()}"
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        try:
-            probe.write_bytes(b"x" * 4096)  # a full disk fails here, not after minutes of measuring
-        finally:
-            probe.unlink(missing_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}",
-                         hint="pass a writable folder with free space, e.g. --output guard-results") from None
-
-
-def write_report(results: Results, output: Path, thresholds: str | None = None) -> None:
-    """results.json and report.md; ``thresholds``: the budget file as the user named it, for report.md's recipes."""
-    for name, write in (("results.json", lambda p: write_json_atomic(p, results_to_dict(results))),
-                        ("report.md", lambda p: p.write_text(render_markdown(results, thresholds=thresholds),
-                                                             encoding="utf-8"))):
-        try:
-            write(output / name)
-        except OSError as exc:  # the disk filled up during the run
-            raise UsageError(f"cannot write {output / name}: {exc.strerror or exc}",
-                             hint="free some space or pass another --output folder") from None
 
 
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from guard.github import publish
 from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
+from guard.history.analysis import pr_standing
 from guard.history.store import load_history
 from guard.report.findings import has_finding, summary_line
 from guard.report.markdown import render_markdown, text
@@ -236,9 +237,9 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"--report: cannot read {args.report}: {exc.strerror or exc}") from None
     run_url = args.run_url or None
-    history = load_history(args.history) if args.history else None
+    history = pr_standing(results, load_history(args.history), args.history_base) if args.history else None
     report_text = report_md if report_md is not None else render_markdown(
-        results, run_url=run_url, thresholds=args.trusted_thresholds, history=history, history_base=args.history_base)
+        results, run_url=run_url, thresholds=args.trusted_thresholds, history=history)
     body = publish.comment_body(results, run_url=run_url, report=report_text)
     mark = publish.marker(results.run.model, results.run.profile)
     status = publish.commit_status(results, run_url)

@@ -19,7 +19,8 @@ from pathlib import Path
 from guard import __version__
 from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
-from guard.commands.check import prepare_output, say_dtype, write_report
+from guard.files import prepare_output
+from guard.report.output import write_report
 from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
 from guard.measure.hardware import detect, select_profile
@@ -28,7 +29,7 @@ from guard.judge.opnames import check_op_names
 from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
-from guard.report.terminal import render_terminal
+from guard.report.terminal import render_terminal, say_dtype
 
 SIDES = ("base", "head")
 
@@ -63,12 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="profile both sides again even when their op counts are cached")
 
 
-def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff, verdict: Verdict,
+def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
              reasons: Sequence[InvalidReason] = ()) -> Results:
     """A pull request with nothing to measure (the same vllm/ Python on both sides) or whose
     sides could not run: no run record beyond why."""
     run = empty_record(profile, thresholds, invalid_reasons=list(reasons))
-    return Results(verdict=verdict, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)), pr=pr)
+    return Results(verdict=Verdict.INVALID, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)), pr=pr).settled()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,13 +111,13 @@ def run(args: argparse.Namespace) -> int:
         say(f"{name} {rev.sha[:12]} {rev.subject[:70]}")
         say(f"     {info.version or 'no version tag'}; runs in {info.environment}")
     if broken is not None:
-        return finish(unjudged(profile, thresholds, pr, Verdict.INVALID, [InvalidReason(ReasonKind.REVISION, broken.args[0])]),
+        return finish(unjudged(profile, thresholds, pr, [InvalidReason(ReasonKind.REVISION, broken.args[0])]),
                       output, time.perf_counter(), hint=broken.hint, thresholds=_named(args))
     say(f"{len(changed)} file(s) changed, {len(git.runtime_files(changed))} under {git.PACKAGE}/, "
         f"{len(unmeasured)} not measurable here (compiled code, dependencies)")
     t0 = time.perf_counter()
     if not measured:
-        results = unjudged(profile, thresholds, pr, Verdict.NOT_MEASURABLE if unmeasured else Verdict.PASS)
+        results = unjudged(profile, thresholds, pr)
         return finish(results, output, t0, thresholds=_named(args))
 
     envs: dict = dict(own)
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             say(f"checking that {' and '.join(e.revision.rev for e in to_check)} import against the engine stack ...")
             overlay.check_imports(to_check, side_modules(profile))
     except InvalidRunError as exc:
-        return finish(unjudged(profile, thresholds, pr, Verdict.INVALID,
+        return finish(unjudged(profile, thresholds, pr,
                                       [InvalidReason(ReasonKind.REVISION, exc.args[0])]), output, t0,
                       hint=exc.hint, thresholds=_named(args))
     finally:

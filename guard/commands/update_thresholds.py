@@ -26,10 +26,11 @@ from typing import Any, TextIO
 
 from guard import files
 from guard.files import find_recorded, person_path, repository_root
+from guard.judge import gates
 from guard.measure import speedref
 from guard.config import yamledit
 from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
-from guard.measure.census import CensusPlan, plan_census, write_census_atomic
+from guard.config.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.measure.hardware import git_commit, ttft_hardware_for
 from guard.model.environment import Environment
@@ -120,7 +121,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
         if not results.run.ttft_client_s():
             raise _refuse(results_path, "samples.ttft_client_s", "no TTFT samples in this run",
                           hint="use --only ops to update the op-count budgets alone")
-        changed_speed = speedref.unsteady(results.run.environment.speed_reference,
+        changed_speed = gates.unsteady(results.run.environment.speed_reference,
                                           profile.validity.max_slowdown_pct)
         if changed_speed:
             raise _refuse(results_path, "run.environment.speed_reference", changed_speed,

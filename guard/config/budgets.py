@@ -21,6 +21,7 @@ import yaml
 
 from guard.errors import ConfigError
 from guard.files import person_path
+from guard.model.results import Rule  # an op check's rule, the data model's; the budgets file names it
 
 SCHEMA_VERSION = 1
 DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"  # relative to the working directory
@@ -197,11 +198,6 @@ class Statistics:
         return dict(self.__dict__)
 
 
-class Rule(StrEnum):
-    MAX = "max"
-    EXACT = "exact"
-
-
 class ScopeKind(StrEnum):
     FUNCTION = "function"  # file + function, matched in each op's Python stack
     REQUEST = "request"  # every op of the profiled request
@@ -248,7 +244,7 @@ DEFAULT_WATCH = ("aten::_local_scalar_dense", "aten::nonzero", "aten::_index_put
 @dataclass(frozen=True)
 class CensusRule:
     """The ``census:`` block of a profile's budgets: judge every function's operator calls
-    against a committed baseline (guard/measure/census.py)."""
+    against a committed baseline (guard/config/census.py; judged by guard/judge/census.py)."""
 
     baseline: Path  # resolved against the thresholds file's folder
     # The census where the engine runs engine.dtype_without_native_bf16 (Profile.on_cpu swaps it in):
@@ -1050,3 +1046,15 @@ def resolve_model(model: str) -> str:
     if model.startswith(EMBEDDED_PREFIX):
         return str(Path(__file__).parents[1] / "models" / model[len(EMBEDDED_PREFIX):])
     return model
+
+
+def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int, isa: tuple[str, ...] | None) -> str | None:
+    """Why this CPU is not the one the profile's TTFT budgets were measured on; None: it is (or
+    the budgets are not bound to a CPU). Not a reason to reject the run: op counts are judged on
+    any machine the profile matches, only the absolute TTFT budgets are not."""
+    bound = profile.ttft_hardware
+    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count, isa):
+        return None
+    # the binding, not provenance.hardware: a hand-edited binding must not be described by stale provenance
+    machine = f"{cpu} ({cpu_count} cores, {describe_isa(isa)})" if bound.cpu_isa is not None else f"{cpu} ({cpu_count} cores)"
+    return f"budget measured on {bound.describe()}; this machine is {machine}"

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from guard.history.changepoints import DEFAULT, Method, Shift, change_points
-from guard.history.store import HistoryRecord
+from guard.history.store import HistoryRecord, census_totals
+from guard.judge.stats import percentile
+from guard.model.results import HistoryStanding, Results, to_ms
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,26 @@ def standing(records: Sequence[HistoryRecord], *, profile: str, base: str, p50_m
         return None
     return Standing(base=mine[at], window=tuple(mine[max(0, at + 1 - window):at + 1]), p50_ms=p50_ms,
                     census_calls=census_calls)
+
+
+def pr_standing(results: Results, records: Sequence[HistoryRecord] | None, base: str | None = None) -> HistoryStanding | None:
+    """The run against main's history, for the comment: None without a history or with a base
+    (``base``, else the one ``guard pr`` measured) that is not in it."""
+    if not records:
+        return None
+    base = base or (results.pr.base.sha if results.pr is not None else None)
+    if not base:
+        return None
+    run = results.run
+    samples = run.ttft_client_s()
+    p50 = round(to_ms(percentile(samples, 50)), 3) if samples else None  # as guard record keeps it
+    calls = sum(c.calls for c in census_totals(run.census)) if run.census else None
+    st = standing(records, profile=run.profile, base=base, p50_ms=p50, census_calls=calls)
+    if st is None:
+        return None
+    b = st.base
+    return HistoryStanding(
+        base_commit=b.commit, base_profile=b.profile, base_ttft_p50_ms=b.ttft_p50_ms if b.has_ttft else None,
+        base_census_calls=b.census_calls if b.census else None, base_machine=b.machine, p50_ms=p50,
+        census_calls=calls, window=len(st.window), timed=len(st.timed), p50_range_ms=st.p50_range_ms,
+        above=sum(r.ttft_p50_ms < p50 for r in st.timed) if st.rank_pct is not None else None, rank_pct=st.rank_pct)

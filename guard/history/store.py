@@ -29,6 +29,7 @@ from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import write_text_atomic
+from guard.model.readings import parse_size
 from guard.model.results import ImageSize, Results, Verdict, reasons_text, to_ms
 from guard.judge.stats import percentile
 
@@ -97,7 +98,7 @@ def census_totals(census: dict[str, dict[str, dict[str, int]]]) -> tuple[CensusT
     """``RunRecord.census`` ("WxH" -> function -> op -> calls) as totals per size, smallest first."""
     out = []
     for size, functions in census.items():
-        w, h = (int(x) for x in size.split("x"))
+        w, h = parse_size(size)
         out.append(CensusTotal((w, h), sum(sum(ops.values()) for ops in functions.values()), len(functions)))
     return tuple(sorted(out, key=lambda c: (c.image_size[0] * c.image_size[1], c.image_size)))
 

@@ -15,15 +15,15 @@ from typing import Any
 from guard.model import format as fmt
 from guard.config import recipes
 from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
-from guard.measure.census import Baseline, CensusJudgement, judge, size_key
-from guard.measure.contention import busy
-from guard.measure.speedref import speed_notice, speed_problems, unsteady
-from guard.measure.hardware import gpu_state_problems, recorded_hardware_problems, ttft_hardware_problem
+from guard.config.budgets import ttft_hardware_problem
+from guard.config.census import Baseline
 from guard.files import person_path, recorded_as_person_path
-from guard.revisions.git import unmeasurable
+from guard.judge.census import CensusJudgement, judge
+from guard.judge.gates import busy, gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
+from guard.model.changes import unmeasurable
 from guard.model.environment import Environment
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
-                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
+                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.judge.rules import judge_ttft
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
@@ -228,11 +228,11 @@ def census_notices(profile: Profile, census: CensusJudgement, run: RunRecord, ou
 def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT,
              census_baseline: Baseline | None = None) -> Results:
     """``output``: the folder results.json is written to, for the commands notices print.
-    ``census_baseline``: the profile's committed census (guard.measure.census.read_baseline); None when
+    ``census_baseline``: the profile's committed census (guard.config.census.read_baseline); None when
     the file does not exist yet, which makes a profile with a census rule an invalid run."""
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
-    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.measure.speedref).
+    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.judge.gates).
     reasons += [InvalidReason(K.SLOW_MACHINE, t) for t in speed_problems(
         run.environment.speed_reference, profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft)]
     ops = op_checks(profile, run.op_counts)
@@ -264,7 +264,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
     return Results(
-        verdict=verdict_of((*ttft, *ops, *census_checks), (*run.invalid_reasons, *reasons)), run=run,
+        verdict=Verdict.INVALID, run=run,  # settled below, from these checks and reasons
         ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
@@ -274,7 +274,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
                         "validity": profile.validity.as_dict(), "speed_reference_ms": profile.speed_reference_ms,
                         **({"census": profile.census.as_dict()} if profile.census is not None else {})},
-    )
+    ).settled()
 
 
 AB_NOT_JUDGED = ("A/B mode: TTFT is judged as the ratio to the baseline measured beside it; this absolute "
@@ -315,7 +315,6 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
         notices += tuple(ab_census_notices(census))
     notices += tuple(ab_contention_notices(profile, rec.candidate.environment.cpu_contention))
     census_checks = census.checks if census is not None else ()
-    verdict = verdict_of((*ratio, *cand.op_checks, *census_checks), (*rec.candidate.invalid_reasons, *reasons))
     ab = ABComparison(baseline_python=rec.baseline_python, baseline=rec.baseline, order=tuple(rec.order),
                       pairs=tuple(paired), op_diff=tuple(op_diff(rec.candidate.op_counts, rec.baseline.op_counts)))
     # the census rule it was judged by (against the baseline side), as evaluate records it for its committed baseline
@@ -326,9 +325,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                             "batch": stats.batch, "confidence": stats.confidence,
                                             "fail_confidence": stats.fail_confidence,
                                             "idle_side": "paused"}}
-    return dataclasses.replace(cand, verdict=verdict, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
+    return dataclasses.replace(cand, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
                                census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
-                               profile_config=config, notices=notices)
+                               profile_config=config, notices=notices).settled()
 
 
 def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> list[str]:
@@ -349,8 +348,8 @@ def ab_census_judgement(profile: Profile, rec: ABRecord) -> CensusJudgement | No
     if profile.census is None:
         return None
     sizes = profile.workload.profile_image_sizes
-    missing = [InvalidReason(K.CENSUS_MISSING, f"census: the baseline side measured no census for a {size_key(s)} image")
-               for s in sizes if size_key(s) not in rec.baseline.census]
+    missing = [InvalidReason(K.CENSUS_MISSING, f"census: the baseline side measured no census for a {fmt.size(s)} image")
+               for s in sizes if fmt.size(s) not in rec.baseline.census]
     if missing:
         return CensusJudgement(invalid=tuple(missing))
     side = Baseline(path=Path(f"the baseline side ({rec.baseline_python})"), model=rec.candidate.model,
@@ -455,6 +454,4 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_onl
             c = dataclasses.replace(c, status=Status.PASS)
         ops.append(c)
     notices[:0] = pr_notices(pr) + environment_notice(rec, pr)
-    res = dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr)
-    return dataclasses.replace(res, verdict=verdict_of(res.checks, res.invalid_reasons,
-                                                       unmeasurable=bool(pr.unmeasured_files)))
+    return dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr).settled()

@@ -22,11 +22,11 @@ from collections.abc import Iterable
 
 from guard.config.budgets import Profile, Thresholds
 from guard.errors import ConfigError
-from guard.measure.probes import CUDA_SYNC, MEMCPY_HTOD
-from guard.model.results import ScopeCounts
+from guard.model import format as fmt
+from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD
+from guard.model.results import TOTAL_OPS, ScopeCounts
 
 PSEUDO_OPS = frozenset({MEMCPY_HTOD, CUDA_SYNC})
-TOTAL_OPS = "total_ops"
 
 
 def problems(profile: Profile, registry: frozenset[str]) -> list[tuple[str, int | None, str, str]]:
@@ -95,7 +95,7 @@ def vacuous_budgets(profile: Profile, op_counts: list[ScopeCounts]) -> list[str]
                 for twin in _twins(op):
                     n = c.calls_by_op.get(twin, 0)
                     if n:
-                        size = f"{c.image_size[0]}x{c.image_size[1]}"
+                        size = fmt.size(c.image_size)
                         out.append(f"op budget {sb.name}.{op} counted 0 calls, but {twin} was called {n} times in "
                                    f"the same scope [{size}]: the budget names the wrong variant and can never fail; "
                                    f"budget {twin} instead")

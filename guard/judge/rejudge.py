@@ -19,18 +19,16 @@ from typing import Any
 
 from guard.model.results import ABRecord
 from guard.config.budgets import Profile, Thresholds
-from guard.measure.census import read_baseline
+from guard.config.census import read_baseline
 from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
-from guard.model.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
-                           verdict_of)
+from guard.model.results import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict
 from guard.sanitize import one_line
 
 
 def implied_verdict(results: Results) -> Verdict:
-    """The verdict a results file's own checks and reasons give (guard.model.results.verdict_of)."""
-    return verdict_of(results.checks, results.invalid_reasons,
-                      unmeasurable=results.pr is not None and bool(results.pr.unmeasured_files))
+    """The verdict a results file's own checks and reasons give (``Results.implied_verdict``)."""
+    return results.implied_verdict
 
 
 def _same_number(a: float, b: float) -> bool:
@@ -127,8 +125,7 @@ def recompute(stored: Results, profile: Profile) -> Results:
     through evaluate_ab from their two recorded sides, the rest through evaluate with the census
     baseline the profile names (resolved beside the thresholds file it was loaded from)."""
     if stored.pr is not None and stored.ab is None:  # guard pr measured nothing (same Python, or a side did not import)
-        return dataclasses.replace(stored, verdict=verdict_of((), stored.invalid_reasons,
-                                                              unmeasurable=bool(stored.pr.unmeasured_files)))
+        return stored.settled()  # no checks: its reasons and the pull request's unmeasurable files decide
     if stored.ab is not None:
         rec = ABRecord(candidate=stored.run, baseline=stored.ab.baseline, baseline_python=stored.ab.baseline_python,
                        order=list(stored.ab.order))

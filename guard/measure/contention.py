@@ -13,7 +13,7 @@ stop) and the reading says, in cores, what the machine did in between:
   ``/proc/cpuinfo`` "cpu MHz"; in a VM this is often the nominal figure, so it is recorded only).
 
 Everything but the sampler is a pure function over recorded text, tested on a real ``/proc``
-capture (tests/fixtures/proc/). ``guard.judge.evaluate`` judges the reading (``busy``)
+capture (tests/fixtures/proc/). ``guard.judge.gates`` judges the reading (``busy``)
 against the profile's ``validity.max_other_cpu_pct``; the reading itself goes into results.json
 under ``run.environment.cpu_contention``.
 
@@ -23,7 +23,7 @@ Reusable by any runner (A/B included)::
     sampler.start()
     ...                                # the measured requests
     reading = sampler.stop()           # ContentionReading, or None where /proc is unreadable
-    over = busy(reading.as_dict(), max_other_cpu_pct)  # the reading, when over the limit
+    over = reading.over(max_other_cpu_pct)  # the rest of the machine took more than the limit
 """
 
 from __future__ import annotations
@@ -249,13 +249,8 @@ class ContentionSampler:
         return out
 
 
-
-# ----------------------------------------------------------------------------- the gate (pure)
 def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
-    """The reading, when the rest of the machine took more than the limit and so absolute TTFT is
-    untrustworthy; None: within the limit, or not measured (no /proc: evaluation says so in a
-    notice). The sentence that says so is ``guard.model.format.busy_machine``'s."""
-    if not recorded:
-        return None
-    r = ContentionReading.from_dict(recorded)
-    return r if r.lost_fraction * 100.0 > max_other_cpu_pct else None
+    """measure/run.py's stop test while it measures (until the run-stage rewrite imports the gate
+    from guard.judge.gates); the limit itself is ``ContentionReading.over``."""
+    r = ContentionReading.from_dict(recorded) if recorded else None
+    return r if r is not None and r.over(max_other_cpu_pct) else None

@@ -2,9 +2,9 @@
 
 On a GPU the fingerprint also records the device's state through NVML (``gpu_state``): driver
 and CUDA versions, clocks, throttle reasons and the other processes on the device, sampled when
-the run starts and when its timing pass ends. ``gpu_state_problems`` decides, from that record
-alone, whether the numbers can be trusted; evaluation re-checks the recorded hardware against
-the profile (``recorded_hardware_problems``), so a results file never passes on the wrong machine.
+the run starts and when its timing pass ends. guard.judge.gates decides, from that record alone,
+whether the numbers can be trusted (``gpu_state_problems``), and re-checks the recorded hardware
+against the profile (``recorded_hardware_problems``), so a results file never passes on the wrong machine.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from guard import __version__
-from guard.config.budgets import CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa
+from guard.config.budgets import (CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa,
+                                  ttft_hardware_problem)
 from guard.errors import InvalidRunError
 from guard.model.environment import Environment
 
@@ -197,18 +198,6 @@ def mismatch(profile: Profile, hw: Hardware) -> str | None:
     return None
 
 
-def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int, isa: tuple[str, ...] | None) -> str | None:
-    """Why this CPU is not the one the profile's TTFT budgets were measured on; None: it is (or
-    the budgets are not bound to a CPU). Not a reason to reject the run: op counts are judged on
-    any machine the profile matches, only the absolute TTFT budgets are not."""
-    bound = profile.ttft_hardware
-    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count, isa):
-        return None
-    # the binding, not provenance.hardware: a hand-edited binding must not be described by stale provenance
-    machine = f"{cpu} ({cpu_count} cores, {describe_isa(isa)})" if bound.cpu_isa is not None else f"{cpu} ({cpu_count} cores)"
-    return f"budget measured on {bound.describe()}; this machine is {machine}"
-
-
 _REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")
 
 
@@ -306,25 +295,6 @@ def fingerprint(hw: Hardware, profile: Profile) -> Environment:
     return Environment.from_dict(fp)
 
 
-def recorded_hardware_problems(profile: Profile, env: Environment) -> list[str]:
-    """Re-check, at evaluation, that the recorded machine is the profile's: a run.json carried to
-    another profile, or a profile edited since the run, must not be judged against its budgets."""
-    out = []
-    measured_as = env.hardware_profile
-    if measured_as is not None and measured_as != profile.name:
-        out.append(f"hardware does not match: measured under profile '{measured_as}', judged against '{profile.name}'")
-    match = env.hardware_match
-    if match is not None and not match.ok:
-        out.append(f"hardware did not match when the run started: {match.reason}")
-    if env.gpu is not None or env.cuda is not None:
-        hw = Hardware(cuda=bool(env.gpu) if env.cuda is None else env.cuda, gpu_name=env.gpu,
-                      cpu_name=env.cpu or "unknown CPU", cpu_count=env.cpu_count or 0)
-        why = mismatch(profile, hw)
-        if why and not (match is not None and match.reason == why):  # said once is enough
-            out.append(f"hardware does not match: recorded {hw.describe()}: {why}")
-    return out
-
-
 # ----------------------------------------------------------------------------- GPU state (NVML)
 # nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h; stable across driver versions)
 THROTTLE_REASONS = {
@@ -340,7 +310,7 @@ THROTTLE_REASONS = {
 }
 # Settings, not slowdowns under load: an idle GPU at a sample point, clocks pinned by the admin,
 # the display clock, multi-GPU sync boost. Everything else lowers the clocks the budgets assume.
-BENIGN_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting", "sync_boost"})
+
 
 
 def throttle_reason_names(mask: int) -> list[str]:
@@ -503,47 +473,3 @@ class GpuStateSampler:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 5)
-
-
-def other_gpu_processes(snapshot: dict[str, Any], holding_device: bool) -> list[dict[str, Any]]:
-    """Processes on the device that are not this run. ``holding_device``: the engine had the device
-    when the snapshot was taken, so this process must be listed; if none of the listed pids is
-    ours, NVML is reporting another PID namespace (a container) and one entry, the largest, is us."""
-    procs = list(snapshot.get("processes") or [])
-    own = set(snapshot.get("own_pids") or [])
-    others = [p for p in procs if p.get("pid") not in own]
-    if holding_device and others and len(others) == len(procs):
-        others.sort(key=lambda p: p.get("used_memory_mib") or 0)
-        others = others[:-1]
-    return others
-
-
-def gpu_state_problems(gpu_state: dict[str, Any] | None) -> list[str]:
-    """Why the recorded GPU state makes the timing untrustworthy; empty: nothing seen (or nothing recorded)."""
-    if not gpu_state:
-        return []
-    out: list[str] = []
-    during = gpu_state.get("during") or []
-    seen_during: set[str] = set()  # one line per kind of problem for the samples under load
-    samples = [("at the start of the run", gpu_state.get("start"), False, None)]
-    samples += [(f"during the measured requests (sample {i + 1} of {len(during)})", snap, True, "during")
-                for i, snap in enumerate(during)]
-    samples.append(("at the end of the run", gpu_state.get("end"), True, None))
-    for when, snap, holding, group in samples:
-        if not isinstance(snap, dict):
-            continue
-        others = other_gpu_processes(snap, holding_device=holding)
-        if others and not (group and "procs" in seen_during):
-            who = ", ".join(f"pid {p.get('pid')}" + (f" ({p['used_memory_mib']} MiB)" if p.get("used_memory_mib") else "")
-                            for p in others)
-            out.append(f"another process was using the GPU {when}: {who}")
-            if group:
-                seen_during.add("procs")
-        slow = [r for r in (snap.get("throttle_reasons") or []) if r not in BENIGN_THROTTLE_REASONS]
-        if slow and not (group and "slow" in seen_during):
-            clocks = snap.get("clocks_mhz") or {}
-            at = f" (SM clock {clocks['sm']} of {clocks['sm_max']} MHz)" if clocks.get("sm") and clocks.get("sm_max") else ""
-            out.append(f"GPU clocks were throttled {when}: {', '.join(slow)}{at}")
-            if group:
-                seen_during.add("slow")
-    return out

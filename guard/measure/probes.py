@@ -27,12 +27,12 @@ from pathlib import Path
 
 from guard import compat
 from guard.config.budgets import ScopeBudget
+from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD
 from guard.model.results import OpSite, ScopeCounts
 
 FRAME_RE = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
 SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
 HTOD_PREFIX = "Memcpy HtoD"
-MEMCPY_HTOD, CUDA_SYNC = "cuda::memcpy_htod", "cuda::sync"
 TOP_SITES = 10
 
 

@@ -47,6 +47,10 @@ class ContentionReading:
     def lost_fraction(self) -> float:
         return self.lost_cores / self.cpus if self.cpus else 0.0
 
+    def over(self, max_other_cpu_pct: float) -> bool:
+        """The rest of the machine took more than ``validity.max_other_cpu_pct`` of the cores."""
+        return self.lost_fraction * 100.0 > max_other_cpu_pct
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["lost_cores"] = round(self.lost_cores, 4)

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.model.environment import SPEED_WORKLOADS, ContentionReading
-from guard.model.results import (TOTAL_OPS, CensusCheck, Check, ImageSize, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
+from guard.model.readings import size  # noqa: F401 - the one writing of an image size, a census key's too
+from guard.model.results import (TOTAL_OPS, CensusCheck, Check, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
@@ -67,10 +68,6 @@ def pct_interval(bounds_pct: tuple[float, float]) -> str:
 def op_delta(d: OpDelta) -> str:
     """``aten::_index_put_impl_ 0 -> 513 (+513)`` (baseline -> candidate)."""
     return f"{d.baseline_calls} -> {d.candidate_calls} ({d.delta_calls:+d})"
-
-
-def size(image_size: ImageSize) -> str:
-    return f"{int(image_size[0])}x{int(image_size[1])}"
 
 
 def confidence(level: float) -> str:

@@ -20,15 +20,15 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from guard.config.budgets import Rule
 from guard.errors import ConfigError, ExitCode
 from guard.model.environment import Environment
+from guard.model.readings import ImageSize, size
 
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
@@ -86,11 +86,11 @@ class Verdict(StrEnum):
                 Verdict.INVALID: ExitCode.INVALID, Verdict.NOT_MEASURABLE: ExitCode.NOT_MEASURABLE}[self]
 
 
-ImageSize = tuple[int, int]
+class Rule(StrEnum):
+    """How an op budget bounds its count (the budgets file's ``rule``): at most, or exactly."""
 
-
-def _size(image_size: ImageSize) -> str:
-    return f"{int(image_size[0])}x{int(image_size[1])}"
+    MAX = "max"
+    EXACT = "exact"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -143,8 +143,8 @@ class ReasonKind(StrEnum):
     TOO_FEW_SAMPLES = "too_few_samples"  # TTFT samples, or A/B pairs
     HARDWARE_MISMATCH = "hardware_mismatch"  # not the profile's machine
     GPU_STATE = "gpu_state"  # another process on the GPU, or throttled clocks
-    BUSY_MACHINE = "busy_machine"  # other processes took the CPU (guard.measure.contention)
-    SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.measure.speedref)
+    BUSY_MACHINE = "busy_machine"  # other processes took the CPU (guard.judge.gates.busy)
+    SLOW_MACHINE = "slow_machine"  # a slowdown /proc cannot see explains the TTFT failure (guard.judge.gates.speed_problems)
     SCOPE_NEVER_ENTERED = "scope_never_entered"
     SCOPE_NOT_MEASURED = "scope_not_measured"  # budgeted, but no counts recorded
     SCOPE_GONE = "scope_gone"  # guard pr: a budgeted scope's function no longer exists in head (renamed?)
@@ -285,7 +285,7 @@ class OpCheck:
 
     @property
     def label(self) -> str:
-        return f"{self.scope} [{_size(self.image_size)}] {self.op}"
+        return f"{self.scope} [{size(self.image_size)}] {self.op}"
 
     @property
     def excess_calls(self) -> int:
@@ -387,7 +387,7 @@ class CensusOpDelta:
 @dataclass(frozen=True)
 class CensusCheck:
     """One function whose operator census differs from the committed baseline, for one profiled
-    image size (guard.measure.census). Functions whose counts equal the baseline have no record."""
+    image size (guard.judge.census). Functions whose counts equal the baseline have no record."""
 
     function: str  # "file:qualname", the file relative to its package's folder; no line numbers
     image_size: ImageSize
@@ -408,7 +408,7 @@ class CensusCheck:
 
     @property
     def label(self) -> str:
-        return f"census {self.function} [{_size(self.image_size)}]"
+        return f"census {self.function} [{size(self.image_size)}]"
 
     @property
     def growth_calls(self) -> int:
@@ -480,6 +480,26 @@ class PullRequestDiff:
 
 
 @dataclass(frozen=True)
+class HistoryStanding:
+    """Where a pull request's run sits in main's recent history (guard.history.analysis.pr_standing
+    computes it, the comment shows it): the base's record, the run's own figures, and the window of
+    main's commits up to and including the base."""
+
+    base_commit: str
+    base_profile: str
+    base_ttft_p50_ms: float | None  # None: an ops-only record
+    base_census_calls: int | None  # None: the base recorded no census
+    base_machine: str
+    p50_ms: float | None  # the run's TTFT p50 (None: the run measured no TTFT)
+    census_calls: int | None  # the run's census total over the profiled sizes (None: no census)
+    window: int  # main's commits up to the base
+    timed: int  # of them, those that measured TTFT
+    p50_range_ms: tuple[float, float, float] | None  # min, median, max of their p50s
+    above: int | None  # how many of their p50s the run's is above
+    rank_pct: float | None
+
+
+@dataclass(frozen=True)
 class Results:
     """The verdict with everything needed to explain it: the content of results.json."""
 
@@ -518,6 +538,17 @@ class Results:
     @property
     def exit_code(self) -> int:
         return int(self.verdict.exit_code)
+
+    @property
+    def implied_verdict(self) -> Verdict:
+        """The verdict these checks and invalid reasons give (verdict_of): a pull request's changes
+        this engine stack cannot measure make a pass not measurable."""
+        return verdict_of(self.checks, self.invalid_reasons,
+                          unmeasurable=self.pr is not None and bool(self.pr.unmeasured_files))
+
+    def settled(self) -> Results:
+        """These results with their implied verdict: the one place judging sets a verdict."""
+        return replace(self, verdict=self.implied_verdict)
 
 
 # ----------------------------------------------------------------------------- JSON

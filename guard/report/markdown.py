@@ -17,12 +17,10 @@ from typing import Any
 from guard.model import format as fmt
 from guard.report.findings import Finding, added_calls, findings
 from guard.model.environment import Environment
-from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
+from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, HistoryStanding, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path, recorded_as_person_path
-from guard.history.analysis import short, standing
-from guard.history.store import HistoryRecord, census_totals
 from guard.judge.stats import percentile
 
 MAX_SITES = 10  # offending code sites listed per failed op check
@@ -437,45 +435,36 @@ def _folded(summary: str, body: list[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the report
-def _history(results: Results, history: Sequence[HistoryRecord] | None, base: str | None) -> list[str]:
-    """Where this run sits in main's recent history, when the pull request's base is in it."""
-    if not history:
-        return []
-    base = base or (results.pr.base.sha if results.pr is not None else None)
-    if not base:
-        return []
-    run = results.run
-    samples = run.ttft_client_s()
-    p50 = round(to_ms(percentile(samples, 50)), 3) if samples else None  # as guard record keeps it
-    calls = sum(c.calls for c in census_totals(run.census)) if run.census else None
-    st = standing(history, profile=run.profile, base=base, p50_ms=p50, census_calls=calls)
+def _history(results: Results, st: HistoryStanding | None) -> list[str]:
+    """Where this run sits in main's recent history (guard.history.analysis.pr_standing), when its base is in it."""
     if st is None:
         return []
-    b = st.base
-    n = len(st.window)
+    short = st.base_commit[:7]
+    calls = st.census_calls
     census_cell = "—"
-    if calls is not None and b.census:
-        delta = calls - b.census_calls
+    if calls is not None and st.base_census_calls is not None:
+        delta = calls - st.base_census_calls
         census_cell = f"{calls} ({'+' if delta >= 0 else '−'}{abs(delta)} vs base)"
     elif calls is not None:
         census_cell = str(calls)
     lines = ["", "### Against main's recent history", "",
-             f"The base of this pull request, {code(short(b.commit))}, is in main's history (profile {code(b.profile)}).",
+             f"The base of this pull request, {code(short)}, is in main's history (profile {code(st.base_profile)}).",
              "", "| | TTFT p50 | census (op calls per request) |", "|---|---:|---:|",
-             f"| this run | {fmt.ms_unit(p50) if p50 is not None else '—'} | {census_cell} |",
-             f"| base {code(short(b.commit), in_table=True)} | "
-             f"{fmt.ms_unit(b.ttft_p50_ms) if b.has_ttft else '—'} | {b.census_calls if b.census else '—'} |"]
+             f"| this run | {fmt.ms_unit(st.p50_ms) if st.p50_ms is not None else '—'} | {census_cell} |",
+             f"| base {code(short, in_table=True)} | "
+             f"{fmt.ms_unit(st.base_ttft_p50_ms) if st.base_ttft_p50_ms is not None else '—'} | "
+             f"{st.base_census_calls if st.base_census_calls is not None else '—'} |"]
     if st.p50_range_ms is not None:
         lo, mid, hi = st.p50_range_ms
-        timed = f"{n} commit(s)" if len(st.timed) == n else f"{len(st.timed)} of {n} commit(s) (with TTFT)"
+        n = st.window
+        timed = f"{n} commit(s)" if st.timed == n else f"{st.timed} of {n} commit(s) (with TTFT)"
         lines.append(f"| main, {timed} up to the base: min / median / max | {fmt.ms(lo)} / {fmt.ms(mid)} / "
                      f"{fmt.ms_unit(hi)} | |")
     if st.rank_pct is not None:
-        above = sum(r.ttft_p50_ms < p50 for r in st.timed)
-        lines += ["", f"This run's p50 is above {above} of those {len(st.timed)} (percentile rank {st.rank_pct:.0f} %)."]
-        run_machine = run.environment.machine_summary()
-        if run_machine != b.machine:
-            lines[-1] += (f" main's history was measured on {text(b.machine)}, this run on {text(run_machine)}: "
+        lines += ["", f"This run's p50 is above {st.above} of those {st.timed} (percentile rank {st.rank_pct:.0f} %)."]
+        run_machine = results.run.environment.machine_summary()
+        if run_machine != st.base_machine:
+            lines[-1] += (f" main's history was measured on {text(st.base_machine)}, this run on {text(run_machine)}: "
                           "absolute TTFT compares machines as much as code.")
     return lines
 
@@ -509,12 +498,11 @@ def _recipes(results: Results, thresholds: str | None) -> list[str]:
 
 
 def render_markdown(results: Results, *, run_url: str | None = None, thresholds: str | None = None,
-                    history: Sequence[HistoryRecord] | None = None, history_base: str | None = None) -> str:
+                    history: HistoryStanding | None = None) -> str:
     """The PR comment's body. ``thresholds``: the budget file the recipes name, as a path from the
     working directory (the poster's trusted copy); default: the one the run recorded, from its
-    repository's root. ``history``: main's history records (``guard comment
-    --history``); with the pull request's base in them (``history_base``, else the base ``guard pr``
-    measured), a section says where this run sits."""
+    repository's root. ``history``: where this run sits in main's history (``guard comment
+    --history``: guard.history.analysis.pr_standing), shown in a section of its own."""
     run = results.run
     icon = _ICON.get(results.verdict, "❔")
     lines = [f"## {icon} guard: {text(results.verdict.replace('_', ' '))} — {text(run.model)} on {code(run.profile)}", ""]
@@ -552,7 +540,7 @@ def render_markdown(results: Results, *, run_url: str | None = None, thresholds:
     census = _census(results)
     if census:
         lines += ["", "### Operator census per function", ""] + census
-    lines += _history(results, history, history_base)
+    lines += _history(results, history)
     lines += _pull_request(results)
 
     if results.verdict == Verdict.INVALID and results.checks:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from guard.config.budgets import Profile
 from guard.model import format as fmt
 from guard.model.environment import Environment
-from guard.model.results import Results, Status, Verdict
+from guard.model.results import FunctionChange, Results, Status, Verdict
 from guard.judge.stats import percentile
 
 MAX_SITES = 6
@@ -147,10 +150,17 @@ def pr_lines(results: Results) -> list[str]:
              f"({pr.head.subject[:60]}); {len(pr.changed_files)} file(s) changed"]
     lines += [f"  {name}: {fmt.revision(side)}" for name, side in (("base", pr.base), ("head", pr.head))
               if side.version or side.environment]
-    for change in pr.function_changes:
+    lines += added_lines(pr.function_changes)
+    lines.append("")
+    return lines
+
+
+def added_lines(changes: Iterable[FunctionChange]) -> list[str]:
+    """The lines a revision added inside each function that moved (guard pr, and guard bisect's culprit)."""
+    lines = []
+    for change in changes:
         lines.append(f"  added inside {change.function}:")
         lines += [f"    {n:>5} + {text.rstrip()}" for n, text in change.lines]
-    lines.append("")
     return lines
 
 
@@ -173,3 +183,10 @@ def verdict_line(results: Results) -> str:
         return (f"REGRESSION: {where}: {len(results.failed)} budget(s) exceeded:\n"
                 + "\n".join(f"  - {fmt.failure(c)}" for c in results.failed))
     return f"INVALID RUN: {where}: the measurement cannot be trusted ({len(results.invalid_reasons)} reason(s) above)"
+
+
+def say_dtype(profile: Profile, prefix: str) -> None:
+    """A command's line saying the engine runs another dtype than the profile's bfloat16 on this CPU."""
+    if profile.engine.bf16_replaced:
+        print(f"{prefix}: engine dtype {profile.engine.dtype} instead of bfloat16: this CPU has no native bf16 "
+              "(engine.dtype_without_native_bf16)", flush=True)

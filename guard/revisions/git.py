@@ -5,24 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from guard.errors import UsageError
+from guard.model.changes import unmeasurable  # noqa: F401 - where guard pr and bisect look it up
 
 PACKAGE = "vllm"  # the folder of a vLLM checkout whose Python sources are measured
-
-# Changes the locked engine stack cannot show: compiled code is the wheel's, dependencies the lock's.
-# From vLLM's tree: C++/CUDA/HIP kernels under csrc/ and their CMake build, the Rust frontend
-# (rust/, Cargo manifests, build_rust.sh; built into vllm/_rust_*.so and vllm/vllm-rs by
-# docker/Dockerfile.* and setup.py), Cython, and the build and dependency declarations.
-COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hip", ".s", ".rs", ".cmake",
-                     ".pyx", ".pxd")
-COMPILED_NAMES = ("CMakeLists.txt", "Cargo.toml", "Cargo.lock", "rust-toolchain.toml", "rust-toolchain")
-COMPILED_PATHS = ("csrc/", "cmake/", "rust/", "CMakeLists.txt", "setup.py", "build_rust.sh", "tools/build_rust.py")
-DEPENDENCY_PATHS = ("requirements/", "requirements.txt", "requirements-")
-DEPENDENCY_SUFFIXES = (".txt", ".in")  # requirements/*.txt and the pip-compile inputs (requirements/test/cuda.in)
-DEPENDENCY_FILES = ("pyproject.toml",)  # the top-level one: build requirements (torch) and the package's metadata
-
 
 @dataclass(frozen=True)
 class Revision:
@@ -71,17 +59,6 @@ def changed_files(repo: Path, base: Revision, head: Revision) -> list[str]:
     """What head changed against base (both sides' trees, not their history: ``git diff base head``)."""
     out = git(repo, "diff", "--name-only", "--no-renames", base.sha, head.sha).stdout
     return sorted(line for line in out.splitlines() if line)
-
-
-def unmeasurable(path: str) -> str | None:
-    """Why a CPU run of the locked engine stack cannot measure a change to ``path``; None: it can
-    (Python, Triton kernels included, and data files) or it is outside what runs (tests, docs)."""
-    p = PurePosixPath(path)
-    if path.startswith(COMPILED_PATHS) or p.name in COMPILED_NAMES or p.suffix.lower() in COMPILED_SUFFIXES:
-        return "compiled code"
-    if path in DEPENDENCY_FILES or (path.startswith(DEPENDENCY_PATHS) and p.suffix in DEPENDENCY_SUFFIXES):
-        return "dependencies"
-    return None
 
 
 def runtime_files(paths: list[str]) -> list[str]:

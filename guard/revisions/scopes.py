@@ -7,7 +7,7 @@ reason is the budget's, not the engine's: the budget needs its author's update. 
 lost its function and where its code went, from two sources:
 
 - the census (runtime): the functions head's request charges with calls the vanished function issued
-  itself at base — guard.measure.census.compare's ``moved_calls``/``moved_from``, the rule that
+  itself at base — guard.judge.census.compare's ``moved_calls``/``moved_from``, the rule that
   already tells a move from growth;
 - the source (git): the functions head added, in the scope's file or in another changed file,
   whose body is the vanished one's, or close to it (a rename changes only the ``def`` line).
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guard.config.budgets import CensusRule, Profile, ScopeBudget, ScopeKind
-from guard.measure.census import compare, folded, request_deltas, size_key
+from guard.judge.census import compare, request_deltas
+from guard.model.readings import folded, parse_size, size
 from guard.model.results import ABRecord, InvalidReason, ReasonKind, RunRecord, ScopeCounts
 from guard.revisions import git
 from guard.revisions.functions import function_spans
@@ -95,8 +96,8 @@ def census_candidates(rule: CensusRule | None, sb: ScopeBudget, base: RunRecord,
     """Functions of head's census that took calls the scope's own function issued at base."""
     rule = rule or CensusRule(baseline=Path())
     moved: dict[str, int] = {}
-    for size in sorted(set(base.census) & set(head.census)):
-        checks = compare(rule, _size(size), folded(base.census[size]), folded(head.census[size]))
+    for key in sorted(set(base.census) & set(head.census)):
+        checks = compare(rule, parse_size(key), folded(base.census[key]), folded(head.census[key]))
         for c in checks:
             if c.moved_calls and c.baseline_calls is None and any(_is_scope_function(d, sb) for d in c.moved_from):
                 moved[c.function] = max(moved.get(c.function, 0), c.moved_calls)
@@ -104,17 +105,12 @@ def census_candidates(rule: CensusRule | None, sb: ScopeBudget, base: RunRecord,
             for fn, n in sorted(moved.items(), key=lambda kv: -kv[1])]
 
 
-def _size(key: str) -> tuple[int, int]:
-    w, h = key.split("x")
-    return int(w), int(h)
-
-
 def still_issued(counts: Sequence[ScopeCounts], base: RunRecord, head: RunRecord) -> str:
     """Whether head's request still issues the op calls the scope counted at base."""
     fewer = []
     total = 0
     for c in counts:
-        key = size_key(c.image_size)
+        key = size(c.image_size)
         if key not in base.census or key not in head.census:
             return ""
         deltas = request_deltas(folded(base.census[key]), folded(head.census[key]))

@@ -1,0 +1,181 @@
+"""The census baseline file (``*.census.json``), the budgets file's companion: read, written, planned.
+
+It holds one census per profiled image size, one line per function, sorted, so a review diff
+shows exactly the functions that changed. ``guard update-thresholds`` writes it (``plan_census``:
+decreases accepted, growth only with ``--allow-increase``); ``guard check`` and ``guard comment``
+read it (``read_baseline``) and judge a run against it (guard.judge.census).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from guard.config.budgets import CensusRule
+from guard.errors import ConfigError
+from guard.model.readings import Census, folded, op_deltas, parse_size, size, total_calls, without
+
+CENSUS_SCHEMA = "guard/census"
+CENSUS_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Baseline:
+    path: Path
+    model: str
+    profile: str
+    roots: tuple[str, ...]
+    census: Census  # "WxH" -> function -> op -> calls
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    excluded: Mapping[str, str] = field(default_factory=dict)  # as stated when it was written
+
+
+def render_baseline(model: str, profile: str, roots: tuple[str, ...], census: Census,
+                    provenance: Mapping[str, Any], excluded: Mapping[str, str]) -> str:
+    """JSON with one line per function, sorted: a review diff names exactly the functions that moved."""
+    dump = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=False)  # noqa: E731
+    lines = ["{",
+             f'  "schema": {dump(CENSUS_SCHEMA)},',
+             f'  "schema_version": {CENSUS_SCHEMA_VERSION},',
+             f'  "model": {dump(model)},',
+             f'  "profile": {dump(profile)},',
+             f'  "roots": {dump(list(roots))},',
+             f'  "provenance": {dump(dict(provenance))},',
+             '  "excluded": {']
+    ex = sorted(excluded.items())
+    lines += [f"    {dump(fn)}: {dump(why)}{',' if i < len(ex) - 1 else ''}" for i, (fn, why) in enumerate(ex)]
+    lines += ["  },", '  "census": {']
+    sizes = sorted(census, key=parse_size)
+    for si, size in enumerate(sizes):
+        lines.append(f"    {dump(size)}: {{")
+        fns = sorted(census[size].items())
+        lines += [f"      {dump(fn)}: {dump(ops)}{',' if i < len(fns) - 1 else ''}" for i, (fn, ops) in enumerate(fns)]
+        lines.append("    }" + ("," if si < len(sizes) - 1 else ""))
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def read_baseline(rule: CensusRule | None) -> Baseline | None:
+    """The rule's committed baseline; None when there is no rule or the file does not exist yet
+    (evaluation then says how to write it). A malformed file is a ConfigError (exit 2)."""
+    if rule is None or not Path(rule.baseline).exists():
+        return None
+    return load_baseline(rule.baseline)
+
+
+def load_baseline(path: Path) -> Baseline:
+    """Read and validate a census baseline file (ConfigError naming the file, line and key)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "(file)", "no such census baseline",
+                          hint="write it with `guard check` then `guard update-thresholds --from "
+                               "guard-results/results.json`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), exc.lineno, "(syntax)", f"not valid JSON: {exc.msg}") from None
+
+    def bad(key: str, problem: str) -> ConfigError:
+        needle = f'"{key.rsplit(".", 1)[-1]}"'
+        line = next((i + 1 for i, t in enumerate(text.splitlines()) if needle in t), None)
+        return ConfigError(str(path), line, key, problem)
+
+    if not isinstance(data, dict) or data.get("schema") != CENSUS_SCHEMA:
+        raise bad("schema", f"not a {CENSUS_SCHEMA} file")
+    if data.get("schema_version") != CENSUS_SCHEMA_VERSION:
+        raise bad("schema_version", f"unknown schema version {data.get('schema_version')!r}; "
+                                    f"this guard reads {CENSUS_SCHEMA_VERSION}")
+    for key, kind in (("model", str), ("profile", str), ("roots", list), ("census", dict),
+                      ("provenance", dict), ("excluded", dict)):
+        if not isinstance(data.get(key), kind):
+            raise bad(key, f"expected {'a string' if kind is str else 'a list' if kind is list else 'a mapping'}")
+    census: Census = {}
+    for size, fns in data["census"].items():
+        parts = size.split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or not isinstance(fns, dict):
+            raise bad(f"census.{size}", "expected \"WxH\": {function: {op: calls}}")
+        for fn, ops in fns.items():
+            if not isinstance(ops, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                    for n in ops.values()):
+                raise bad(f"census.{size}.{fn}", "expected {op: calls} with calls a non-negative integer")
+        census[size] = {fn: dict(ops) for fn, ops in fns.items()}
+    return Baseline(path=Path(path), model=data["model"], profile=data["profile"], roots=tuple(data["roots"]),
+                    census=census, provenance=data["provenance"], excluded=data["excluded"])
+
+
+
+# ----------------------------------------------------------------------------- update-thresholds
+@dataclass(frozen=True)
+class CensusPlan:
+    """A new census baseline for ``guard update-thresholds``: the text, and what moved."""
+
+    path: Path
+    old_text: str | None  # None: no baseline yet
+    new_text: str
+    functions: int
+    decreases: tuple[str, ...] = ()
+    increases: tuple[str, ...] = ()  # "640x480 file:fn: 10 -> 522 op calls (+256 aten::copy_, ...)"
+
+    def summary(self) -> list[str]:
+        if self.old_text is None:
+            return [f"census: writing the first baseline {self.path} ({self.functions} functions)"]
+        return [f"census: {self.path}: {len(self.decreases)} function(s) down (accepted), "
+                f"{len(self.increases)} up" + (" (need --allow-increase)" if self.increases else "")]
+
+
+def plan_census(profile, model: str, run_census: Census, *, provenance: Mapping[str, Any],
+                allow_increase: bool, results_path: Path) -> CensusPlan:
+    """The baseline this run's census gives (excluded functions left out). Decreases are always
+    accepted; any function whose op calls grew, or a new one, needs ``allow_increase``."""
+    from guard.errors import UsageError
+
+    rule: CensusRule = profile.census
+    sizes = [size(s) for s in profile.workload.profile_image_sizes]
+    missing = [s for s in sizes if not run_census.get(s)]
+    if missing:
+        raise ConfigError(str(results_path), None, "run.census",
+                          f"this run has no census for {', '.join(missing)}",
+                          hint=f"run `guard check --profile {profile.name}` with the census rule in place")
+    census = {s: without(folded(run_census[s]), rule.exclude) for s in sizes}
+    old: Baseline | None = load_baseline(rule.baseline) if rule.baseline.exists() else None
+    old_text = rule.baseline.read_text(encoding="utf-8") if old is not None else None
+    ups: list[tuple[int, str]] = []
+    downs: list[str] = []
+    if old is not None:
+        for s in sizes:
+            before = old.census.get(s, {})
+            for fn in sorted(set(before) | set(census[s])):
+                b, m = before.get(fn, {}), census[s].get(fn, {})
+                if b == m:
+                    continue
+                deltas = op_deltas(b, m)
+                line = (f"{s} {fn}: {total_calls(b) if fn in before else 'new'} -> {total_calls(m)} op calls ("
+                        + ", ".join(f"{d:+d} {op}" for op, d in deltas[:4]) + (", ..." if len(deltas) > 4 else "") + ")")
+                if any(d > 0 for _, d in deltas):
+                    ups.append((total_calls(m) - total_calls(b), line))
+                else:
+                    downs.append(line)
+    increases = tuple(line for _, line in sorted(ups, key=lambda x: -x[0]))
+    if increases and not allow_increase:
+        shown = "; ".join(increases[:5]) + (f"; ... {len(increases) - 5} more" if len(increases) > 5 else "")
+        raise UsageError(f"refusing to raise the census of {len(increases)} function(s): {shown}. More operator "
+                         "calls per request is the regression the census exists to catch",
+                         hint="if the new calls are intended, re-run with --allow-increase and say why in the pull request")
+    unchanged = (old is not None and {s: old.census.get(s) for s in sizes} == census
+                 and tuple(old.roots) == tuple(rule.roots) and dict(old.excluded) == dict(rule.exclude))
+    new_text = old_text if unchanged else render_baseline(model, profile.name, rule.roots, census, provenance, rule.exclude)
+    return CensusPlan(path=rule.baseline, old_text=old_text, new_text=new_text,
+                      functions=sum(len(c) for c in census.values()), decreases=tuple(downs), increases=increases)
+
+
+def write_census_atomic(path: Path, text: str) -> None:
+    """The baseline, atomically (guard.files), never in a form that guard itself would reject."""
+    from guard.files import write_text_atomic
+
+    write_text_atomic(path, text, check=load_baseline)

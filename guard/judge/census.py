@@ -1,0 +1,169 @@
+"""The census judged: a run's operator census against a baseline, function by function.
+
+The census itself is counted by guard.measure.census and stored on the run record
+(``RunRecord.census``, a ``guard.model.readings.Census``); the baseline is the committed file
+(guard.config.census) or, in A/B mode and ``guard pr``, the other side's census. Pure.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from guard.config.budgets import CensusRule
+from guard.config.census import Baseline
+from guard.model.readings import Census, FunctionCounts, folded, op_deltas, parse_size, size, total_calls, without
+from guard.model.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
+
+
+# ----------------------------------------------------------------------------- rule and diff
+def request_deltas(baseline: FunctionCounts, measured: FunctionCounts) -> dict[str, int]:
+    """Per op, how much the whole request's calls changed (summed over every judged function)."""
+    total: Counter[str] = Counter()
+    for fn, ops in measured.items():
+        total.update(ops)
+    for fn, ops in baseline.items():
+        total.subtract(ops)
+    return {op: d for op, d in total.items() if d}
+
+
+def _moved_in(deltas: tuple[tuple[str, int], ...], request: Mapping[str, int]) -> dict[str, int]:
+    """Of a function's growth per op, the part the rest of the request gave up: the request's
+    total of that op grew by less than this function did, so the difference moved here."""
+    return {op: d - min(d, max(request.get(op, 0), 0)) for op, d in deltas if d > 0 and request.get(op, 0) < d}
+
+
+def _donors(op_moves: Mapping[str, int], baseline: FunctionCounts, measured: FunctionCounts) -> tuple[str, ...]:
+    """The functions that gave up the moved calls: the one whose losses match them best first, then
+    each next one only while calls are left unexplained (ops like ``aten::view`` shrink in many)."""
+    lost: dict[str, dict[str, int]] = {}
+    for fn in set(baseline) | set(measured):
+        before, after = baseline.get(fn, {}), measured.get(fn, {})
+        gave = {op: before.get(op, 0) - after.get(op, 0) for op in op_moves}
+        gave = {op: n for op, n in gave.items() if n > 0}
+        if gave:
+            lost[fn] = gave
+    overlap = {fn: sum(min(n, op_moves[op]) for op, n in gave.items()) for fn, gave in lost.items()}
+    need = dict(op_moves)
+    out = []
+    for fn in sorted(lost, key=lambda f: (-overlap[f], f)):
+        if sum(min(n, need[op]) for op, n in lost[fn].items()) <= 0:
+            continue
+        out.append(fn)
+        for op, n in lost[fn].items():
+            need[op] = max(0, need[op] - n)
+    return tuple(out)
+
+
+def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCounts,
+            measured: FunctionCounts) -> list[CensusCheck]:
+    """A check per function whose counts differ, failures first, by growth. Excluded functions are skipped.
+
+    Growth is judged after taking out what merely moved: calls of an op that this function gained
+    while the request as a whole did not (a refactor moved them into a new helper, or renamed the
+    function) are ``moved_calls``, a notice, never a failure. What is left:
+
+    - in both, grown: fails when the growth exceeds both ``max_growth_pct`` of the baseline and
+      ``min_growth_calls``; or when a watched op grew here and in the whole request;
+    - new: fails above ``new_function_max_calls``, or with any watched op that grew in the request;
+    - shrunk or vanished: passes (a notice: the baseline can be ratcheted down).
+    """
+    watch = set(rule.watch)
+    judged_base = {fn: ops for fn, ops in baseline.items() if fn not in rule.exclude}
+    judged_got = {fn: ops for fn, ops in measured.items() if fn not in rule.exclude}
+    request = request_deltas(judged_base, judged_got)
+    out = []
+    for fn in sorted(set(judged_base) | set(judged_got)):
+        base, got = judged_base.get(fn), judged_got.get(fn)
+        if base == got:
+            continue
+        deltas = op_deltas(base or {}, got or {})
+        if not deltas:
+            continue
+        moved_ops = _moved_in(deltas, request)
+        moved = total_calls(moved_ops)
+        grew_watched = tuple(op for op, d in deltas if d > 0 and op in watch and request.get(op, 0) > 0)
+        b = total_calls(base) if base is not None else None
+        m = total_calls(got) if got is not None else None
+        reason = ""
+        if b is None:
+            if m - moved > rule.new_function_max_calls:
+                reason = (f"new function with {m} op calls > new_function_max_calls {rule.new_function_max_calls}"
+                          + (f" ({moved} of them moved from elsewhere in the request)" if moved else ""))
+        elif m is not None and m - moved > b:
+            growth = m - moved - b
+            if growth > b * rule.max_growth_pct / 100.0 and growth > rule.min_growth_calls:
+                reason = (f"+{growth} op calls: more than {rule.max_growth_pct:g} % of {b} and more than "
+                          f"min_growth_calls {rule.min_growth_calls}"
+                          + (f" (besides {moved} that moved here from elsewhere in the request)" if moved else ""))
+        if grew_watched:
+            why = "watched op(s) grew in the request: " + ", ".join(f"{dict(deltas)[op]:+d} {op}" for op in grew_watched)
+            reason = f"{reason}; {why}" if reason else why
+        out.append(CensusCheck(function=fn, image_size=tuple(image_size), baseline_calls=b, measured_calls=m,
+                               op_deltas=tuple(CensusOpDelta(op, d) for op, d in deltas),
+                               status=Status.FAIL if reason else Status.PASS, reason=reason, watched_ops=grew_watched,
+                               moved_calls=moved,
+                               moved_from=_donors(moved_ops, judged_base, judged_got) if moved else ()))
+    out.sort(key=_check_order)
+    return out
+
+
+def _check_order(c: CensusCheck):
+    return (c.status != Status.FAIL, -c.growth_calls, c.function, c.image_size)
+
+
+
+# ----------------------------------------------------------------------------- judging a run
+NO_BASELINE = "no census baseline"  # its text; update-thresholds writes a baseline past its kind, CENSUS_BASELINE
+
+
+@dataclass(frozen=True)
+class CensusJudgement:
+    """The census of one run against its baseline: every differing function, and why the
+    comparison could not be made (``invalid``: the run cannot be judged)."""
+
+    checks: tuple[CensusCheck, ...] = ()
+    invalid: tuple[InvalidReason, ...] = ()
+    functions: int = 0  # (function, image size) pairs judged
+
+    @property
+    def failed(self) -> tuple[CensusCheck, ...]:
+        return tuple(c for c in self.checks if c.status == Status.FAIL)
+
+
+def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
+          sizes: Iterable[tuple[int, int]], *, model: str, profile: str, update_command: str) -> CensusJudgement:
+    """Compare every profiled image size's census with the baseline. Pure."""
+    invalid: list[InvalidReason] = []
+    missing, stale = ReasonKind.CENSUS_MISSING, ReasonKind.CENSUS_BASELINE_MISMATCH
+    sizes = [size(s) for s in sizes]
+    for s in sizes:
+        if s not in measured:
+            invalid.append(InvalidReason(missing, f"census: no census was measured for a {s} image"))
+        elif not measured[s]:
+            invalid.append(InvalidReason(missing, f"census: no operator call of the {s} request was under {', '.join(rule.roots)}: "
+                           "the profiler recorded no Python frames there, so the census proves nothing"))
+    if baseline is None:
+        invalid.append(InvalidReason(ReasonKind.CENSUS_BASELINE,
+                                     f"census: {NO_BASELINE} at {rule.baseline}; write it from this run with `{update_command}`"))
+        return CensusJudgement(invalid=tuple(invalid))
+    if (baseline.model, baseline.profile) != (model, profile):
+        invalid.append(InvalidReason(stale, f"census: baseline {baseline.path} is for model '{baseline.model}', profile "
+                       f"'{baseline.profile}', not '{model}', '{profile}'"))
+    if tuple(baseline.roots) != tuple(rule.roots):
+        invalid.append(InvalidReason(stale, f"census: baseline {baseline.path} counted under roots {list(baseline.roots)}, the rule says "
+                       f"{list(rule.roots)}; rewrite it with `{update_command}`"))
+    for s in sizes:
+        if s in measured and s not in baseline.census:
+            invalid.append(InvalidReason(stale, f"census: baseline {baseline.path} has no {s} census (a new profile image size?); "
+                           f"write it with `{update_command}`"))
+    if invalid:
+        return CensusJudgement(invalid=tuple(invalid))
+    checks: list[CensusCheck] = []
+    judged = 0
+    for s in sizes:
+        judged += len((set(folded(measured[s])) | set(folded(baseline.census[s]))) - set(rule.exclude))
+        checks += compare(rule, parse_size(s), without(folded(baseline.census[s]), rule.exclude), folded(measured[s]))
+    checks.sort(key=_check_order)
+    return CensusJudgement(checks=tuple(checks), functions=judged)

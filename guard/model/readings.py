@@ -1,0 +1,69 @@
+"""The readings a run records beside its checks, and the arithmetic that defines what they mean.
+
+An image size is written ``WxH`` (``size``, the one writing of it: a census key, a label, a table
+cell). A census (guard.measure.census counts it) is ``"WxH" -> function -> op -> calls``; a
+comprehension's calls are its function's (``fold``), and pseudo-ops (CUDA activity the profiler
+saw, ``cuda::*``) are counted beside the operator calls but are not operator calls
+(``total_calls``). The counting lives in measure, the rule that judges a change in judge; both,
+and the baseline file in config, read a census by these definitions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+ImageSize = tuple[int, int]
+
+# Pseudo-ops: CUDA runtime activity charged to the code that caused it, counted beside the operators
+MEMCPY_HTOD, CUDA_SYNC = "cuda::memcpy_htod", "cuda::sync"
+
+# function "file:qualname" -> op -> calls, for one profiled request
+FunctionCounts = dict[str, dict[str, int]]
+# "WxH" -> FunctionCounts
+Census = dict[str, FunctionCounts]
+
+
+def size(image_size: ImageSize) -> str:
+    """``640x480``: how an image size is written everywhere, a census key included."""
+    return f"{int(image_size[0])}x{int(image_size[1])}"
+
+
+def parse_size(key: str) -> ImageSize:
+    w, h = key.split("x")
+    return int(w), int(h)
+
+
+COMPREHENSIONS = (".<locals>.<listcomp>", ".<locals>.<setcomp>", ".<locals>.<dictcomp>", ".<locals>.<genexpr>")
+
+
+def fold(qualname: str) -> str:
+    """A comprehension's ops belong to the function that wrote it (Python 3.12 inlines them anyway,
+    PEP 709): ``Encoder.forward.<locals>.<listcomp>`` -> ``Encoder.forward``."""
+    while qualname.endswith(COMPREHENSIONS):
+        qualname = qualname.rsplit(".<locals>.", 1)[0]
+    return qualname
+
+
+def folded(census: FunctionCounts) -> FunctionCounts:
+    """The census with comprehension frames merged into their functions (idempotent)."""
+    out: dict[str, Counter[str]] = {}
+    for fn, ops in census.items():
+        out.setdefault(fold(fn), Counter()).update(ops)
+    return {fn: dict(sorted(c.items())) for fn, c in sorted(out.items())}
+
+
+def total_calls(ops: Mapping[str, int]) -> int:
+    """Operator calls of one function; pseudo-ops (CUDA activity) are not operator calls."""
+    return sum(n for op, n in ops.items() if not op.startswith("cuda::"))
+
+
+def without(census: FunctionCounts, excluded: Iterable[str]) -> FunctionCounts:
+    drop = set(excluded)
+    return {fn: ops for fn, ops in census.items() if fn not in drop}
+
+
+def op_deltas(base: Mapping[str, int], got: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """Per op, how one function's calls changed, largest growth first; unchanged ops left out."""
+    deltas = [(op, got.get(op, 0) - base.get(op, 0)) for op in set(base) | set(got)]
+    return tuple(sorted(((op, d) for op, d in deltas if d), key=lambda od: (-od[1], od[0])))
