@@ -28,6 +28,7 @@ from guard.judge.opnames import check_op_names
 from guard.model.results import Results, results_to_dict, write_json_atomic
 from guard.report.terminal import render_terminal
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
+from guard.commands.matrix import add_model_argument, run_models
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per image size): the fast local check")
     parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",
                         help="save Chrome traces of the profiled requests only when an op budget fails (default), or always")
+    add_model_argument(parser)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -83,6 +85,13 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None) is not None:
+        check_arguments(args)  # usage errors once, before any model runs
+        return run_models(args, _run_one, "check")
+    return _run_one(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
     check_arguments(args)
     thresholds = load_thresholds(args.thresholds)
     hw = detect(quick=True)  # the suite's own detection (with torch) is recorded and re-checked
