@@ -197,8 +197,12 @@ def _relative_coords(q_size, k_size, device):  # mutant: a refactor, the same op
         function="vllm/model_executor/models/qwen2_5_vl.py:Qwen2_5_VLForConditionalGeneration._process_image_input",
         what="Qwen2.5-VL's per-image embedding sizes read with one .item() per image instead of one .tolist() "
              "(a host sync per image on a GPU; run with --model qwen2-5-vl)",
-        edits=(Edit("""        sizes = (grid_thw.prod(-1) // merge_size // merge_size).tolist()
-""", """        sizes = [int(thw.prod().item()) // merge_size // merge_size for thw in grid_thw]  # mutant: .item() per image
+        edits=(Edit("""        # Split concatenated embeddings for each image item.
+        merge_size = self.visual.spatial_merge_size
+        sizes = (grid_thw.prod(-1) // merge_size // merge_size).tolist()
+""", """        # Split concatenated embeddings for each image item.
+        merge_size = self.visual.spatial_merge_size
+        sizes = [int(thw.prod().item()) // merge_size // merge_size for thw in grid_thw]  # mutant: .item() per image
 """),),
     ),
     Mutant(
