@@ -80,7 +80,7 @@ def test_a_loop_of_small_ops_fails_and_every_view_names_function_and_ops(tmp_pat
     assert c.function == LOOP and c.status == Status.FAIL and (c.baseline_calls, c.measured_calls) == (1, 770)
     term = render_terminal(res)
     row = next(line for line in term.splitlines() if line.startswith(LOOP))
-    assert row.split() == [LOOP, "640x480", "1", "→", "770", "+512", "aten::select,", "+256", "aten::copy_,", "+1",
+    assert row.split() == [LOOP, "model", "640x480", "1", "→", "770", "+512", "aten::select,", "+256", "aten::copy_,", "+1",
                            "aten::empty_like", "FAIL"]
     assert "REGRESSION" in term and "more than 10 % of 1" in term
     md = render_markdown(res)

@@ -257,8 +257,8 @@ def test_census_changes_within_the_rule_against_the_default_branchs_baseline_are
     code, body, err = comment(capsys, artifact(tmp_path / "dry", fixture("cpu-float32-clean")), "--dry-run")
     assert code == 0, err
     assert "1 function(s) shrank or vanished; ratchet the baseline down" in body
-    assert "| `vllm/ir/ops/layernorm.py:rms_norm` | 640×480 | 18 → 22 | `+4 aten::to` | ✅ pass |" in body
-    assert "| `vllm/ir/ops/layernorm.py:fused_add_rms_norm` | 640×480 | 108 → 100 | `-8 aten::to` | ✅ pass |" in body
+    assert "| `vllm/ir/ops/layernorm.py:rms_norm` | shared | 640×480 | 18 → 22 | `+4 aten::to` | ✅ pass |" in body
+    assert "| `vllm/ir/ops/layernorm.py:fused_add_rms_norm` | shared | 640×480 | 108 → 100 | `-8 aten::to` | ✅ pass |" in body
 
 
 def test_a_bf16_run_is_judged_against_the_bf16_census_baseline(checkout):

@@ -513,7 +513,7 @@ def test_actionlint_is_clean():
 ENV = {"base": "a" * 40, "ONLY": "ops", "RESULTS": "/tmp/r/results.json", "store": "/tmp/store", "GITHUB_STEP_SUMMARY": "/tmp/s",
        "BASE": "a" * 40, "HEAD": "b" * 40, "PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml",
        "dir": "/tmp/a/guard-deepseek-ocr-2-cpu", "RUN_HEAD_SHA": HEAD, "RUN_HEAD_REPO": FORK, "RUN_URL": RUN_URL,
-       "TRUSTED": "thresholds/deepseek-ocr-2.yaml", "CONCLUSION": "cancelled", "model": "deepseek-ocr-2",
+       "TRUSTED": "thresholds/deepseek-ocr-2.yaml", "trusted": "thresholds/deepseek-ocr-2.yaml", "CONCLUSION": "cancelled", "model": "deepseek-ocr-2",
        "profile": "cpu"}
 
 
@@ -679,7 +679,14 @@ def test_the_caller_examples_split_cpu_and_a10_and_labels_never_rerun_the_cpu_ga
     assert post[True]["workflow_run"]["workflows"] == [cpu["name"], a10["name"]]
     paths = {j["with"]["measuring-workflow-path"]: j for j in post["jobs"].values()}
     assert set(paths) == {".github/workflows/guard-cpu.yml", ".github/workflows/guard-a10.yml"}
-    assert paths[".github/workflows/guard-cpu.yml"]["with"]["expected"] == "deepseek-ocr-2/cpu"
+    # one status per model of the CPU matrix, each re-judged against that model's own budget file
+    models = cpu["jobs"]["cpu"]["strategy"]["matrix"]["model"]
+    assert paths[".github/workflows/guard-cpu.yml"]["with"]["expected"].split() == [f"{m}/cpu" for m in models]
+    assert paths[".github/workflows/guard-cpu.yml"]["with"]["trusted-thresholds"] == "thresholds/{model}.yaml"
+    assert cpu["jobs"]["cpu"]["with"]["thresholds"] == "thresholds/${{ matrix.model }}.yaml"
+    assert cpu["jobs"]["cpu"]["with"]["model"] == "${{ matrix.model }}"
+    assert cpu["jobs"]["cpu"]["strategy"]["fail-fast"] is False
+    assert all((REPO / "thresholds" / f"{m}.yaml").is_file() for m in models) and "minicpm-v" not in models
     assert paths[".github/workflows/guard-a10.yml"]["with"] == {**paths[".github/workflows/guard-a10.yml"]["with"],
                                                                 "expected": "", "optional": "deepseek-ocr-2/a10"}
     for j in (cpu["jobs"]["cpu"], job):

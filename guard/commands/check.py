@@ -20,7 +20,7 @@ from guard.measure.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
 from guard.measure.mutants import INJECTABLE
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
-from guard.measure.census import read_baseline
+from guard.config.census import read_baseline
 from guard.measure.harness import OPS_ONLY, record_suite
 from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_names
@@ -29,6 +29,7 @@ from guard.files import prepare_output
 from guard.report.output import write_report
 from guard.report.terminal import render_terminal, say_dtype
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
+from guard.commands.matrix import add_model_argument, run_models
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per image size): the fast local check")
     parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",
                         help="save Chrome traces of the profiled requests only when an op budget fails (default), or always")
+    add_model_argument(parser)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -84,6 +86,13 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None) is not None:
+        check_arguments(args)  # usage errors once, before any model runs
+        return run_models(args, _run_one, "check")
+    return _run_one(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
     check_arguments(args)
     thresholds = load_thresholds(args.thresholds)
     hw = detect(quick=True)  # the suite's own detection (with torch) is recorded and re-checked

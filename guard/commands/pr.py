@@ -21,6 +21,8 @@ from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.files import prepare_output
 from guard.report.output import write_report
+from guard.commands.matrix import add_model_argument, run_models
+from guard.config import models
 from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
 from guard.measure.hardware import detect, select_profile
@@ -32,6 +34,7 @@ from guard.revisions.sides import cached_pass, function_changes, profile_side, s
 from guard.report.terminal import render_terminal, say_dtype
 
 SIDES = ("base", "head")
+AUTO = "auto"  # --model auto: the models the pull request's changed files concern
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="head's own environment, likewise; with both, compiled code and dependency changes "
                              "are measured too (docs/pr.md, environments per side)")
     parser.add_argument("--fresh", action="store_true", help="profile both sides again even when their op counts are cached")
+    add_model_argument(parser, auto="; `auto`: the models the changed files concern (shared code: all; a model's "
+                                    "own files: that model; docs/pr.md)")
 
 
 def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
@@ -73,6 +78,16 @@ def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None) is not None:
+        if args.thresholds_in_repo is not None:
+            raise UsageError("give --model or --thresholds-in-repo, not both")
+        if models.canonical(args.model) == AUTO:
+            return _run_auto(args)
+        return run_models(args, _run_one, "pr")
+    return _run_one(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
     thresholds, budget_files = _budgets(args)
     hw = detect(quick=True)
     profile = select_profile(thresholds, args.profile, hw)
@@ -161,6 +176,27 @@ def run(args: argparse.Namespace) -> int:
     results = _with_function_changes(results, repo, base, head)
     results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
     return finish(results, output, t0, thresholds=_named(args))
+
+
+def _run_auto(args: argparse.Namespace) -> int:
+    """``--model auto``: the models the changed files concern (guard.config.models.models_touched): all
+    of them when shared code changed, else those whose census ran a changed model file."""
+    if args.thresholds != DEFAULT_THRESHOLDS:
+        raise UsageError("give --model or --thresholds, not both")
+    repo = git.open_repository(args.vllm_repo)
+    changed = git.changed_files(repo, git.resolve(repo, args.base, "--base"), git.resolve(repo, args.head, "--head"))
+    own = {}
+    for name, path in models.resolve(models.ALL):
+        thresholds = load_thresholds(path)
+        own[name] = set().union(*(models.model_files(p.census.baseline) for p in thresholds.profiles.values()
+                                  if p.census is not None))
+    chosen, why = models.models_touched(changed, own)
+    say(f"--model auto: {why}: {', '.join(chosen) if chosen else 'no model'} (docs/pr.md, \"Which models\")")
+    if not chosen:
+        print(f"guard pr: nothing to measure: no guarded model runs the Python this pull request changed "
+              f"({len(changed)} file(s)); pass, exit 0")
+        return 0
+    return run_models(args, _run_one, "pr", chosen=chosen)
 
 
 def _own_environments(args: argparse.Namespace, repo: Path, base: git.Revision, head: git.Revision,

@@ -142,6 +142,10 @@ class EngineArgs:
     # On a CPU without native bf16 (NATIVE_BF16_EXTENSIONS) a ``bfloat16`` engine runs this dtype
     # instead: oneDNN emulates bf16 there (an AVX2-only EPYC: ~80 s a request, ~16 s in float32).
     dtype_without_native_bf16: str | None = None
+    # The model cannot run without native bf16 at all (MiniCPM-V 4.6: vLLM's CPU Gated-DeltaNet kernel
+    # asserts bf16, and emulated bf16 would be a different, much slower run): on such a CPU the
+    # profile does not fit the machine, and `--model` reports the model as not run (exit 6).
+    requires_native_bf16: bool = False
     # guard.config.weights.pin: the moving revision (``main``) the file named, when ``revision`` is the
     # commit it was resolved to for this run; None when the file pinned a commit itself.
     requested_revision: str | None = None
@@ -150,6 +154,8 @@ class EngineArgs:
         d = dict(self.__dict__)
         if d["requested_revision"] is None:
             del d["requested_revision"]  # results written before #32 stay byte-identical
+        if not d["requires_native_bf16"]:
+            del d["requires_native_bf16"]  # likewise for every profile that runs anywhere
         return d
 
     @property
@@ -422,7 +428,8 @@ ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": 
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
                "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False,
                "max_num_batched_tokens": False, "gpu_memory_utilization": False, "mode": False,
-               "retain_freed_memory": False, "dtype_without_native_bf16": False}
+               "retain_freed_memory": False, "dtype_without_native_bf16": False,
+               "requires_native_bf16": False}
 ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
                  "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
@@ -817,7 +824,22 @@ def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
         mode=_engine_mode(r, f"{key}.mode", m["mode"][1]) if "mode" in m else "in-process",
         retain_freed_memory=opt("retain_freed_memory", r.boolean, False),
         dtype_without_native_bf16=_dtype_fallback(r, key, m),
+        requires_native_bf16=_requires_bf16(r, key, m),
     )
+
+
+def _requires_bf16(r: _Reader, key: str, m: dict[str, Any]) -> bool:
+    if "requires_native_bf16" not in m:
+        return False
+    knode, vnode = m["requires_native_bf16"]
+    value = r.boolean(vnode, f"{key}.requires_native_bf16")
+    if value and ("dtype" not in m or r.string(m["dtype"][1], f"{key}.dtype") != "bfloat16"):
+        raise r.error(knode, f"{key}.requires_native_bf16", "only meaningful with dtype: bfloat16")
+    if value and "dtype_without_native_bf16" in m:
+        raise r.error(knode, f"{key}.requires_native_bf16",
+                      "contradicts dtype_without_native_bf16 (that one runs the model without native bf16)",
+                      hint="keep one of the two")
+    return value
 
 
 def _dtype_fallback(r: _Reader, key: str, m: dict[str, Any]) -> str | None:

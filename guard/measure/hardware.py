@@ -195,7 +195,15 @@ def mismatch(profile: Profile, hw: Hardware) -> str | None:
         return f"profile '{profile.name}' is for machines without CUDA; this one has {hw.gpu_name}"
     if profile.match.gpu_name_regex and not re.search(profile.match.gpu_name_regex, hw.gpu_name or ""):
         return f"profile '{profile.name}' wants a GPU matching /{profile.match.gpu_name_regex}/; this one is {hw.gpu_name}"
-    return None
+    return bf16_problem(profile, hw)
+
+
+def bf16_problem(profile: Profile, hw: Hardware) -> str | None:
+    """Why a profile with ``engine.requires_native_bf16`` cannot run on this CPU; None when it can."""
+    if hw.cuda or hw.native_bf16 or not profile.engine.requires_native_bf16:
+        return None
+    return (f"profile '{profile.name}' needs a CPU with native bf16 (engine.requires_native_bf16; one of "
+            f"{', '.join(NATIVE_BF16_EXTENSIONS)}); this CPU has {describe_isa(hw.cpu_isa)}")
 
 
 _REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")

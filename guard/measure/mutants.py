@@ -27,6 +27,7 @@ MUTANT_PREFIX = "mutant:"
 _OCR2 = "vllm.model_executor.models.deepseek_ocr2"
 _ENC2 = "vllm.model_executor.models.deepencoder2"
 _SAM = "vllm.model_executor.models.deepencoder"
+_QWEN25VL = "vllm.model_executor.models.qwen2_5_vl"  # the model matrix (thresholds/qwen2-5-vl.yaml)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,19 @@ def _relative_coords(q_size, k_size, device):  # mutant: a refactor, the same op
     def _process_image_input(
         self, image_input: DeepseekOCRImagePixelInputs
     ) -> torch.Tensor:""")),
+    ),
+    Mutant(
+        name="image-item", module=_QWEN25VL, expect="fail",
+        function="vllm/model_executor/models/qwen2_5_vl.py:Qwen2_5_VLForConditionalGeneration._process_image_input",
+        what="Qwen2.5-VL's per-image embedding sizes read with one .item() per image instead of one .tolist() "
+             "(a host sync per image on a GPU; run with --model qwen2-5-vl)",
+        edits=(Edit("""        # Split concatenated embeddings for each image item.
+        merge_size = self.visual.spatial_merge_size
+        sizes = (grid_thw.prod(-1) // merge_size // merge_size).tolist()
+""", """        # Split concatenated embeddings for each image item.
+        merge_size = self.visual.spatial_merge_size
+        sizes = [int(thw.prod().item()) // merge_size // merge_size for thw in grid_thw]  # mutant: .item() per image
+"""),),
     ),
     Mutant(
         name="rewrite-clean", module=_OCR2, expect="pass",

@@ -168,6 +168,28 @@ HOST_SYNCS = {"aten::_local_scalar_dense": ".item()", "aten::item": ".item()", "
               "cuda::memcpy_htod": "host-to-device copy", "aten::_index_put_impl_": "index write"}
 
 
+def host_syncs(census: Mapping[str, Mapping[str, Mapping[str, int]]],
+               checks: tuple[CensusCheck, ...] = (), judged: bool = True) -> list[str]:
+    """Per profiled image size, the request's host-sync ops (HOST_SYNCS, ``aten::item`` left out: it
+    wraps ``_local_scalar_dense``) as measured and, where the census was judged, as the baseline had
+    them, with the functions that added any: ``640x480: 14 (.item() 12, nonzero 2); baseline 12:
+    +2 .item() in vllm/x.py:f``. Counts, not syncs: on a CPU the same ops sync nothing."""
+    ops = [op for op in HOST_SYNCS if op != "aten::item"]
+    out = []
+    for key in sorted(census):
+        got = {op: sum(f.get(op, 0) for f in census[key].values()) for op in ops}
+        deltas = [(c.function, d.op, d.delta_calls) for c in checks if size(c.image_size) == key
+                  for d in c.op_deltas if d.op in ops]
+        base = sum(got.values()) - sum(d for _, _, d in deltas)
+        parts = ", ".join(f"{HOST_SYNCS[op]} {n}" for op, n in got.items() if n)
+        line = f"{key}: {sum(got.values())}" + (f" ({parts})" if parts else "")
+        if judged:
+            added = [f"{d:+d} {HOST_SYNCS[op]} in {fn}" for fn, op, d in sorted(deltas, key=lambda t: -t[2]) if d > 0]
+            line += f"; baseline {base}" + (": " + ", ".join(added) if added else "")
+        out.append(line)
+    return out
+
+
 def census_change(c: CensusCheck, *, donor: bool = False) -> str:
     """One line for a census change within the rule (a notice); calls that only moved say from where.
     A function that issues fewer calls, and did not just give them to another (``donor``), is an

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from guard.config import models
 from guard.model import format as fmt
 from guard.model.results import (TOTAL_OPS, CensusCheck, OpCheck, Results, ScopeCounts, Status, TtftCheck, TtftRatioCheck,
                                   Verdict)
@@ -52,6 +53,18 @@ def _top_site(results: Results, c: OpCheck) -> tuple[str, str] | None:
         return None
     top = max(sites, key=lambda s: s.calls)
     return top.location.rpartition(":")[0], top.function
+
+
+def code_owner(function: str) -> str:
+    """"shared" when the function's file runs for every model (guard.config.models), else "model"."""
+    return "shared" if models.is_shared(function) else "model"
+
+
+def owner_text(function: str, model: str) -> str:
+    """Who a census finding is attributed to, in a sentence."""
+    if code_owner(function) == "shared":
+        return "shared code: every guarded model runs it, so the finding is every model's"
+    return f"{model}'s own code (its model files)"
 
 
 def _pr_functions(results: Results) -> set[str]:
@@ -131,4 +144,4 @@ def _finding_name(f: Finding) -> str:
     return {"ttft": "TTFT", "ab": "TTFT vs baseline", "invalid": "invalid run"}.get(f.kind) or _split(f.name)[1] or f.name
 
 
-__all__ = ["Finding", "findings", "has_finding", "summary_line", "added_calls"]
+__all__ = ["Finding", "findings", "has_finding", "summary_line", "added_calls", "code_owner", "owner_text"]

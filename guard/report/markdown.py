@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from guard.model import format as fmt
-from guard.report.findings import Finding, added_calls, findings
+from guard.report.findings import Finding, added_calls, code_owner, findings, owner_text
 from guard.model.environment import Environment
-from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, HistoryStanding, ImageSize, OpCheck, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
+from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, HistoryStanding, ImageSize, OpCheck, ReasonKind, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path, recorded_as_person_path
@@ -165,6 +165,7 @@ def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
                      + (f"; {text(worst.reason)}" if worst.reason else "")
                      + (f" ({added_calls(worst)} added at {_size(worst.image_size)})" if f.kind == "census_notice" else ""))
         lines.append(f"- ops that moved most at {_size(worst.image_size)}: {code(fmt.census_ops(worst))}")
+        lines.append(f"- attributed to: {text(owner_text(f.name, results.run.model))}")
     differ = next((n for n in results.notices if n.startswith(ENVIRONMENTS_DIFFER)), None)
     if f.census and differ:  # said where the finding is read, so a dependency's change is not taken for a loop
         lines.append(f"- context: {text(differ.partition(' (')[0])}; this growth may be theirs")
@@ -404,13 +405,17 @@ def _census(results: Results) -> list[str]:
              f"{len(failed)} grew beyond the rule, {len(within)} changed within it."]
 
     def table(checks) -> list[str]:
-        out = ["| function | image size | op calls (baseline → measured) | ops that moved | status |",
-               "|---|---|---|---|---|"]
+        out = ["| function | code | image size | op calls (baseline → measured) | ops that moved | status |",
+               "|---|---|---|---|---|---|"]
         for c in checks:
-            out.append(f"| {code(c.function, in_table=True)} | {_size(c.image_size)} | {text(fmt.census_calls(c))} "
+            out.append(f"| {code(c.function, in_table=True)} | {code_owner(c.function)} | {_size(c.image_size)} "
+                       f"| {text(fmt.census_calls(c))} "
                        f"| {code(fmt.census_ops(c), in_table=True)} | {_status(c.status)} |")
         return out
 
+    judged = not any(r.kind == ReasonKind.CENSUS_BASELINE for r in results.invalid_reasons)
+    lines[-1] += (" Host-sync ops per request (each one a sync on a GPU): "
+                  + "; ".join(text(t) for t in fmt.host_syncs(results.run.census, results.census_checks, judged=judged)) + ".")
     if failed:
         lines[-1] += " The growth is in the findings above."
     if within:

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from guard.config.budgets import Profile
 from guard.model import format as fmt
 from guard.model.environment import Environment
-from guard.model.results import FunctionChange, Results, Status, Verdict
+from guard.model.results import FunctionChange, ReasonKind, Results, Status, Verdict
+from guard.report.findings import code_owner
 from guard.judge.stats import percentile
 
 MAX_SITES = 6
@@ -94,11 +95,14 @@ def census_lines(results: Results) -> list[str]:
     lines = [f"census: {functions} functions x image sizes counted{against}; {len(failed)} grew beyond the rule, "
              f"{len(results.census_checks) - len(failed)} changed within it"]
     if failed:
-        rows = [[c.function, fmt.size(c.image_size), fmt.census_calls(c), fmt.census_ops(c), fmt.STATUS_WORD[c.status]]
-                for c in failed]
+        rows = [[c.function, code_owner(c.function), fmt.size(c.image_size), fmt.census_calls(c), fmt.census_ops(c),
+                 fmt.STATUS_WORD[c.status]] for c in failed]
         columns = "baseline side → candidate" if results.ab is not None else "baseline → measured"
-        lines += _table(["census (op calls per request)", "image", columns, "ops that moved", "status"],
-                        rows, left=4)
+        lines += _table(["census (op calls per request)", "code", "image", columns, "ops that moved", "status"],
+                        rows, left=5)
+    judged = not any(r.kind == ReasonKind.CENSUS_BASELINE for r in results.invalid_reasons)
+    lines.append("host syncs on a GPU, ops per request: "
+                 + " · ".join(fmt.host_syncs(results.run.census, results.census_checks, judged=judged)))
     lines.append("")
     return lines
 

@@ -1,0 +1,157 @@
+"""``--model NAME|all`` for ``guard check`` and ``guard pr``: the command's own flow, once per model.
+
+NAME picks ``thresholds/<NAME>.yaml`` (guard.config.models). ``all`` runs every model in turn, each into
+``OUTPUT/<name>/``, and prints one line per model. Every budget file is loaded before the first engine
+starts, so a bad one is a configuration error (exit 2) before a minute is spent.
+
+A model whose profile needs hardware this machine lacks (``engine.requires_native_bf16`` on a CPU
+without native bf16) is **not run**: said so on its line, exit 6 ("not measurable here"), never a
+pass and never a regression.
+
+The exit code of ``all`` is the worst model's, in this order: internal error (5) > usage or
+configuration error (2) > invalid run (3) > regression (1) > not run here (6) > pass (0). A crash or
+an invalid run is never hidden behind another model's pass, and never reads as a regression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from guard.config import models
+from guard.config.budgets import DEFAULT_THRESHOLDS, Thresholds, load_thresholds
+from guard.errors import ExitCode, GuardError, InvalidRunError, UsageError
+from guard.measure.hardware import Hardware, bf16_problem, detect, mismatch, select_profile
+
+# worst first: the code `all` exits with is the first one any model had
+PRECEDENCE = (ExitCode.INTERNAL, ExitCode.CONFIG, ExitCode.INVALID, ExitCode.REGRESSION,
+              ExitCode.NOT_MEASURABLE, ExitCode.PASS)
+WORDS = {ExitCode.PASS: "PASS", ExitCode.REGRESSION: "FAIL", ExitCode.CONFIG: "ERROR (usage or configuration)",
+         ExitCode.INVALID: "INVALID", ExitCode.NOT_MEASURABLE: "NOT RUN", ExitCode.INTERNAL: "CRASH (internal error)"}
+
+
+def add_model_argument(parser: argparse.ArgumentParser, auto: str = "") -> None:
+    known = ", ".join(models.names())
+    parser.add_argument("--model", default=None, metavar="NAME|all" + ("|auto" if auto else ""),
+                        help=f"the model to guard: thresholds/NAME.yaml ({known}), or `all`: each in turn into "
+                             f"OUTPUT/NAME/, one line per model{auto} (docs/model-matrix.md). Not with --thresholds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    model: str
+    code: int
+    seconds: float
+    output: Path
+    note: str = ""
+
+
+def combined_exit(codes: list[int]) -> int:
+    """The worst code by PRECEDENCE; an unknown code counts as an internal error."""
+    order = [int(c) for c in PRECEDENCE]
+    return min((c if c in order else int(ExitCode.INTERNAL) for c in codes), key=order.index,
+               default=int(ExitCode.PASS))
+
+
+def not_runnable_here(thresholds: Thresholds, requested: str, hw: Hardware) -> str | None:
+    """Why no profile of ``thresholds`` can run here although one would fit this machine but for a
+    hardware need (native bf16); None when a profile runs here, or none would fit anyway."""
+    try:
+        select_profile(thresholds, requested, hw)
+        return None
+    except InvalidRunError:
+        pass
+    candidates = [thresholds.profiles[requested]] if requested in thresholds.profiles else list(thresholds.profiles.values())
+    for profile in candidates:
+        why = bf16_problem(profile, hw)
+        relaxed = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, requires_native_bf16=False))
+        if why and mismatch(relaxed, hw) is None:
+            return why
+    return None
+
+
+def run_models(args: argparse.Namespace, run_one: Callable[[argparse.Namespace], int], command: str,
+               chosen: list[str] | None = None) -> int:
+    """``guard <command> --model NAME|all``: ``run_one`` (the command's own flow) per model; ``chosen``:
+    the models ``guard pr --model auto`` picked (each into its own folder, as ``all``)."""
+    if args.thresholds != DEFAULT_THRESHOLDS:
+        raise UsageError("give --model or --thresholds, not both",
+                         hint=f"--model NAME reads thresholds/NAME.yaml; known models: {', '.join(models.names())}")
+    selected = models.resolve(models.ALL if chosen is not None else args.model)
+    if chosen is not None:
+        selected = [(n, p) for n, p in selected if n in chosen]
+    loaded = {name: load_thresholds(path) for name, path in selected}  # exit 2 here, before any engine
+    hw = detect(quick=True)
+    many = chosen is not None or models.canonical(args.model) == models.ALL
+    root = Path(args.output)
+    outcomes: list[Outcome] = []
+    for name, path in selected:
+        output = root / name if many else root
+        sub = argparse.Namespace(**{**vars(args), "model": None, "thresholds": str(path), "output": str(output)})
+        if many:
+            print(f"\n===== guard {command} --model {name} ({len(outcomes) + 1}/{len(selected)}) =====", flush=True)
+        t0 = time.perf_counter()
+        skip = not_runnable_here(loaded[name], args.profile, hw)
+        if skip:
+            print(f"guard {command}: {name}: NOT RUN: {skip}; a model that cannot run here is never a pass (exit 6)",
+                  flush=True)
+            if not many:
+                return int(ExitCode.NOT_MEASURABLE)
+            outcomes.append(Outcome(name, int(ExitCode.NOT_MEASURABLE), 0.0, output, skip))
+            continue
+        if not many:
+            return run_one(sub)
+        outcomes.append(_run_guarded(name, sub, run_one, command, output, t0))
+    code = combined_exit([o.code for o in outcomes])
+    print()
+    print(render_summary(command, outcomes, code))
+    write_summary(root, command, outcomes, code)
+    return code
+
+
+def _run_guarded(name: str, sub: argparse.Namespace, run_one: Callable[[argparse.Namespace], int], command: str,
+                 output: Path, t0: float) -> Outcome:
+    """One model of `all`: its errors are its own line, not the end of the matrix (Ctrl-C still is)."""
+    try:
+        code, note = int(run_one(sub)), ""
+    except GuardError as exc:
+        print(f"guard {command}: {name}: error: {exc}", flush=True)
+        code, note = int(exc.exit_code), str(exc).splitlines()[0][:200]
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bug in one model's run: exit 5 for the matrix, the others still run
+        output.mkdir(parents=True, exist_ok=True)
+        log = output / "crash.log"
+        log.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+        print(f"guard {command}: {name}: internal error: {type(exc).__name__}: {exc} (traceback in {log})", flush=True)
+        code, note = int(ExitCode.INTERNAL), f"{type(exc).__name__}: {str(exc)[:160]}"
+    return Outcome(name, code, time.perf_counter() - t0, output, note)
+
+
+def render_summary(command: str, outcomes: list[Outcome], code: int) -> str:
+    width = max((len(o.model) for o in outcomes), default=5)
+    lines = [f"guard {command}: {len(outcomes)} model(s)"]
+    for o in outcomes:
+        word = WORDS.get(ExitCode(o.code), f"exit {o.code}") if o.code in {int(c) for c in ExitCode} else f"exit {o.code}"
+        took = f"{o.seconds:5.0f} s" if o.seconds else "     -"
+        lines.append(f"  {o.model:<{width}}  {word:<8}  exit {o.code}  {took}  {o.output}"
+                     + (f"  ({o.note})" if o.note else ""))
+    lines.append(f"exit {code}: the worst model's, by crash 5 > usage 2 > invalid 3 > regression 1 > not run 6 > pass 0")
+    return "\n".join(lines)
+
+
+def write_summary(root: Path, command: str, outcomes: list[Outcome], code: int) -> None:
+    """OUTPUT/matrix.md: the summary as a table, for a job summary."""
+    rows = [f"| `{o.model}` | {WORDS.get(ExitCode(o.code), o.code) if o.code in {int(c) for c in ExitCode} else o.code} "
+            f"| {o.code} | {o.note.replace('|', '/')} |" for o in outcomes]
+    text = "\n".join([f"## guard {command}, {len(outcomes)} model(s): exit {code}", "",
+                      "| model | verdict | exit | note |", "|---|---|---|---|", *rows, ""])
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "matrix.md").write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {root / 'matrix.md'}: {exc.strerror or exc}") from None
