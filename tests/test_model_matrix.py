@@ -16,7 +16,8 @@ from guard.commands import matrix
 from guard.config import models
 from guard.config.budgets import load_thresholds
 from guard.errors import ConfigError, ExitCode, UsageError
-from guard.measure import census
+from guard.config.census import read_baseline
+from guard.judge.census import compare
 from guard.measure.hardware import Hardware, detect, mismatch, select_profile
 from guard.model import format as fmt
 from guard.model.results import Status
@@ -49,7 +50,7 @@ def test_each_budget_file_loads_with_its_checkpoint_prompt_scope_and_recorded_ce
     assert len(cpu.workload.profile_image_sizes) == 2
     scope = cpu.ops[0].scope
     assert scope.file.startswith(models.MODEL_CODE) and not models.is_shared(scope.file)
-    baseline = census.read_baseline(cpu.census)
+    baseline = read_baseline(cpu.census)
     assert baseline is not None and baseline.model == name and baseline.profile == "cpu"
     assert set(baseline.census) == {"640x480", "800x400"}
     assert cpu.ops[0].total_ops.count > 0  # the budgeted vision path ran (its recorded total)
@@ -195,7 +196,7 @@ def test_added_host_syncs_fail_the_census_naming_the_function_in_every_model() -
     census fails naming that function, and the host-sync line names it with the counts."""
     for name in TINY:
         cpu = load_thresholds(THRESHOLDS / f"{name}.yaml").profiles["cpu"]
-        baseline = census.read_baseline(cpu.census)
+        baseline = read_baseline(cpu.census)
         own = [f for f in baseline.census["640x480"] if not models.is_shared(f)]
         fn = next((f for f in own if f.startswith(cpu.ops[0].scope.file + ":")), own[0])
         measured = copy.deepcopy(baseline.census["640x480"])
@@ -203,7 +204,7 @@ def test_added_host_syncs_fail_the_census_naming_the_function_in_every_model() -
         ops["aten::_local_scalar_dense"] = ops.get("aten::_local_scalar_dense", 0) + 1
         ops["aten::item"] = ops.get("aten::item", 0) + 1
         ops["aten::nonzero"] = ops.get("aten::nonzero", 0) + 1
-        checks = census.compare(cpu.census, (640, 480), baseline.census["640x480"], measured)
+        checks = compare(cpu.census, (640, 480), baseline.census["640x480"], measured)
         failed = [c for c in checks if c.status == Status.FAIL]
         assert [c.function for c in failed] == [fn], name  # 3 calls: below the slack, failed by the watch alone
         assert set(failed[0].watched_ops) == {"aten::_local_scalar_dense", "aten::nonzero"}
@@ -216,12 +217,12 @@ def test_added_host_syncs_fail_the_census_naming_the_function_in_every_model() -
 
 def test_host_syncs_that_moved_between_functions_are_not_growth() -> None:
     cpu = load_thresholds(THRESHOLDS / "qwen2-5-vl.yaml").profiles["cpu"]
-    base = census.read_baseline(cpu.census).census["640x480"]
+    base = read_baseline(cpu.census).census["640x480"]
     donor = next((f for f, ops in base.items() if ops.get("aten::_local_scalar_dense")), None)
     if donor is None:
         pytest.skip("this model's recorded census has no .item() to move")
     measured = copy.deepcopy(base)
     measured[donor]["aten::_local_scalar_dense"] -= 1
     measured.setdefault("vllm/model_executor/models/qwen2_5_vl.py:helper", {})["aten::_local_scalar_dense"] = 1
-    checks = census.compare(cpu.census, (640, 480), base, measured)
+    checks = compare(cpu.census, (640, 480), base, measured)
     assert not [c for c in checks if c.status == Status.FAIL]
