@@ -24,6 +24,7 @@ from guard.revisions.git import unmeasurable
 from guard.model.environment import Environment
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, ttft_definition, verdict_of)
+from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
@@ -183,6 +184,8 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
                 "its function did not run (renamed in vLLM? image never reached the encoder?), "
                 "so its counts prove nothing"
             ))
+    # a budget no op name can meet (guard.judge.opnames): its zero proves nothing
+    reasons += [InvalidReason(K.VACUOUS_BUDGET, t) for t in vacuous_budgets(profile, run.op_counts)]
     if profile.ops and ops_measurable(run) and not stopped:
         measured_scopes = {c.scope for c in run.op_counts}
         for sb in profile.ops:

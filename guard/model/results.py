@@ -156,6 +156,23 @@ class ReasonKind(StrEnum):
     UNKNOWN = "unknown"  # a version 2 file's reason that matches none of the known texts
 
 
+class Measures(StrEnum):
+    """What a run measures, decided once by the command that starts it: TTFT, op counts (and the
+    census), or both. Recorded so that judging (and re-judging) reads it instead of guessing."""
+
+    TTFT = "ttft"  # e.g. --server-url: a server guard did not start cannot be profiled
+    OPS = "ops"  # --only ops, guard selftest, guard pr --only ops, guard bisect
+    BOTH = "both"
+
+    @property
+    def ttft(self) -> bool:
+        return self != Measures.OPS
+
+    @property
+    def ops(self) -> bool:
+        return self != Measures.TTFT
+
+
 @dataclass(frozen=True)
 class InvalidReason:
     """One reason the run cannot be judged. Printed as its text, unchanged."""
@@ -203,10 +220,13 @@ class RunRecord:
     started_at: str | None = None
     duration_s: float | None = None
     injected: str | None = None  # canary injected into the engine (selftest / --inject), if any
+    measures: Measures = Measures.BOTH
 
     def __post_init__(self) -> None:
         if not isinstance(self.environment, Environment):
             self.environment = Environment.from_dict(self.environment)
+        if not isinstance(self.measures, Measures):
+            self.measures = Measures(self.measures)
 
     @property
     def measured(self) -> list[RequestOutcome]:
@@ -547,6 +567,8 @@ def scope_counts_from_dict(d: dict[str, Any]) -> ScopeCounts:
 
 def run_from_dict(d: dict[str, Any]) -> RunRecord:
     d = dict(d)
+    if d.get("measures") is None:  # written before the field: an ops-only run timed no request
+        d["measures"] = Measures.BOTH if any(not o.get("warmup") for o in d.get("outcomes", [])) else Measures.OPS
     d["invalid_reasons"] = [InvalidReason.from_dict(r) for r in d.get("invalid_reasons", [])]
     d["outcomes"] = [outcome_from_dict(o) for o in d.get("outcomes", [])]
     d["op_counts"] = [scope_counts_from_dict(c) for c in d.get("op_counts", [])]
