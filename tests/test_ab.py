@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.judge.ab import (BASELINE, CANDIDATE, block_order, blocks, decide_ratio, op_diff, pairs,
+from guard.measure.run import block_order, blocks
+from guard.model.results import pairs
+from guard.judge.ab import (BASELINE, CANDIDATE, decide_ratio, op_diff,
                       undecided_ratios)
 from guard.config.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError

@@ -139,8 +139,7 @@ def test_every_guard_module_imports_in_a_fresh_interpreter():
 # measure -> judge, each edge with why: the run stage records; commands judge what it recorded.
 MEASURE_USES_JUDGE: dict[tuple[str, str], str] = {
     ("guard.measure.run", "guard.judge.rules"): "measures until the verdict's own rule has decided",
-    ("guard.measure.run", "guard.judge.ab"): "pairs, ABBA blocks and the ratio rule of an A/B run",
-    ("guard.measure.inprocess", "guard.judge.evaluate"): "a trace is kept when an op-count check fails",
+    ("guard.measure.run", "guard.judge.ab"): "measures until the ratio rule has decided (undecided_ratios)",
 }
 
 

@@ -289,7 +289,8 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     (``budgets.ttft_vs_baseline_pct``, guard.judge.ab), the baseline's op counts diffed against the
     candidate's. Absolute TTFT budgets are measured and shown, never judged here: they are a
     statement about a machine, which A/B mode exists to take out of the verdict."""
-    from guard.judge.ab import judge_ratio, op_diff, pairs
+    from guard.judge.ab import judge_ratio, op_diff
+    from guard.model.results import pairs
 
     # The census is judged below against the baseline side, not the committed baseline file.
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)

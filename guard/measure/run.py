@@ -8,7 +8,7 @@ timing pass until its budgets are decided (guard.judge.rules), what the machine 
   fixture. Each measured round runs all its jobs at once, ``concurrency`` in flight.
 - ``ABRun`` / ``run_ab``: two worker sides (candidate, baseline) on one machine. Both engines start
   at the same time; then every request runs on both sides in blocks of ``concurrency``, the same
-  images on both sides; measured blocks in ABBA order (guard.judge.ab.block_order), the idle side's
+  images on both sides; measured blocks in ABBA order (``block_order``; why: guard.judge.ab), the idle side's
   process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
   measured by the same rule as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
   pairs). The baseline side's profile pass is read from guard.measure.abcache when this baseline
@@ -30,7 +30,7 @@ import datetime as dt
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ from typing import Any
 
 from guard.measure import abcache, speedref
 from guard.model import format as fmt
-from guard.judge.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
+from guard.judge.ab import RatioDecision, undecided_ratios
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.census import size_key
 from guard.measure.contention import ContentionSampler, busy
@@ -47,12 +47,23 @@ from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.model.environment import Environment
-from guard.model.results import (ABRecord, InvalidReason, Measures, ReasonKind, RequestOutcome, RunRecord,
-                                  ScopeCounts, scope_counts_from_dict)
+from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
+                                  RequestOutcome, RunRecord, ScopeCounts, pairs, scope_counts_from_dict)
 from guard.judge.rules import TtftDecision, measure_until_decided
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
+
+
+def block_order(block: int) -> tuple[str, str]:
+    """Which side runs block ``block`` (0-based, counted over the whole run) first: ABBA..."""
+    return (CANDIDATE, BASELINE) if block % 2 == 0 else (BASELINE, CANDIDATE)
+
+
+def blocks(indices: Sequence[int], size: int) -> list[list[int]]:
+    """Job indices cut into blocks of ``size`` (the workload's concurrency)."""
+    size = max(1, size)
+    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
 
 
 class RunStage:

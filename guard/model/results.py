@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from functools import lru_cache
@@ -368,6 +368,16 @@ class Pair:
     @property
     def ratio(self) -> float:
         return self.candidate_s / self.baseline_s
+
+
+def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome]) -> list[Pair]:
+    """Measured requests that succeeded on both sides, matched by job index, in index order."""
+    def ok(outcomes):
+        return {o.index: o.ttft_client_s for o in outcomes
+                if not o.warmup and o.success and o.ttft_client_s and o.ttft_client_s > 0}
+
+    c, b = ok(candidate), ok(baseline)
+    return [Pair(i, c[i], b[i]) for i in sorted(c.keys() & b.keys())]
 
 
 @dataclass(frozen=True)
