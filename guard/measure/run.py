@@ -4,8 +4,10 @@
 timing pass until its budgets are decided (guard.judge.rules), what the machine did meanwhile
 (contention, speed reference, GPU state), the profile pass per side and checkpoints. Two shapes of it:
 - ``GuardRun``: one side (the in-process engine, a managed ``vllm serve``, or a running server),
-  absolute budgets; used by the pytest suite (tests/perf) through the plugin's ``guard_run``
-  fixture. Each measured round runs all its jobs at once, ``concurrency`` in flight.
+  absolute budgets. ``run_side`` is its whole sequence (``timing_pass``, ``profile_pass``, each
+  with its completeness checks): guard check's child process (guard.measure.child), guard pr's
+  own-environment side and, step by step, the pytest suite (tests/perf). Each measured round runs
+  all its jobs at once, ``concurrency`` in flight.
 - ``ABRun`` / ``run_ab``: two worker sides (candidate, baseline) on one machine. Both engines start
   at the same time; then every request runs on both sides in blocks of ``concurrency``, the same
   images on both sides; measured blocks in ABBA order (``block_order``; why: guard.judge.ab), the idle side's
