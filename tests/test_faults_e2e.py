@@ -1,6 +1,6 @@
 """Faults during a real run (issue #11, section 7): the real `guard check`, the real vLLM engine.
 
-The engine runs inside guard check's child pytest. Killing that process with SIGKILL mid-run (what
+The engine runs inside guard check's child process (guard.measure.child). Killing that process with SIGKILL mid-run (what
 the OOM killer does), or Ctrl-C, must end as an invalid run (exit 3) whose results.json keeps the
 requests measured so far, from the run.json checkpoint the child writes after every round; the
 thresholds file is never touched.
@@ -77,7 +77,7 @@ def test_sigkill_of_the_engine_process_is_invalid_and_keeps_the_measured_request
     proc = start_guard("check", "--thresholds", str(long_profile_pass), "--output", str(out))
     checkpoint = wait_for_checkpoint(out / "run.json", proc, measured=2)
     assert any(r["kind"] == "unfinished" and "did not finish" in r["text"] for r in checkpoint["run"]["invalid_reasons"])
-    [engine_pid] = children(proc.pid)  # the child pytest that holds the engine
+    [engine_pid] = children(proc.pid)  # the child run stage process that holds the engine
     os.kill(engine_pid, signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 3, output[-3000:]

@@ -375,7 +375,8 @@ def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_p
 
 @pytest.mark.parametrize("code, interrupted, fragment", [
     (-9, None, "killed by SIGKILL"), (-15, None, "killed by SIGTERM"), (2, "interrupted (Ctrl-C)", "interrupted"),
-    (4, None, "pytest status 4"), (0, None, "without writing run.json"),
+    (1, None, "exit status 1"), (2, None, "interrupted (SIGINT)"),
+    (0, None, "without writing run.json"),
 ])
 def test_no_run_json_is_invalid_never_a_crash(code, interrupted, fragment, tmp_path):
     fallback = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={})

@@ -1,7 +1,7 @@
 """Run the perf suite on this machine and judge it against the budgets.
 
 Stages: budgets (validated here, before a minute is spent) -> run and verdict (guard.measure.harness: the
-pytest suite in a child process, then guard.judge.evaluate) -> report (terminal, results.json, report.md).
+run stage in a child process, then guard.judge.evaluate) -> report (terminal, results.json, report.md).
 """
 
 from __future__ import annotations
@@ -21,15 +21,25 @@ from guard.errors import ConfigError, UsageError
 from guard.measure.mutants import INJECTABLE
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
 from guard.config.census import read_baseline
-from guard.measure.harness import OPS_ONLY, record_suite
+from guard.measure.harness import record_suite
 from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_names
-from guard.model.results import Results
+from guard.model.results import Measures, Results
 from guard.files import prepare_output
 from guard.report.output import write_report
 from guard.report.terminal import render_terminal, say_dtype
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
 from guard.commands.matrix import add_model_argument, run_models
+
+
+OPS_ONLY = "ops"  # --only ops: the op-count pass alone (the self-test measures no TTFT)
+
+
+def measures_of(only: str | None, server_url: str | None) -> Measures:
+    """What a run measures, decided here once: the run stage, results.json and re-judging read it."""
+    if only == OPS_ONLY:
+        return Measures.OPS
+    return Measures.TTFT if server_url else Measures.BOTH  # a server guard did not start cannot be profiled
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,15 +151,15 @@ def _run_one(args: argparse.Namespace) -> int:
 def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
                   traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
                   server_url: str | None = None) -> Results:
-    """Run the suite into ``output`` (guard.measure.harness) and judge what it recorded: ``guard check``
+    """Run the run stage into ``output`` (guard.measure.harness) and judge what it recorded: ``guard check``
     and each canary of ``guard selftest``."""
     census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
     output.mkdir(parents=True, exist_ok=True)
     for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
         (output / stale).unlink(missing_ok=True)
-    record = record_suite(thresholds, profile, output, inject=inject, traces=traces, only=only,
-                          engine_mode=engine_mode, server_url=server_url)
-    judged = dataclasses.replace(profile, ttft_ms={}) if only == OPS_ONLY else profile
+    record = record_suite(thresholds, profile, output, measures=measures_of(only, server_url), inject=inject,
+                          traces=traces, engine_mode=engine_mode, server_url=server_url)
+    judged = dataclasses.replace(profile, ttft_ms={}) if not record.measures.ttft else profile
     return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)
 
 

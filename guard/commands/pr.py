@@ -21,12 +21,13 @@ from guard.model.results import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.files import prepare_output
 from guard.report.output import write_report
+from guard.commands.check import OPS_ONLY
 from guard.commands.matrix import add_model_argument, run_models
 from guard.config import models
 from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
 from guard.measure.hardware import detect, select_profile
-from guard.measure.harness import OPS_ONLY, empty_record
+from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
 from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.revisions import git, inrepo, installed, overlay, scopes

@@ -19,9 +19,8 @@ from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError
 from guard.judge.evaluate import DEFAULT_OUTPUT
-from guard.commands.check import run_and_judge
+from guard.commands.check import OPS_ONLY, run_and_judge
 from guard.report.output import write_report
-from guard.measure.harness import OPS_ONLY
 from guard.measure.hardware import detect, select_profile
 from guard.model.results import Results, Status, Verdict, reasons_text
 from guard.report.terminal import render_terminal, sites_lines

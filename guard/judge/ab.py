@@ -1,9 +1,9 @@
 """A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
 
-No I/O and no engine: ``guard.measure.run`` drives the two workers by this schedule, evaluation
-judges the pairs with ``decide_ratio``.
+No I/O and no engine: evaluation judges the pairs (``guard.model.results.pairs``) with
+``decide_ratio``; ``guard.measure.run`` measures until ``undecided_ratios`` is empty.
 
-Schedule (``block_order``)
+Schedule (``guard.measure.run.block_order``, the run stage's own)
     Requests go in blocks of ``workload.concurrency`` requests; the same block (the same job
     indices, so the same images) runs on both sides back to back, and the order alternates
     A B, B A, A B, B A, ... (ABBA). Drift (thermal, a neighbour starting up, caches) then falls
@@ -50,31 +50,11 @@ from dataclasses import dataclass
 
 from guard.config.budgets import Statistics, percentile_value
 from guard.model import format as fmt
-from guard.model.results import BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, RequestOutcome, ScopeCounts, Status, TtftRatioCheck, to_ms
+from guard.model.results import (BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, ScopeCounts, Status, TtftRatioCheck,  # noqa: F401 - the sides' names, for A/B's readers
+                                  pairs, to_ms)
 from guard.judge.rules import interval_status
 from guard.judge.stats import centre_estimate, percentile, percentile_interval
 
-
-
-def block_order(block: int) -> tuple[str, str]:
-    """Which side runs block ``block`` (0-based, counted over the whole run) first: ABBA..."""
-    return (CANDIDATE, BASELINE) if block % 2 == 0 else (BASELINE, CANDIDATE)
-
-
-def blocks(indices: Sequence[int], size: int) -> list[list[int]]:
-    """Job indices cut into blocks of ``size`` (the workload's concurrency)."""
-    size = max(1, size)
-    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
-
-
-def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome]) -> list[Pair]:
-    """Measured requests that succeeded on both sides, matched by job index, in index order."""
-    def ok(outcomes):
-        return {o.index: o.ttft_client_s for o in outcomes
-                if not o.warmup and o.success and o.ttft_client_s and o.ttft_client_s > 0}
-
-    c, b = ok(candidate), ok(baseline)
-    return [Pair(i, c[i], b[i]) for i in sorted(c.keys() & b.keys())]
 
 
 def to_pct(ratio: float) -> float:

@@ -23,7 +23,8 @@ from guard.judge.gates import busy, gpu_state_problems, recorded_hardware_proble
 from guard.model.changes import unmeasurable
 from guard.model.environment import Environment
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
-                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
+                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition, verdict_of)
+from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
@@ -183,6 +184,8 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
                 "its function did not run (renamed in vLLM? image never reached the encoder?), "
                 "so its counts prove nothing"
             ))
+    # a budget no op name can meet (guard.judge.opnames): its zero proves nothing
+    reasons += [InvalidReason(K.VACUOUS_BUDGET, t) for t in vacuous_budgets(profile, run.op_counts)]
     if profile.ops and ops_measurable(run) and not stopped:
         measured_scopes = {c.scope for c in run.op_counts}
         for sb in profile.ops:
@@ -286,7 +289,8 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     (``budgets.ttft_vs_baseline_pct``, guard.judge.ab), the baseline's op counts diffed against the
     candidate's. Absolute TTFT budgets are measured and shown, never judged here: they are a
     statement about a machine, which A/B mode exists to take out of the verdict."""
-    from guard.judge.ab import judge_ratio, op_diff, pairs
+    from guard.judge.ab import judge_ratio, op_diff
+    from guard.model.results import pairs
 
     # The census is judged below against the baseline side, not the committed baseline file.
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)

@@ -23,7 +23,7 @@ from guard.config.budgets import EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
 from guard.measure import enginelog
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
-from guard.model.results import RequestOutcome
+from guard.model.results import RequestOutcome, ScopeCounts
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
@@ -304,6 +304,21 @@ class Injection:
             canary.__exit__(None, None, None)
 
 
+def exceeds_a_budget(profile, counts: list[ScopeCounts]) -> bool:
+    """Whether some op budget's own rule (config's ``OpBudget.fails``) fails on these counts: then
+    the trace is kept, to explain what judging will report. A scope never entered keeps none."""
+    budgets = {sb.name: sb for sb in profile.ops}
+    for c in counts:
+        sb = budgets.get(c.scope)
+        if sb is None or c.entries == 0:
+            continue
+        if any(b.fails(c.calls_by_op.get(op, 0)) for op, b in sb.ops.items()):
+            return True
+        if sb.total_ops is not None and sb.total_ops.fails(c.total_calls):
+            return True
+    return False
+
+
 # ----------------------------------------------------------------------------- the side
 class InProcessSide:
     """The engine in this process (``guard.measure.side.EngineSide``): the only place that profiles
@@ -384,10 +399,7 @@ class InProcessSide:
             found.census = count_functions(events, self.profile.census.roots, self._resolver)
             found.census_s = time.perf_counter() - t
         if files is not None:
-            from guard.judge.evaluate import op_checks
-            from guard.model.results import Status
-
-            if files.traces_always or any(c.status == Status.FAIL for c in op_checks(self.profile, counts)):
+            if files.traces_always or exceeds_a_budget(self.profile, counts):
                 found.trace = f"trace{files.label}-{size}.json.gz"
                 save_trace(prof, files.folder / found.trace)
         del prof

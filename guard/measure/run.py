@@ -2,14 +2,15 @@
 
 ``RunStage`` is written once over ``guard.measure.side.EngineSide``: job planning, warm-up, the
 timing pass until its budgets are decided (guard.judge.rules), what the machine did meanwhile
-(contention, speed reference, GPU state), the profile pass per side, checkpoints, and the post-run
-checks every side's record gets. Two shapes of it:
+(contention, speed reference, GPU state), the profile pass per side and checkpoints. Two shapes of it:
 - ``GuardRun``: one side (the in-process engine, a managed ``vllm serve``, or a running server),
-  absolute budgets; used by the pytest suite (tests/perf) through the plugin's ``guard_run``
-  fixture. Each measured round runs all its jobs at once, ``concurrency`` in flight.
+  absolute budgets. ``run_side`` is its whole sequence (``timing_pass``, ``profile_pass``, each
+  with its completeness checks): guard check's child process (guard.measure.child), guard pr's
+  own-environment side and, step by step, the pytest suite (tests/perf). Each measured round runs
+  all its jobs at once, ``concurrency`` in flight.
 - ``ABRun`` / ``run_ab``: two worker sides (candidate, baseline) on one machine. Both engines start
   at the same time; then every request runs on both sides in blocks of ``concurrency``, the same
-  images on both sides; measured blocks in ABBA order (guard.judge.ab.block_order), the idle side's
+  images on both sides; measured blocks in ABBA order (``block_order``; why: guard.judge.ab), the idle side's
   process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
   measured by the same rule as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
   pairs). The baseline side's profile pass is read from guard.measure.abcache when this baseline
@@ -31,7 +32,7 @@ import datetime as dt
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any
 
 from guard.measure import abcache, speedref
 from guard.model import format as fmt
-from guard.judge.ab import BASELINE, CANDIDATE, SIDES, RatioDecision, block_order, blocks, pairs, undecided_ratios
+from guard.judge.ab import RatioDecision, undecided_ratios
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.census import size_key
 from guard.measure.contention import ContentionSampler, busy
@@ -47,20 +48,24 @@ from guard.errors import InvalidRunError
 from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
-from guard.judge.opnames import vacuous_budgets
 from guard.model.environment import Environment
-from guard.model.results import (ABRecord, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
-                                  scope_counts_from_dict)
+from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
+                                  RequestOutcome, RunRecord, ScopeCounts, pairs, scope_counts_from_dict)
 from guard.judge.rules import TtftDecision, measure_until_decided
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
 
 
-def post_run_checks(profile: Profile, record: RunRecord) -> list[InvalidReason]:
-    """Why a finished run's record cannot be judged, found only once it is complete: a budget no op
-    name can meet (guard.judge.opnames). For every run, whichever stage or process recorded it."""
-    return [InvalidReason(ReasonKind.VACUOUS_BUDGET, text) for text in vacuous_budgets(profile, record.op_counts)]
+def block_order(block: int) -> tuple[str, str]:
+    """Which side runs block ``block`` (0-based, counted over the whole run) first: ABBA..."""
+    return (CANDIDATE, BASELINE) if block % 2 == 0 else (BASELINE, CANDIDATE)
+
+
+def blocks(indices: Sequence[int], size: int) -> list[list[int]]:
+    """Job indices cut into blocks of ``size`` (the workload's concurrency)."""
+    size = max(1, size)
+    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
 
 
 class RunStage:
@@ -461,17 +466,12 @@ class RunStage:
 
     # -------------------------------------------------------------- finish
     def finish_records(self) -> float:
-        """Close every side, then the post-run checks on every side's record; the run's duration."""
+        """Close every side and stamp each side's record with the run's duration, which it returns."""
         self.close()
         duration = round(time.perf_counter() - self._t0, 3)
         for name in self.names:
             self._merge(name)
-            rec = self.records[name]
-            rec.duration_s = duration
-            for reason in post_run_checks(self.profile, rec):
-                reason = reason if name == self.names[0] else InvalidReason(reason.kind, f"{name}: {reason.text}")
-                if reason not in self.own.invalid_reasons:
-                    self.own.invalid_reasons.append(reason)
+            self.records[name].duration_s = duration
         return duration
 
 
@@ -564,6 +564,46 @@ class ABRun(RunStage):
     def finish(self) -> ABRecord:
         self.record.duration_s = self.finish_records()
         return self.record
+
+
+def timing_pass(run: GuardRun) -> list[InvalidReason]:
+    """Warm-up, then timing until decided; why its samples are incomplete (none: complete)."""
+    run.warm_up()
+    run.measure_until_decided()
+    record, want = run.record, run.profile.workload.requests
+    failed = [o for o in record.measured if not o.success]
+    samples = record.ttft_client_s()
+    out = []
+    if failed:
+        out.append(InvalidReason(ReasonKind.REQUEST_FAILED, f"{len(failed)} request(s) failed, first: {failed[0].error}"))
+    elif len(samples) < want or not all(s > 0 for s in samples):
+        out.append(InvalidReason(ReasonKind.TOO_FEW_SAMPLES, f"the timing pass measured {len(samples)} of {want} TTFT samples"))
+    return out
+
+
+def profile_pass(run: GuardRun) -> list[InvalidReason]:
+    """One profiled request per image size; why its counts prove nothing (none: they do)."""
+    never = [f"{c.scope} [{fmt.size(c.image_size)}]" for c in run.profile_ops() if c.entries == 0]
+    return [InvalidReason(ReasonKind.SCOPE_NEVER_ENTERED, "scope(s) never entered, counts would prove nothing: "
+                          + ", ".join(never))] if never else []
+
+
+def run_side(run: GuardRun, measures: Measures) -> RunRecord:
+    """The run stage for one side, whatever started it (``guard check``'s child process, each side of
+    ``guard pr``, the pytest suite): the timing pass when ``measures`` includes TTFT and the profile
+    budgets it, the profile pass when it includes op counts and the profile has them, each pass's
+    completeness as invalid reasons on the record. A run that stops (the engine died) says why
+    there and never raises past here; Ctrl-C does, once the record is finished."""
+    run.record.measures = measures
+    try:
+        with run:
+            if measures.ttft and run.profile.ttft_ms:
+                run.record.invalid_reasons.extend(timing_pass(run))
+            if measures.ops and run.profile.has_op_count_pass:
+                run.record.invalid_reasons.extend(profile_pass(run))
+    except InvalidRunError:
+        pass  # recorded in run.record.invalid_reasons
+    return run.finish()
 
 
 def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from functools import lru_cache
@@ -156,6 +156,23 @@ class ReasonKind(StrEnum):
     UNKNOWN = "unknown"  # a version 2 file's reason that matches none of the known texts
 
 
+class Measures(StrEnum):
+    """What a run measures, decided once by the command that starts it: TTFT, op counts (and the
+    census), or both. Recorded so that judging (and re-judging) reads it instead of guessing."""
+
+    TTFT = "ttft"  # e.g. --server-url: a server guard did not start cannot be profiled
+    OPS = "ops"  # --only ops, guard selftest, guard pr --only ops, guard bisect
+    BOTH = "both"
+
+    @property
+    def ttft(self) -> bool:
+        return self != Measures.OPS
+
+    @property
+    def ops(self) -> bool:
+        return self != Measures.TTFT
+
+
 @dataclass(frozen=True)
 class InvalidReason:
     """One reason the run cannot be judged. Printed as its text, unchanged."""
@@ -203,10 +220,13 @@ class RunRecord:
     started_at: str | None = None
     duration_s: float | None = None
     injected: str | None = None  # canary injected into the engine (selftest / --inject), if any
+    measures: Measures = Measures.BOTH
 
     def __post_init__(self) -> None:
         if not isinstance(self.environment, Environment):
             self.environment = Environment.from_dict(self.environment)
+        if not isinstance(self.measures, Measures):
+            self.measures = Measures(self.measures)
 
     @property
     def measured(self) -> list[RequestOutcome]:
@@ -348,6 +368,16 @@ class Pair:
     @property
     def ratio(self) -> float:
         return self.candidate_s / self.baseline_s
+
+
+def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome]) -> list[Pair]:
+    """Measured requests that succeeded on both sides, matched by job index, in index order."""
+    def ok(outcomes):
+        return {o.index: o.ttft_client_s for o in outcomes
+                if not o.warmup and o.success and o.ttft_client_s and o.ttft_client_s > 0}
+
+    c, b = ok(candidate), ok(baseline)
+    return [Pair(i, c[i], b[i]) for i in sorted(c.keys() & b.keys())]
 
 
 @dataclass(frozen=True)
@@ -578,6 +608,8 @@ def scope_counts_from_dict(d: dict[str, Any]) -> ScopeCounts:
 
 def run_from_dict(d: dict[str, Any]) -> RunRecord:
     d = dict(d)
+    if d.get("measures") is None:  # written before the field: an ops-only run timed no request
+        d["measures"] = Measures.BOTH if any(not o.get("warmup") for o in d.get("outcomes", [])) else Measures.OPS
     d["invalid_reasons"] = [InvalidReason.from_dict(r) for r in d.get("invalid_reasons", [])]
     d["outcomes"] = [outcome_from_dict(o) for o in d.get("outcomes", [])]
     d["op_counts"] = [scope_counts_from_dict(c) for c in d.get("op_counts", [])]

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
-from guard.measure.harness import OPS_ONLY, record_suite
-from guard.model.results import FunctionChange, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
+from guard.measure.harness import record_suite
+from guard.model.results import FunctionChange, Measures, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
 from guard.revisions.installed import InstalledEnvironment
@@ -61,7 +61,7 @@ def cached_pass(env: overlay.SideEnvironment, profile: Profile, thresholds: Thre
 
 def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds, output: Path,
                  fresh: bool = False, say: Callable[[str], None] = print) -> tuple[RunRecord, bool]:
-    """One side's op-count pass in a child pytest with the side's python, into ``output/name``; from
+    """One side's op-count pass in a child process (guard.measure.child) with the side's python, into ``output/name``; from
     the side's cache entry when the same pass ran before (op counts are exact: the same inputs give
     the same counts). Returns (the record, whether it came from the cache)."""
     cached = cached_pass(env, profile, thresholds)
@@ -77,7 +77,7 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     if isinstance(env, InstalledEnvironment):
         record = own_environment_pass(name, env, profile, thresholds, side_out, say)
     else:
-        record = record_suite(thresholds, profile, side_out, only=OPS_ONLY, python=str(env.python))
+        record = record_suite(thresholds, profile, side_out, measures=Measures.OPS, python=str(env.python))
     say(f"{name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s")
     if not record.invalid_reasons:  # a stopped or broken run says why there, and is never kept
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -89,11 +89,9 @@ def own_environment_pass(name: str, env: InstalledEnvironment, profile: Profile,
                          output: Path, say: Callable[[str], None]) -> RunRecord:
     """The op-count pass in the side's own interpreter: the run stage over one worker side, which
     imports guard from here and needs nothing installed there but vLLM (guard.measure.worker)."""
-    from guard.errors import InvalidRunError
     from guard.measure.hardware import detect, fingerprint
-    from guard.measure.run import GuardRun
+    from guard.measure.run import GuardRun, run_side
     from guard.measure.worker import WORKER_REPORTED, WorkerSide
-    from guard.model.results import InvalidReason, ReasonKind
 
     side = WorkerSide(name, env.python, output, thresholds=thresholds.path.resolve(), profile=profile,
                       progress=lambda m: say(f"{name} {m}"))
@@ -102,12 +100,7 @@ def own_environment_pass(name: str, env: InstalledEnvironment, profile: Profile,
     environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
     stage = GuardRun(thresholds, profile, hw, output, side=side, environment=environment,
                      progress=lambda m: say(f"{name} {m}"))
-    try:
-        with stage:
-            stage.profile_ops()
-    except InvalidRunError as exc:
-        stage.record.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, f"{name}: {exc.args[0]}"))
-    record = stage.finish()
+    record = run_side(stage, Measures.OPS)  # the same sequence as a child's, in a worker
     write_json_atomic(output / "run.json", run_file_dict(record))
     return record
 

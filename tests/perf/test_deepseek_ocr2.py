@@ -1,16 +1,18 @@
 """The perf suite: DeepSeek-OCR-2 through vLLM, judged against thresholds/ by the guard plugin.
 
-Run it with `guard check` (which also writes results.json and report.md), or directly:
+Run it directly (pytest-benchmark writes benchmark.json with `--benchmark-json`):
     pytest tests/perf -c tests/perf/pytest.ini --guard-profile cpu
-The budgets are judged once, by guard.judge.evaluate, at the end of the session; these tests assert
-that the measurement itself is complete.
+`guard check` runs the same run-stage steps (guard.measure.run) without pytest. The budgets are
+judged once, by guard.judge.evaluate, at the end of the session; these tests assert that the
+measurement itself is complete (the run stage's own completeness checks).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from guard.measure.plugin import TTFT_BENCHMARK
+from guard.measure.run import profile_pass, timing_pass
+from guard.pytest_plugin import TTFT_BENCHMARK
 
 
 def test_ttft(benchmark, guard_run) -> None:
@@ -18,10 +20,9 @@ def test_ttft(benchmark, guard_run) -> None:
     if not profile.ttft_ms:
         pytest.skip(f"profile '{profile.name}' has no TTFT budget")
     benchmark.group = f"ttft-{profile.name}"
-    guard_run.warm_up()
-    # one round: the timing pass; the plugin's pytest_benchmark_update_json puts the per-request
-    # TTFT samples in its place in benchmark.json
-    benchmark.pedantic(guard_run.measure_until_decided, rounds=1, iterations=1)
+    # one round: warm-up and the timing pass; the plugin's pytest_benchmark_update_json puts the
+    # per-request TTFT samples in its place in benchmark.json
+    incomplete = benchmark.pedantic(timing_pass, args=(guard_run,), rounds=1, iterations=1)
     record = guard_run.record
     samples = record.ttft_client_s()
     benchmark.extra_info.update({
@@ -34,16 +35,12 @@ def test_ttft(benchmark, guard_run) -> None:
         "image_sizes": [list(s) for s in profile.workload.image_sizes],
         "concurrency": profile.workload.concurrency,
     })
-    failed = [o for o in record.measured if not o.success]
-    assert not failed, f"{len(failed)} request(s) failed, first: {failed[0].error}"
-    assert len(samples) >= profile.workload.requests
-    assert all(s > 0 for s in samples)
+    assert not incomplete, "; ".join(map(str, incomplete))
 
 
 def test_op_counts(guard_run) -> None:
     profile = guard_run.profile
     if not profile.has_op_count_pass:
         pytest.skip(f"profile '{profile.name}' has no op-count budget and no census")
-    counts = guard_run.profile_ops()  # into the record, too
-    never = [f"{c.scope} [{c.image_size[0]}x{c.image_size[1]}]" for c in counts if c.entries == 0]
-    assert not never, f"scope(s) never entered, counts would prove nothing: {', '.join(never)}"
+    incomplete = profile_pass(guard_run)  # the counts go into the record
+    assert not incomplete, "; ".join(map(str, incomplete))

@@ -1,19 +1,23 @@
-"""pytest plugin (entry point ``pytest11: guard``): hooks and fixtures only.
+"""pytest plugin (entry point ``pytest11: guard``): the perf suite (tests/perf) run by hand.
 
-Inert unless ``--guard-profile`` is given (``guard check`` passes it). Then one session-scoped
-``GuardRun`` (guard.measure.run: one engine side) serves every perf test; at session end the plugin writes
-``run.json`` for ``guard check``, prints the verdict table after pytest's summary, and fails
-the session on a regression or an invalid run.
+    pytest tests/perf -c tests/perf/pytest.ini --guard-profile cpu
+
+Inert unless ``--guard-profile`` is given. Then one session-scoped ``GuardRun`` (guard.measure.run,
+opened as ``guard check``'s child opens it: guard.measure.child.open_run) serves every perf test,
+whose bodies are the run stage's own steps (``timing_pass``, ``profile_pass``). At session end the
+plugin writes ``run.json``, judges it (an edge, like a command: nothing else judges this run),
+prints the verdict table after pytest's summary and fails the session on a regression or an
+invalid run. ``guard check`` does not run pytest: it runs the same steps in guard.measure.child.
 """
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import pytest
 
 from guard.config.budgets import DEFAULT_THRESHOLDS
+from guard.model.results import Measures
 
 RUN_KEY = pytest.StashKey["GuardRun"]()
 
@@ -33,7 +37,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--guard-engine-mode", default=None, choices=["server", "in-process"],
                 help="measure TTFT through `vllm serve` or the in-process engine (default: the profile's engine.mode)")
     g.addoption("--guard-server-url", default=None, help="measure this running vLLM server (TTFT only)")
-    g.addoption("--guard-record-only", action="store_true", help="only write run.json; the caller (guard check) judges and reports it")
 
 
 def _progress(config: pytest.Config):
@@ -57,24 +60,32 @@ def guard_run(pytestconfig: pytest.Config):
     if pytestconfig.getoption("guard_profile") is None:
         pytest.skip("perf suite: run it through `guard check` (or pass --guard-profile)")
     if RUN_KEY not in pytestconfig.stash:
-        from guard.config.budgets import load_thresholds
-        from guard.measure.hardware import detect, select_profile
-        from guard.measure.run import GuardRun
+        from pathlib import Path
 
-        thresholds = load_thresholds(pytestconfig.getoption("guard_thresholds"))
-        hw = detect()
-        server_url = pytestconfig.getoption("guard_server_url")
-        profile = select_profile(thresholds, pytestconfig.getoption("guard_profile"), hw).with_engine_mode(
-            "server" if server_url else pytestconfig.getoption("guard_engine_mode"))
-        if not server_url:  # a remote server loaded whatever it loaded; guard names what it starts
-            from guard.config.weights import hub_resolver, pin
+        from guard.measure.child import RunSpec, open_run
 
-            profile = pin(profile, hub_resolver(download=False))  # a moving revision measured as one commit
-        run = GuardRun(thresholds, profile, hw, Path(pytestconfig.getoption("guard_output")),
-                       progress=_progress(pytestconfig), injected=pytestconfig.getoption("guard_inject"),
-                       traces=pytestconfig.getoption("guard_traces"), server_url=server_url)
+        opt = pytestconfig.getoption
+        spec = RunSpec(profile=opt("guard_profile"), thresholds=opt("guard_thresholds"), output=opt("guard_output"),
+                       measures=pytestconfig.stash.get(MEASURES_KEY, Measures.BOTH), inject=opt("guard_inject"),
+                       traces=opt("guard_traces"), engine_mode=opt("guard_engine_mode"), server_url=opt("guard_server_url"))
+        Path(spec.output).mkdir(parents=True, exist_ok=True)
+        run = open_run(spec, _progress(pytestconfig))
+        run.record.measures = spec.measures
         pytestconfig.stash[RUN_KEY] = run  # --guard-inject: applied by the engine side (guard.measure.inprocess.Injection)
     return pytestconfig.stash[RUN_KEY]
+
+
+MEASURES_KEY = pytest.StashKey[Measures]()
+TIMING_TEST, OPS_TEST = "test_ttft", "test_op_counts"
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """What the run measures, decided by the tests the user selected (``-k test_op_counts``: ops only)."""
+    names = {getattr(item, "originalname", item.name) for item in items}
+    if OPS_TEST in names and TIMING_TEST not in names:
+        config.stash[MEASURES_KEY] = Measures.OPS
+    elif TIMING_TEST in names and OPS_TEST not in names:
+        config.stash[MEASURES_KEY] = Measures.TTFT
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -95,13 +106,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if bench_json is not None:
         record.benchmark_json = getattr(bench_json, "name", str(bench_json))
     write_json_atomic(run.output / "run.json", run_file_dict(record))
-    if session.config.getoption("guard_record_only"):
-        return  # run by guard check, which judges run.json itself
-    from guard.judge.evaluate import evaluate
+    import dataclasses
 
+    from guard.judge.evaluate import evaluate
     from guard.measure.census import read_baseline
 
-    results = evaluate(run.profile, record, output=str(run.output), census_baseline=read_baseline(run.profile.census))
+    judged = run.profile if record.measures.ttft else dataclasses.replace(run.profile, ttft_ms={})
+    results = evaluate(judged, record, output=str(run.output), census_baseline=read_baseline(run.profile.census))
     session.config.stash[_RESULTS_KEY] = results
     if results.exit_code and session.exitstatus == 0:
         session.exitstatus = results.exit_code

@@ -1,0 +1,84 @@
+"""The run stage in a child process: ``python -m guard.measure.child SPEC.json``.
+
+``guard check``, ``guard selftest``, each side of ``guard pr`` and each revision of ``guard bisect``
+start this (guard.measure.harness), so that an engine that crashes or is OOM-killed cannot take the
+verdict with it. It reads the run's spec, runs one side (guard.measure.run.run_side) and leaves
+``run.json`` in the output folder: checkpoints during the run, the full record at the end.
+
+Exit status: 0 the record was written (whatever it says), 2 interrupted (Ctrl-C / SIGINT; the
+record was still written), 1 an unexpected error (traceback on stderr; the last checkpoint stays).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from guard.model.results import Measures, RunRecord, run_file_dict, write_json_atomic
+
+INTERRUPTED = 2
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one side's run is: everything the command decided, as the child reads it."""
+
+    profile: str
+    thresholds: str  # absolute: the child may run in another folder
+    output: str
+    measures: Measures = Measures.BOTH
+    inject: str | None = None
+    traces: str = "on-failure"
+    engine_mode: str | None = None
+    server_url: str | None = None
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, {**asdict(self), "measures": str(self.measures)})
+
+    @classmethod
+    def read(cls, path: Path) -> RunSpec:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(**{**data, "measures": Measures(data["measures"])})
+
+
+def open_run(spec: RunSpec, progress: Callable[[str], None]):
+    """The spec's GuardRun: budgets loaded, hardware matched, the engine side chosen (it starts lazily)."""
+    from guard.config.budgets import load_thresholds
+    from guard.measure.hardware import detect, select_profile
+    from guard.measure.run import GuardRun
+
+    thresholds = load_thresholds(spec.thresholds)
+    hw = detect()
+    profile = select_profile(thresholds, spec.profile, hw).with_engine_mode(
+        "server" if spec.server_url else spec.engine_mode)
+    if not spec.server_url:  # a remote server loaded whatever it loaded; guard names what it starts
+        from guard.config.weights import hub_resolver, pin
+
+        profile = pin(profile, hub_resolver(download=False))  # a moving revision measured as one commit
+    return GuardRun(thresholds, profile, hw, Path(spec.output), progress=progress, injected=spec.inject,
+                    traces=spec.traces, server_url=spec.server_url)
+
+
+def say(message: str) -> None:
+    print(f"[guard] {message}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    from guard.measure.run import run_side
+
+    spec = RunSpec.read(Path(argv[0]))
+    run = open_run(spec, say)
+    code = 0
+    try:
+        record: RunRecord = run_side(run, spec.measures)
+    except KeyboardInterrupt:  # the parent's grace: finish the record, then stop
+        record, code = run.finish(), INTERRUPTED
+    write_json_atomic(run.output / "run.json", run_file_dict(record))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
