@@ -7,8 +7,11 @@ Run the suite with the counter on (guard.measure.enginelog) and pytest's per-tes
 
 A test's wall (from the JUnit file) includes its setup, so a module fixture's engine run counts for
 the first test that uses it, as do its lines in the log. The estimate at the end is CI's worst case
-on the slowest machine class drawn so far (docs/measurements.md): the engine part times ``--slow``
-plus ``--fast-min`` minutes for the README's test command.
+on the slowest machine class drawn so far (docs/measurements.md), in two parts: the engine's own
+seconds (its starts, and each request from the line before it in the same process) times
+``--slow``, the float32 engine's slowdown there; the rest of the wall (imports, pytest, git, venvs,
+reports) times ``--slow-rest``, a slower core's; plus ``--fast-min`` minutes for the README's test
+command.
 """
 
 from __future__ import annotations
@@ -20,8 +23,12 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def read_log(path: Path) -> dict[str, dict[str, int]]:
-    per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+def read_log(path: Path) -> dict[str, dict[str, float]]:
+    """Per test: starts, failed starts, requests by kind, and ``engine_s``: the seconds its engines
+    spent starting (each start line's ``s``) and answering (a request line's time since the previous
+    line of the same process; requests sent together share the interval)."""
+    per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(int))
+    last_t: dict[int, float] = {}
     for n, raw in enumerate(path.read_text().splitlines(), 1):
         if not raw.strip():
             continue
@@ -30,12 +37,18 @@ def read_log(path: Path) -> dict[str, dict[str, int]]:
         except ValueError as exc:
             raise SystemExit(f"{path}:{n}: not a JSON line: {exc}") from exc
         row = per[line.get("test") or "(outside a test)"]
+        pid, t = line.get("pid"), line.get("t")
         if line["event"] == "start":
             row["starts"] += 1
             row["failed_starts"] += not line.get("ok", True)
+            row["engine_s"] += line.get("s") or 0.0
         elif line["event"] == "request":
             key = "profiled" if line.get("label") == "profiled" else "warmup" if line.get("warmup") else "timed"
             row[key] += 1
+            if pid in last_t and t is not None:
+                row["engine_s"] += t - last_t[pid]
+        if pid is not None and t is not None:
+            last_t[pid] = t
     return per
 
 
@@ -52,26 +65,33 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("log", type=Path, help="the $GUARD_ENGINE_LOG file")
     p.add_argument("--junit", type=Path, help="pytest --junitxml file of the same run (per-test wall)")
-    p.add_argument("--slow", type=float, default=3.4, help="slowest machine class / this one (default 3.4)")
+    p.add_argument("--slow", type=float, default=3.4,
+                   help="the slowest machine class's engine time / this one's (default 3.4)")
+    p.add_argument("--slow-rest", type=float, default=1.5,
+                   help="its time for everything else (imports, pytest, git) / this one's (default 1.5)")
     p.add_argument("--fast-min", type=float, default=10.0, help="the fast suite there, minutes (default 10)")
     a = p.parse_args(argv)
     per = read_log(a.log)
     wall = read_junit(a.junit) if a.junit else {}
     tests = sorted(set(per) | set(wall), key=lambda t: -wall.get(t, 0))
     cols = ("starts", "warmup", "timed", "profiled")
-    print(f"{'test':<100} {'wall s':>7} " + " ".join(f"{c:>8}" for c in cols))
+    print(f"{'test':<100} {'wall s':>7} {'engine s':>8} " + " ".join(f"{c:>8}" for c in cols))
     total = defaultdict(float)
     for t in tests:
         row = per.get(t, {})
-        print(f"{t[-100:]:<100} {wall.get(t, float('nan')):>7.0f} " + " ".join(f"{row.get(c, 0):>8}" for c in cols))
+        print(f"{t[-100:]:<100} {wall.get(t, float('nan')):>7.0f} {row.get('engine_s', 0):>8.0f} "
+              + " ".join(f"{row.get(c, 0):>8}" for c in cols))
         total["wall"] += wall.get(t, 0)
-        for c in cols:
+        for c in (*cols, "engine_s"):
             total[c] += row.get(c, 0)
-    print(f"{'total (' + str(len(tests)) + ' tests)':<100} {total['wall']:>7.0f} "
+    print(f"{'total (' + str(len(tests)) + ' tests)':<100} {total['wall']:>7.0f} {total['engine_s']:>8.0f} "
           + " ".join(f"{int(total[c]):>8}" for c in cols))
     if wall:
-        worst = total["wall"] / 60 * a.slow + a.fast_min
-        print(f"worst case for CI: {total['wall'] / 60:.1f} min x {a.slow:g} + {a.fast_min:g} min = {worst:.0f} min")
+        engine = min(total["engine_s"], total["wall"]) / 60
+        rest = total["wall"] / 60 - engine
+        worst = engine * a.slow + rest * a.slow_rest + a.fast_min
+        print(f"worst case for CI: engine {engine:.1f} min x {a.slow:g} + the rest {rest:.1f} min x {a.slow_rest:g} "
+              f"+ {a.fast_min:g} min = {worst:.0f} min")
     return 0
 
 

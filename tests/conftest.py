@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,21 @@ def pytest_runtest_protocol(item, nextitem):
     if os.environ.get("GUARD_ENGINE_LOG"):
         os.environ["GUARD_ENGINE_LOG_TEST"] = item.nodeid
     yield
+
+
+# .ci/run's deadline for starting an engine test (epoch seconds). CI fails as a whole past 90
+# minutes, and a machine slow enough to get there would land nothing: there, the engine tests not
+# started by then are skipped, each named with why, and run again on the next faster machine
+# (docs/measurements.md, "The engine suite against CI's 90-minute limit"). Read once: the isolation
+# below clears GUARD_ variables inside tests.
+ENGINE_DEADLINE = os.environ.get("GUARD_ENGINE_DEADLINE")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if ENGINE_DEADLINE and item.get_closest_marker("engine") and time.time() > float(ENGINE_DEADLINE):
+        pytest.skip("not started: past GUARD_ENGINE_DEADLINE, the time CI leaves for starting an engine test "
+                    "on this machine (.ci/run); it runs on a faster one")
 
 
 @pytest.fixture(autouse=True)

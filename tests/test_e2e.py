@@ -1,7 +1,10 @@
 """End to end: the real `guard` CLI, the real vLLM engine on CPU, the real torch profiler.
 
 Each test runs `guard check` (or `selftest`) on a small copy of the shipped CPU profile:
-1 warm-up + 2 measured requests and one profiled 640x480 request, about a minute each.
+1 warm-up + 2 measured requests and one profiled 640x480 request, about a minute each. Every engine
+start costs CI time on the slowest machine (docs/measurements.md), so a claim rides on a run
+another test already makes where it can (the shared clean run), and what recorded profiles of the
+real engine can show is shown in the unit tests (a scope that never runs: tests/test_runner.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ pytestmark = pytest.mark.engine
 
 
 def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | None = None,
-                   profile_sizes: list | None = None, mask_function: str | None = None,
+                   profile_sizes: list | None = None,
                    max_other_cpu_pct: float = 100, ttft_hardware: dict | None = None) -> Path:
     """The shipped file with the CPU profile cut down, written elsewhere (the shipped one stays).
     The contention gate is off unless asked for (``max_other_cpu_pct``): these tests share their
@@ -42,8 +45,6 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
     cpu["budgets"]["ttft_hardware"] = ttft_hardware or {"cpu_model_regex": ".", "cpu_count": [1, 4096]}
     if model:
         cpu["engine"]["model"] = model
-    if mask_function:
-        cpu["budgets"]["ops"]["mask_path"]["scope"]["function"] = mask_function
     census = cpu["budgets"].get("census")
     if census:  # the committed baselines, not ones beside the copy
         for key in ("baseline", "baseline_without_native_bf16"):
@@ -70,16 +71,43 @@ def op_check(res: dict, size: list[int], op: str = "aten::_index_put_impl_") -> 
     return c
 
 
+def other_cpu_budget_folder(tmp: Path) -> Path:
+    """A copy of the shipped thresholds folder (census baselines beside the YAML, by relative path,
+    as shipped), cut down, whose TTFT budget (1 ms: any judged run would fail it) is bound to a CPU
+    this test never runs on. Returns the copied budget file."""
+    folder = tmp / "thresholds"
+    shutil.copytree(SHIPPED_THRESHOLDS.parent, folder)
+    budget = folder / SHIPPED_THRESHOLDS.name
+    data = yaml.safe_load(budget.read_text())
+    cpu = data["profiles"]["cpu"]
+    cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=[[640, 480]])
+    cpu["statistics"] = {"confidence": 0.95}
+    cpu["validity"] = {"max_other_cpu_pct": 100, "max_slowdown_pct": 10}
+    cpu["budgets"]["ttft_hardware"] = {"cpu_model_regex": "^a CPU this test never runs on$", "cpu_count": 2}
+    cpu["budgets"]["ttft_ms"] = {"p50": 1}
+    budget.write_text(yaml.safe_dump(data, sort_keys=False))
+    return budget
+
+
 @pytest.fixture(scope="module")
 def passing_run(tmp_path_factory):
+    """The shared clean run: `guard check` in a folder of its own on a copy of the shipped budgets
+    whose TTFT budget is bound to another CPU, so TTFT is measured and shown, op counts and the
+    census judged. It is also the local-budget recipe's first step and the clean run the quota test
+    takes its budget from, and update-thresholds takes a budget only from a run that held its
+    speed (guard.judge.gates.unsteady): so it is run again, up to twice, while the machine changed
+    speed inside it. Returns the last run's process, its output folder and its working folder."""
     tmp = tmp_path_factory.mktemp("pass")
-    out = tmp / "out"
-    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp)), "--output", str(out))
-    return proc, out
+    budget = other_cpu_budget_folder(tmp)
+    for _ in range(3):
+        proc = run_guard("check", "--thresholds", str(budget), "--output", str(tmp / "out"), cwd=tmp)
+        if proc.returncode != 0 or not unsteady(results_of(tmp / "out")["run"]["environment"].get("speed_reference"), 10):
+            break
+    return proc, tmp / "out", tmp
 
 
 def test_check_passes_and_writes_results(passing_run) -> None:
-    proc, out = passing_run
+    proc, out, _ = passing_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = results_of(out)
     assert res["schema"] == "guard/results" and res["schema_version"] == RESULTS_SCHEMA_VERSION == 3 and res["verdict"] == "pass"
@@ -89,7 +117,10 @@ def test_check_passes_and_writes_results(passing_run) -> None:
     engine = measured_s(res, "ttft_engine_s")
     # the engine's own clock starts after input processing, so it never exceeds the client's
     assert len(engine) == 2 and all(0 < e <= c for e, c in zip(engine, samples))
-    assert {c["percentile"] for c in res["checks"]["ttft"]} == {"p50", "p99"}
+    # a TTFT budget bound to another CPU is shown, not judged: exit 0 with a 1 ms budget
+    (p50,) = res["checks"]["ttft"]
+    assert p50["percentile"] == "p50" and p50["status"] == "not_judged" and p50["measured_ms"] > 1
+    assert p50["note"].startswith("not judged: budget measured on a CPU matching /^a CPU this test never runs on")
     index_put = op_check(res, [640, 480])
     assert index_put["measured_calls"] == 0 and index_put["budget_calls"] == 0 and index_put["status"] == "pass"
     env = res["run"]["environment"]
@@ -104,7 +135,7 @@ def test_check_passes_and_writes_results(passing_run) -> None:
 
 
 def test_check_prints_progress_table_and_verdict(passing_run) -> None:
-    proc, _ = passing_run
+    proc, _, _ = passing_run
     assert "engine ready" in proc.stdout
     assert proc.stdout.count("TTFT") >= 3  # one progress line per request
     assert "ttft p50" in proc.stdout and "PASS:" in proc.stdout
@@ -159,19 +190,6 @@ def test_missing_model_path_is_an_invalid_run(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "/nonexistent/deepseek-ocr-2" in proc.stdout + proc.stderr
     assert results_of(out)["verdict"] == "invalid"
-
-
-def test_scope_that_never_runs_is_an_invalid_run(tmp_path: Path) -> None:
-    # As if vLLM renamed the mask function: "0 calls" must not read as a pass.
-    out = tmp_path / "out"
-    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, mask_function="_build_legacy_mask")),
-                     "--output", str(out), "--only", "ops")
-    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = results_of(out)
-    assert res["verdict"] == "invalid"
-    reasons = res["run"]["invalid_reasons"] + res["judged_invalid_reasons"]  # {"kind", "text"} (schema 3)
-    assert any(r["kind"] == "scope_never_entered" and "'mask_path' was never entered" in r["text"] for r in reasons), reasons
-    assert "INVALID RUN" in proc.stdout and "mask_path" in proc.stdout
 
 
 def test_selftest_catches_the_legacy_mask(tmp_path: Path) -> None:
@@ -337,42 +355,29 @@ def test_a_slowdown_proc_cannot_see_is_never_a_regression(tmp_path: Path, passin
     assert "slow machine" in proc.stdout and "machine speed: guard's speed reference" in proc.stdout
 
 
-def test_the_local_budget_recipe_guard_prints_works_when_followed_exactly(tmp_path: Path) -> None:
+def test_the_local_budget_recipe_guard_prints_works_when_followed_exactly(passing_run) -> None:
     """On a CPU the shipped TTFT budget is not bound to, guard check shows TTFT without judging it
-    (even against a 1 ms budget) and prints a recipe for a local budget. Followed to the letter (its commands, as printed) in a copy of the thresholds folder
-    (census baselines beside the YAML, by relative path, as shipped), it ends in a check whose TTFT
-    is judged against the new local budget, with the census found. That check passes unless the
-    machine itself changed speed meanwhile (this VM's host once doubled guard's speed reference
-    between two runs): then guard's speed gate makes it invalid, which is the machine's doing, not
-    the recipe's, and the test says so rather than failing."""
+    (even against a 1 ms budget) and prints a recipe for a local budget (the shared clean run).
+    Followed to the letter (its commands, as printed) in that run's folder, beside the copied
+    thresholds folder, it ends in a check whose TTFT is judged against the new local budget, with
+    the census found. That check passes unless the machine itself changed speed meanwhile (this VM's
+    host once doubled guard's speed reference between two runs): then guard's speed gate makes it
+    invalid, which is the machine's doing, not the recipe's, and the test says so rather than failing."""
     import re
     import shlex
 
+    first, out, tmp_path = passing_run
     folder = tmp_path / "thresholds"
-    shutil.copytree(SHIPPED_THRESHOLDS.parent, folder)
-    budget = folder / SHIPPED_THRESHOLDS.name
-    data = yaml.safe_load(budget.read_text())
-    cpu = data["profiles"]["cpu"]
-    cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=[[640, 480]])
-    cpu["statistics"] = {"confidence": 0.95}
-    cpu["validity"] = {"max_other_cpu_pct": 100, "max_slowdown_pct": 10}
-    cpu["budgets"]["ttft_hardware"] = {"cpu_model_regex": "^a CPU this test never runs on$", "cpu_count": 2}
-    cpu["budgets"]["ttft_ms"] = {"p50": 1}  # any judged run would fail it
-    budget.write_text(yaml.safe_dump(data, sort_keys=False))
-    for _ in range(3):  # update-thresholds takes a budget only from a run that held its speed (as the quota test)
-        first = run_guard("check", "--thresholds", str(budget), "--output", str(tmp_path / "out"), cwd=tmp_path)
-        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-        if not unsteady(results_of(tmp_path / "out")["run"]["environment"].get("speed_reference"), 10):
-            break
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     # A TTFT budget bound to another CPU is shown, not judged: exit 0 with a 1 ms budget, op counts judged.
-    res = results_of(tmp_path / "out")
+    res = results_of(out)
     assert res["verdict"] == "pass"
     (p50,) = res["checks"]["ttft"]
     assert p50["percentile"] == "p50" and p50["status"] == "not_judged" and p50["measured_ms"] > 1
     assert p50["note"].startswith("not judged: budget measured on a CPU matching /^a CPU this test never runs on")
     assert res["checks"]["ops"] and all(c["status"] == "pass" for c in res["checks"]["ops"])
     assert "not judged" in first.stdout and "guard update-thresholds --from" in first.stdout
-    assert "not judged" in (tmp_path / "out" / "report.md").read_text()
+    assert "not judged" in (out / "report.md").read_text()
     (notice,) = [line for line in first.stdout.splitlines() if line.startswith("notice: TTFT not judged")]
     steps = re.findall(r"`([^`]+)`", notice)
     assert [s.split()[0] for s in steps] == ["cp", "guard", "guard"], steps

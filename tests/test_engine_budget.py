@@ -44,12 +44,16 @@ def test_lines_are_counted_per_test_and_joined_with_pytests_times(tmp_path, caps
                      '<testcase classname="tests.test_b" name="test_two" time="300"/></testsuite></testsuites>')
     with benchmark_script("engine_budget") as eb:
         per = eb.read_log(log)
-        assert dict(per["tests/test_a.py::test_one"]) == {"starts": 2, "failed_starts": 0, "warmup": 2, "timed": 2,
-                                                          "profiled": 2}
+        one = dict(per["tests/test_a.py::test_one"])
+        assert one.pop("engine_s") >= 2 * 1.5  # both starts' seconds, and the requests' since
+        assert one == {"starts": 2, "failed_starts": 0, "warmup": 2, "timed": 2, "profiled": 2}
         assert per["tests/test_b.py::test_two"]["starts"] == 1
         assert eb.main([str(log), "--junit", str(junit)]) == 0
     out = capsys.readouterr().out
-    assert "worst case for CI: 15.0 min x 3.4 + 10 min = 61 min" in out
+    engine_s = sum(row["engine_s"] for row in per.values())
+    engine, rest = engine_s / 60, 15 - engine_s / 60
+    assert (f"worst case for CI: engine {engine:.1f} min x 3.4 + the rest {rest:.1f} min x 1.5 + 10 min = "
+            f"{engine * 3.4 + rest * 1.5 + 10:.0f} min") in out
 
 
 def test_conftest_labels_each_line_with_the_test_that_caused_it(tmp_path) -> None:
@@ -77,3 +81,36 @@ def test_conftest_labels_each_line_with_the_test_that_caused_it(tmp_path) -> Non
     assert done.returncode == 0, done.stdout[-2000:]
     lines = [(x["event"], x["test"].rsplit("::", 1)[-1]) for x in map(json.loads, log.read_text().splitlines())]
     assert lines == [("start", "test_first"), ("request", "test_first"), ("request", "test_second")]
+
+
+def test_engine_tests_past_cis_deadline_are_skipped_and_named(tmp_path) -> None:
+    """A real pytest run with this suite's conftest: with GUARD_ENGINE_DEADLINE passed, an engine
+    test is skipped before its fixtures run and says why; a fast test still runs; with the deadline
+    ahead, the engine test runs."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_runtest_setup\n")
+    (tmp_path / "test_x.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.fixture
+        def costly():
+            raise AssertionError("set up although past the deadline")
+
+        @pytest.mark.engine
+        def test_engine(costly):
+            pass
+
+        def test_fast():
+            pass
+    """))
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    engine: x\n")
+
+    def run(deadline: float) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:randomly", "-p", "no:cacheprovider",
+                               str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "GUARD_ENGINE_DEADLINE": str(deadline)})
+
+    past = run(0)
+    assert past.returncode == 0, past.stdout
+    assert "1 passed, 1 skipped" in past.stdout and "past GUARD_ENGINE_DEADLINE" in past.stdout
+    ahead = run(4102444800)  # 2100
+    assert ahead.returncode == 1 and "set up although past the deadline" in ahead.stdout

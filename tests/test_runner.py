@@ -225,3 +225,47 @@ def test_every_side_offers_the_whole_interface(cpu, tmp_path):
         for name in methods:
             assert callable(getattr(side, name)), f"{type(side).__name__}.{name}"
         assert isinstance(side.environment, dict)
+
+
+class RecordedProfileSide(ScriptedSide):
+    """The scripted side whose profiled request reads a recorded real profile of the engine
+    (tests/fixtures/profiles, taken by `guard selftest`) instead of profiling one."""
+
+    def __init__(self, profile, script, events):
+        super().__init__(profile, script)
+        self.events = events
+
+    def count_ops(self, job, on_outcome, files):
+        from guard.measure.probes import attribute
+        from guard.measure.side import ProfiledRequest
+
+        outcomes = self.run([job], "profiled", on_outcome)
+        return ProfiledRequest(outcomes, attribute(self.events, self.profile.ops, job.image_size))
+
+
+def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thresholds, tmp_path):
+    """As if vLLM renamed the mask function: over a real recorded request the op budget's scope is
+    never entered, so its "0 calls" would prove nothing. The profile pass records why, the verdict
+    is invalid (exit 3), and the terminal says which budget."""
+    from guard.measure.probes import load_events
+    from guard.measure.run import run_side
+    from guard.model.results import Measures
+    from guard.report.terminal import render_terminal
+    from tests.test_probes import FIXTURES, MASK
+
+    renamed = dataclasses.replace(MASK, scope=dataclasses.replace(MASK.scope, function="_build_legacy_mask"))
+    profile = dataclasses.replace(thresholds.profile("cpu"), ops=(renamed,), census=None)
+    profile = dataclasses.replace(profile, workload=dataclasses.replace(profile.workload, profile_image_sizes=((640, 480),)))
+    side = RecordedProfileSide(profile, [5.0] * 4, load_events(FIXTURES / "current-640x480.events.json.gz"))
+    run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
+                   progress=lambda m: None, side=side, environment=dict(CPU_ENV),
+                   contention=ContentionSampler(proc=tmp_path / "no-proc"))
+    record = run_side(run, Measures.OPS)
+    assert [r.kind for r in record.invalid_reasons] == [ReasonKind.SCOPE_NEVER_ENTERED]
+    assert "mask_path [640x480]" in record.invalid_reasons[0].text
+    results = evaluate(profile, record)
+    assert results.verdict == Verdict.INVALID
+    judged = [r.text for r in results.judged_invalid_reasons if r.kind == ReasonKind.SCOPE_NEVER_ENTERED]
+    assert any("'mask_path' was never entered" in t for t in judged), judged
+    shown = render_terminal(results)
+    assert "INVALID RUN" in shown and "mask_path" in shown
