@@ -12,7 +12,7 @@ first in reading order, and prints:
 
 Static and approximate by design: calls are resolved through imports, ``module.attr`` calls,
 same-module names and ``self.method``; calls through variables, callbacks and subprocesses (the
-run stage in its child process, guard.measure.child) are not followed. The same reading applied before and after a
+run stage in its child process, guard.child) are not followed. The same reading applied before and after a
 change compares like with like.
 
     uv run --extra cpu python benchmarks/call_trace.py [module:function [parameter]]

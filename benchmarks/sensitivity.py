@@ -5,8 +5,9 @@
    the --pool JSON file; an existing pool file is reused and no engine is started.
 2. Simulation. Each trial bootstraps a run from the pool: ``workload.requests`` samples drawn with
    replacement, then, while any budgeted percentile is inconclusive, ``statistics.batch`` more up
-   to ``statistics.max_requests``, by the run stage's own rule (guard.judge.rules.measure_until_decided),
-   and every percentile judged by the verdict's (guard.judge.rules.judge_ttft). The budgets are
+   to ``statistics.max_requests``, by the run stage's own loop and rule (guard.measure.stopping
+   with guard.judge.rules.stopping_rule), and every percentile judged by the verdict's
+   (guard.judge.rules.judge_ttft). The budgets are
    placed relative to the pool's own percentiles: the true value s % above the budget
    (budget = true / (1 + s)) gives the detection rate (share of trials that FAIL), s % below
    (budget = true / (1 - s)) the false-alarm rate. All budgeted percentiles move together, as a
@@ -44,7 +45,8 @@ from typing import Any
 from guard.model import format as fmt
 from guard.config.budgets import Profile, load_thresholds, percentile_value
 from guard.model.results import RunRecord, Status
-from guard.judge.rules import judge_ttft, measure_until_decided
+from guard.judge.rules import judge_ttft, stopping_rule
+from guard.measure.stopping import measure_until_decided
 from guard.judge.stats import percentile
 
 POOL_SCHEMA = "guard/ttft-pool"
@@ -98,7 +100,7 @@ def simulate_run(pool: Sequence[float], profile: Profile, rng: random.Random) ->
         rounds += 1
         return rng.choices(pool, k=n)
 
-    samples = measure_until_decided(profile.ttft_ms, profile.statistics, profile.workload.requests, measure)
+    samples = measure_until_decided(stopping_rule(profile), profile.workload.requests, measure)
     return samples, rounds
 
 
@@ -160,13 +162,15 @@ def start_run(thresholds_path: str, profile_name: str, output: Path):
     thresholds = load_thresholds(thresholds_path, require_decidable=False)  # a simulation studies any rule
     hw = detect()
     profile = select_profile(thresholds, profile_name, hw)
-    return GuardRun(thresholds, profile, hw, output, progress=lambda m: print(f"[guard] {m}", flush=True))
+    return GuardRun(thresholds, profile, hw, output, progress=lambda m: print(f"[guard] {m}", flush=True),
+                    rule=stopping_rule(profile))
 
 
 def fresh_record(run, profile: Profile) -> None:
-    """Point the run at a new record and profile; the engine (run.llm) stays."""
+    """Point the run at a new record and profile (and the profile's stopping rule); the engine (run.llm) stays."""
     old = run.record
     run.profile = run.side.profile = profile
+    run.rule = stopping_rule(profile)
     run.use_record(RunRecord(profile=old.profile, thresholds_path=old.thresholds_path, model=old.model,
                              environment=old.environment, started_at=old.started_at))
 

@@ -3,11 +3,11 @@
     pytest tests/perf -c tests/perf/pytest.ini --guard-profile cpu
 
 Inert unless ``--guard-profile`` is given. Then one session-scoped ``GuardRun`` (guard.measure.run,
-opened as ``guard check``'s child opens it: guard.measure.child.open_run) serves every perf test,
+opened as ``guard check``'s child opens it: guard.child.open_run) serves every perf test,
 whose bodies are the run stage's own steps (``timing_pass``, ``profile_pass``). At session end the
 plugin writes ``run.json``, judges it (an edge, like a command: nothing else judges this run),
 prints the verdict table after pytest's summary and fails the session on a regression or an
-invalid run. ``guard check`` does not run pytest: it runs the same steps in guard.measure.child.
+invalid run. ``guard check`` does not run pytest: it runs the same steps in guard.child.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def guard_run(pytestconfig: pytest.Config):
     if RUN_KEY not in pytestconfig.stash:
         from pathlib import Path
 
-        from guard.measure.child import RunSpec, open_run
+        from guard.child import open_run
+        from guard.measure.harness import RunSpec
 
         opt = pytestconfig.getoption
         spec = RunSpec(profile=opt("guard_profile"), thresholds=opt("guard_thresholds"), output=opt("guard_output"),

@@ -16,8 +16,7 @@ import pytest
 
 from guard.measure.run import block_order, blocks
 from guard.model.results import pairs
-from guard.judge.ab import (BASELINE, CANDIDATE, decide_ratio, op_diff,
-                      undecided_ratios)
+from guard.judge.ab import BASELINE, CANDIDATE, decide_ratio, op_diff, stopping_rule, undecided_ratios
 from guard.config.budgets import Statistics, load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, ScopeCounts
@@ -86,6 +85,20 @@ def test_undecided_lists_only_straddling_budgets():
     assert undecided_ratios({"p50": 1.0}, [], stats) == []
     with pytest.raises(ValueError):
         decide_ratio("p50", 1.0, [], 0.95)
+
+
+def test_the_ab_stopping_rule_is_the_ratio_budgets_at_ab_statistics(ab_profile):
+    """What ABRun is given (guard check, guard pr): ``undecided_ratios`` at ``Profile.ab_statistics``,
+    in batches of ``ab.batch``; the progress line's words are each decision's own."""
+    rule = stopping_rule(ab_profile)
+    stats = ab_profile.ab_statistics
+    ratios = [1.00, 1.10, 0.92, 1.07, 0.95, 1.04]
+    pending = rule.undecided(ratios)
+    assert pending == undecided_ratios(ab_profile.ttft_vs_baseline_pct, ratios, stats) != []
+    assert rule.next_batch(6, True) == min(ab_profile.ab.batch, stats.max_requests - 6) and rule.cap == stats.max_requests
+    d = pending[0]
+    assert rule.describe(pending).startswith(f"{d.key} interval [{d.interval_pct[0]:+.1f}, {d.interval_pct[1]:+.1f}] % "
+                                             f"vs budget +{d.budget_pct:g} %")
 
 
 def test_paired_ratio_cancels_drift_that_would_break_an_absolute_comparison():
@@ -311,7 +324,7 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
 
     said: list[str] = []
     rec = run_ab(load_thresholds(SHIPPED_THRESHOLDS), ab_profile, detect(quick=True), tmp_path, bare_python,
-                 progress=said.append)
+                 progress=said.append, rule=stopping_rule(ab_profile))
     reasons = rec.candidate.invalid_reasons
     assert len(reasons) == 1 and reasons[0].kind == ReasonKind.ENGINE
     why = reasons[0].text
@@ -755,7 +768,7 @@ def _ab_run(tmp_path, ab_profile):
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = ABRun(load_thresholds(SHIPPED_THRESHOLDS), profile, detect(quick=True), tmp_path, sys.executable,
-                progress=lambda m: None)
+                progress=lambda m: None, rule=stopping_rule(profile))
     return run, profile
 
 

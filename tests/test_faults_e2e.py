@@ -1,6 +1,6 @@
 """Faults during a real run (issue #11, section 7): the real `guard check`, the real vLLM engine.
 
-The engine runs inside guard check's child process (guard.measure.child). Killing that process with SIGKILL mid-run (what
+The engine runs inside guard check's child process (guard.child). Killing that process with SIGKILL mid-run (what
 the OOM killer does), or Ctrl-C, must end as an invalid run (exit 3) whose results.json keeps the
 requests measured so far, from the run.json checkpoint the child writes after every round; the
 thresholds file is never touched.

@@ -10,6 +10,7 @@ import pytest
 from guard.config.budgets import Statistics, TtftHardware
 from guard.measure.contention import ContentionSampler
 from guard.judge.evaluate import evaluate
+from guard.judge.rules import stopping_rule
 from guard.measure.hardware import Hardware
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.measure.inprocess import InProcessSide
@@ -46,8 +47,10 @@ class ScriptedSide(InProcessSide):
 QUIET_READING = SpeedReading(WORKLOAD, 80.0, 4.0, 7, 2)  # a recorded reading of this machine
 
 
-def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None, speed=(QUIET_READING,)):
-    """A real GuardRun over the scripted side; returns it, the side and its progress lines.
+def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None, speed=(QUIET_READING,),
+                 rule=None):
+    """A real GuardRun over the scripted side, stopping by ``rule`` (default: the profile's own,
+    guard.judge.rules.stopping_rule, as guard.child passes it); returns it, the side and its progress lines.
     The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject),
     and the speed readings are ``speed``'s, in turn (guard.measure.speedref is tested on its own)."""
     lines = []
@@ -55,7 +58,8 @@ def scripted_run(thresholds, profile, script, tmp_path, contention=None, environ
     driver = ScriptedSide(profile, script, lines.append, speed_reader=lambda workload: next(readings))
     run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
                    progress=lines.append, side=driver, environment=dict(environment or CPU_ENV),
-                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"))
+                   contention=contention or ContentionSampler(proc=tmp_path / "no-proc"),
+                   rule=stopping_rule(profile) if rule is None else rule)
     return run, driver, lines
 
 
@@ -96,6 +100,48 @@ def test_run_stage_stops_resampling_after_a_failed_request(thresholds, cpu, tmp_
     run, driver, lines = scripted_run(thresholds, cpu, [7.2, None, 7.2, 7.2, 7.2] + [7.2] * 10, tmp_path)
     run.measure_until_decided()
     assert driver.counts == [5]  # the run is invalid whatever more samples say
+
+
+@dataclasses.dataclass
+class ScriptedRule:
+    """A stopping rule (guard.measure.stopping.StoppingRule) that leaves "p50" undecided until it
+    has seen ``decided_at`` samples, asking for ``batch`` more each time; what it was shown."""
+
+    decided_at: int
+    batch: int = 3
+    cap: int | None = 100
+    seen: list[int] = dataclasses.field(default_factory=list)
+
+    def undecided(self, samples):
+        self.seen.append(len(samples))
+        return ["p50"] if len(samples) < self.decided_at else []
+
+    def next_batch(self, measured, any_undecided):
+        return self.batch if any_undecided else 0
+
+    def describe(self, pending):
+        return f"still open: {', '.join(pending)}"
+
+
+def test_run_stage_stops_when_the_injected_rule_says_decided(thresholds, cpu, tmp_path):
+    """The run stage measures by the rule it is given, not by one of its own: the profile's own
+    rule would measure to the cap here (test above), this one decides after two more batches."""
+    rule = ScriptedRule(decided_at=11)
+    run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path, rule=rule)
+    run.measure_until_decided()
+    assert driver.counts == [5, 3, 3] and rule.seen == [5, 8, 11]  # it saw every sample, the run's TTFTs
+    assert run.record.rounds == 3 and len(run.record.ttft_client_s()) == 11
+    assert "inconclusive after 5 requests: still open: p50; measuring 3 more (round 2, cap 100)" in lines
+
+
+def test_run_stage_without_a_rule_refuses_to_time(thresholds, cpu, tmp_path):
+    """A run that only profiles needs no rule; a timing pass without one is a caller's mistake, not a
+    silent first batch."""
+    run, driver, _ = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
+    run.rule = None
+    with pytest.raises(TypeError, match="stopping rule"):
+        run.measure_until_decided()
+    assert driver.counts == []
 
 
 

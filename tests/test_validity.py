@@ -14,6 +14,7 @@ import pytest
 from guard.errors import ExitCode
 from guard.judge.evaluate import evaluate
 from guard.judge.gates import gpu_state_problems, other_gpu_processes
+from guard.judge.rules import stopping_rule
 from guard.measure.hardware import Hardware, fingerprint, read_gpu_state
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.measure.contention import ContentionSampler
@@ -285,7 +286,8 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
 
     side = ScriptedSide(a10, [o.ttft_client_s for o in outcomes(400, 2.283)])
     run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
-                   progress=lambda m: None, side=side, contention=ContentionSampler(proc=tmp_path / "no-proc"))
+                   progress=lambda m: None, side=side, contention=ContentionSampler(proc=tmp_path / "no-proc"),
+                   rule=stopping_rule(a10))
     run.measure_until_decided()
     state = run.record.environment.gpu_state
     assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]

@@ -166,6 +166,7 @@ def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inj
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
     """A/B mode: both engines here, in alternation (guard.measure.run), judged by guard.judge.evaluate.evaluate_ab."""
     from guard import __version__
+    from guard.judge.ab import stopping_rule
     from guard.measure.run import run_ab
     from guard.judge.evaluate import evaluate_ab
     from guard.measure.hardware import detect
@@ -185,7 +186,8 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
           f"requests per side in alternating blocks of {w.concurrency} (ABBA), then the op-count pass on both", flush=True)
     t0 = time.perf_counter()
     record = run_ab(thresholds, profile, detect(), output, args.baseline, inject=args.inject,
-                    progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh_baseline)
+                    progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh_baseline,
+                    rule=stopping_rule(profile))
     results = evaluate_ab(profile, record, guard_version=__version__, output=output)
     write_report(results, output, args.thresholds)
     print()

@@ -167,12 +167,13 @@ def _run_one(args: argparse.Namespace) -> int:
                    for name in SIDES}
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
+        from guard.judge.ab import stopping_rule
         from guard.measure.run import run_ab
 
         say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
         rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
                      progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh,
-                     candidate_python=str(envs["head"].python))
+                     candidate_python=str(envs["head"].python), rule=stopping_rule(profile))
     results = evaluate_pr(profile, rec, pr, ops_only=ops_only, guard_version=__version__, output=output)
     results = _with_function_changes(results, repo, base, head)
     results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)

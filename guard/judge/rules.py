@@ -1,8 +1,8 @@
 """The decision rules: when a TTFT percentile passes, fails or needs more data, and how much more.
 
-One module for the run stage (``GuardRun`` resamples with ``measure_until_decided``), evaluation
-(``judge_ttft`` makes the final ``TtftCheck``), the self-test and the benchmarks, so what is
-measured for sensitivity is what ships.
+One module for the run stage (``GuardRun`` resamples by ``stopping_rule``, which whoever starts the
+run passes in: guard.measure.stopping), evaluation (``judge_ttft`` makes the final ``TtftCheck``),
+the self-test and the benchmarks, so what is measured for sensitivity is what ships.
 
 - The whole confidence interval above the budget: FAIL; at or below it: PASS.
 - Straddling it: measure another ``statistics.batch`` requests, up to ``statistics.max_requests``.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from guard.model import format as fmt
-from guard.config.budgets import Statistics, min_samples_for_upper_bound, percentile_value
+from guard.config.budgets import Profile, Statistics, min_samples_for_upper_bound, percentile_value
 from guard.model.results import Status, TtftCheck, to_ms
 from guard.judge.stats import percentile, percentile_interval
 
@@ -76,29 +76,40 @@ def next_batch(statistics: Statistics, measured: int, any_undecided: bool) -> in
     return max(0, min(statistics.batch, statistics.max_requests - measured))
 
 
-def measure_until_decided(budgets_ms: Mapping[str, float], statistics: Statistics, first: int,
-                          measure: Callable[[int], Sequence[float]],
-                          on_undecided: Callable[[list, int], None] = lambda d, n: None,
-                          keep_going: Callable[[], bool] = lambda: True,
-                          undecided_in: Callable[[Sequence[float]], list] | None = None) -> list[float]:
-    """The sequential rule: ``measure(n)`` returns the next n samples (seconds); measure ``first``,
-    then batches while a budget's interval straddles it, up to the cap. Returns every sample.
-    ``keep_going``: the caller's veto (a failed request makes the run invalid: stop measuring).
-    ``undecided_in``: which budgets the samples leave undecided; by default the absolute TTFT
-    budgets ``budgets_ms`` (A/B passes its ratio budgets, with paired ratios as the samples)."""
-    if undecided_in is None:
-        def undecided_in(samples: Sequence[float]) -> list:
-            return undecided(budgets_ms, samples, statistics.confidence)
+@dataclass(frozen=True)
+class SequentialRule:
+    """The sequential rule as the run stage takes it (guard.measure.stopping.StoppingRule): while
+    ``undecided_in(samples)`` names a budget, ``statistics.batch`` more samples, up to
+    ``statistics.max_requests``. The run stage is given one (``stopping_rule``,
+    ``guard.judge.ab.stopping_rule``) and never imports this module, so it measures until the
+    verdict's own rule has decided."""
 
-    samples = list(measure(first))
-    while keep_going():
-        pending = undecided_in(samples)
-        extra = next_batch(statistics, len(samples), bool(pending))
-        if not extra:
-            break
-        on_undecided(pending, extra)
-        samples += measure(extra)
-    return samples
+    statistics: Statistics
+    undecided_in: Callable[[Sequence[float]], list]  # the budgets the samples leave undecided
+
+    @property
+    def cap(self) -> int | None:
+        return self.statistics.max_requests
+
+    def undecided(self, samples: Sequence[float]) -> list:
+        return self.undecided_in(samples)
+
+    def next_batch(self, measured: int, any_undecided: bool) -> int:
+        return next_batch(self.statistics, measured, any_undecided)
+
+    def describe(self, pending: Sequence) -> str:
+        return "; ".join(d.describe() for d in pending)
+
+
+def ttft_rule(budgets_ms: Mapping[str, float], statistics: Statistics) -> SequentialRule:
+    """Absolute TTFT budgets (ms) over one side's TTFT samples (seconds), at ``statistics``' level."""
+    return SequentialRule(statistics, lambda samples: undecided(budgets_ms, samples, statistics.confidence))
+
+
+def stopping_rule(profile: Profile) -> SequentialRule:
+    """One side's run (``GuardRun``): the profile's TTFT budgets at its ``statistics``; what
+    ``judge_ttft`` then judges."""
+    return ttft_rule(profile.ttft_ms, profile.statistics)
 
 
 def _point_estimate_note(d: TtftDecision, max_requests: int | None, over: bool) -> str:

@@ -1,27 +1,53 @@
 """One harness for every measured run: the run stage in a child process, and the record it leaves.
 
 ``guard check``, ``guard selftest``, each side of ``guard pr`` and each revision of ``guard bisect``
-run one side through ``record_suite``: ``python -m guard.measure.child SPEC.json`` records run.json,
-and the command judges it. A child process keeps a crashing engine from taking the verdict with it:
-a run that dies without run.json is an invalid run, never a pass.
+run one side through ``record_suite``: ``python -m guard.child SPEC.json`` (the ``RunSpec`` this
+module writes) records run.json, and the command judges it. A child process keeps a crashing
+engine from taking the verdict with it: a run that dies without run.json is an invalid run, never
+a pass.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
 from guard.errors import InvalidRunError
-from guard.measure.child import INTERRUPTED, RunSpec
 from guard.model.environment import Environment
-from guard.model.results import InvalidReason, Measures, ReasonKind, RunRecord, load_run
+from guard.model.results import InvalidReason, Measures, ReasonKind, RunRecord, load_run, write_json_atomic
 
 GRACE_S = 60.0  # how long an interrupted run may take to write its run.json before it is killed
 FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on
 SPEC_FILE = "run-spec.json"
+CHILD = "guard.child"  # the child's module: an edge, which builds the stopping rule from guard.judge
+INTERRUPTED = 2  # the child's exit status when SIGINT stopped it (it still wrote run.json)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one side's run is: everything the command decided, as the child reads it."""
+
+    profile: str
+    thresholds: str  # absolute: the child may run in another folder
+    output: str
+    measures: Measures = Measures.BOTH
+    inject: str | None = None
+    traces: str = "on-failure"
+    engine_mode: str | None = None
+    server_url: str | None = None
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, {**asdict(self), "measures": str(self.measures)})
+
+    @classmethod
+    def read(cls, path: Path) -> RunSpec:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(**{**data, "measures": Measures(data["measures"])})
 
 
 class Interrupted(InvalidRunError):
@@ -40,7 +66,7 @@ def suite_dir() -> Path:
 def run_suite(profile_name: str, thresholds: Path, output: Path, *, measures: Measures = Measures.BOTH,
               inject: str | None = None, traces: str = "on-failure", engine_mode: str | None = None,
               server_url: str | None = None, python: str | None = None) -> tuple[int, str | None]:
-    """The run stage in a child process (guard.measure.child), which writes ``output/run.json``
+    """The run stage in a child process (guard.child), which writes ``output/run.json``
     (checkpoints during the run, the full record at the end). Returns (its exit status, why it
     was interrupted or None). ``python``: the interpreter to run it with (default: guard's own;
     ``guard pr`` passes a revision's, guard.revisions.overlay), started in ``output`` so that no
@@ -52,7 +78,7 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, *, measures: Me
     spec = output / SPEC_FILE
     RunSpec(profile=profile_name, thresholds=str(thresholds), output=str(output), measures=measures, inject=inject,
             traces=traces, engine_mode=engine_mode, server_url=server_url).write(spec)
-    cmd = [python or sys.executable, "-m", "guard.measure.child", str(spec)]
+    cmd = [python or sys.executable, "-m", CHILD, str(spec)]
 
     def stop(signum, frame):
         raise Interrupted(f"guard received {signal.Signals(signum).name}")

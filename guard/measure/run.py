@@ -1,20 +1,21 @@
 """The run stage: one engine side, or two measured in alternation, recorded into run records.
 
 ``RunStage`` is written once over ``guard.measure.side.EngineSide``: job planning, warm-up, the
-timing pass until its budgets are decided (guard.judge.rules), what the machine did meanwhile
-(contention, speed reference, GPU state), the profile pass per side and checkpoints. Two shapes of it:
+timing pass until its budgets are decided (guard.measure.stopping, by the verdict's own rule,
+which whoever starts the run passes in), what the machine did meanwhile (contention, speed
+reference, GPU state), the profile pass per side and checkpoints. Two shapes of it:
 - ``GuardRun``: one side (the in-process engine, a managed ``vllm serve``, or a running server),
   absolute budgets. ``run_side`` is its whole sequence (``timing_pass``, ``profile_pass``, each
-  with its completeness checks): guard check's child process (guard.measure.child), guard pr's
+  with its completeness checks): guard check's child process (guard.child), guard pr's
   own-environment side and, step by step, the pytest suite (tests/perf). Each measured round runs
   all its jobs at once, ``concurrency`` in flight.
 - ``ABRun`` / ``run_ab``: two worker sides (candidate, baseline) on one machine. Both engines start
   at the same time; then every request runs on both sides in blocks of ``concurrency``, the same
   images on both sides; measured blocks in ABBA order (``block_order``; why: guard.judge.ab), the idle side's
   process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
-  measured by the same rule as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
-  pairs). The baseline side's profile pass is read from guard.measure.abcache when this baseline
-  environment was profiled before.
+  measured by the same loop as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
+  pairs; the rule: guard.judge.ab.stopping_rule). The baseline side's profile pass is read from
+  guard.measure.abcache when this baseline environment was profiled before.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
 run on both sides at once they take longer than one after the other, because two OpenMP teams
@@ -34,13 +35,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from guard.measure import abcache, speedref
 from guard.model import format as fmt
-from guard.judge.ab import RatioDecision, undecided_ratios
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.census import size_key
 from guard.measure.contention import ContentionSampler, busy
@@ -48,10 +47,10 @@ from guard.errors import InvalidRunError
 from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
+from guard.measure.stopping import StoppingRule, measure_until_decided
 from guard.model.environment import Environment
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
                                   RequestOutcome, RunRecord, ScopeCounts, pairs, scope_counts_from_dict)
-from guard.judge.rules import TtftDecision, measure_until_decided
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
@@ -70,12 +69,17 @@ def blocks(indices: Sequence[int], size: int) -> list[list[int]]:
 
 class RunStage:
     """The run stage over ``sides`` (name -> side, in their warm-up order), each recorded into
-    ``records[name]``. The first side's record holds the run's own invalid reasons."""
+    ``records[name]``. The first side's record holds the run's own invalid reasons. ``rule``: when
+    the timing pass has measured enough (guard.measure.stopping), the verdict's own rule, which the
+    caller builds (guard.judge.rules.stopping_rule, guard.judge.ab.stopping_rule); a run that
+    only profiles needs none."""
 
     def __init__(self, profile: Profile, output: Path, sides: dict[str, EngineSide], records: dict[str, RunRecord],
                  progress: Callable[[str], None] = print, traces: str = TRACES_ON_FAILURE,
-                 contention: ContentionSampler | None = None, checkpoints: bool = True) -> None:
+                 contention: ContentionSampler | None = None, checkpoints: bool = True,
+                 rule: StoppingRule | None = None) -> None:
         self.profile, self.output, self.progress, self.traces = profile, output, progress, traces
+        self.rule = rule
         self.sides, self.records = sides, records
         self.infos: dict[str, SideInfo] = {}  # what each side said when it started
         self.names = tuple(sides)
@@ -286,11 +290,16 @@ class RunStage:
 
     def measure_until_decided(self) -> None:
         """The workload's measured requests, then more batches while a budgeted percentile's interval
-        straddles its budget (guard.judge.rules: the verdict's own rule, so the two agree): TTFT against
+        straddles its budget, by ``rule`` (the verdict's own, so the two agree): TTFT against
         absolute budgets for one side, the paired ratio against ratio budgets for two."""
         from guard.measure.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
 
+        given = self.rule
+        if given is None:
+            raise TypeError("the timing pass needs its stopping rule: pass rule= (guard.judge.rules.stopping_rule, "
+                            "guard.judge.ab.stopping_rule)")
         env = self.own.environment
+        rule: StoppingRule | None = given
 
         def measure(count: int) -> list[float]:  # read from the records, whatever ran the round
             before = len(self.samples())
@@ -298,28 +307,21 @@ class RunStage:
             return self.samples()[before:]  # samples come in order: the new ones are last
 
         if self.paired:
-            stats, budgets = self.profile.ab_statistics, self.profile.ttft_vs_baseline_pct
-            rule: dict[str, Any] = {"undecided_in": lambda ratios: undecided_ratios(budgets, ratios, stats)}
-
-            def say(pending: list[RatioDecision], extra: int) -> None:
-                self.progress(f"inconclusive after {len(self.ratios())} pairs: "
-                              + "; ".join(f"{d.key} interval [{d.interval_pct[0]:+.1f}, {d.interval_pct[1]:+.1f}] % "
-                                          f"vs budget +{d.budget_pct:g} %" for d in pending)
-                              + f"; measuring {extra} more pairs (cap {stats.max_requests})")
+            def say(pending: Sequence[Any], extra: int) -> None:
+                self.progress(f"inconclusive after {len(self.ratios())} pairs: {given.describe(pending)}"
+                              f"; measuring {extra} more pairs (cap {given.cap})")
 
             def keep_going() -> bool:  # contention is recorded and shown, never a gate here
                 return all(o.success for rec in self.records.values() for o in rec.measured)
         else:
-            stats, rule = self.profile.statistics, {}
             # Budgets measured on another CPU are shown, not judged: more requests would decide nothing.
-            judged_here = env.ttft_hardware_match is None or env.ttft_hardware_match.ok
-            budgets = self.profile.ttft_ms if judged_here else {}
+            if env.ttft_hardware_match is not None and not env.ttft_hardware_match.ok:
+                rule = None
             limit = self.profile.validity.max_other_cpu_pct
 
-            def say(pending: list[TtftDecision], extra: int) -> None:
-                self.progress(f"inconclusive after {len(self.own.measured)} requests: "
-                              + "; ".join(d.describe() for d in pending)
-                              + f"; measuring {extra} more (round {self.own.rounds + 1}, cap {stats.max_requests})")
+            def say(pending: Sequence[Any], extra: int) -> None:
+                self.progress(f"inconclusive after {len(self.own.measured)} requests: {given.describe(pending)}"
+                              f"; measuring {extra} more (round {self.own.rounds + 1}, cap {given.cap})")
 
             def keep_going() -> bool:
                 if not all(o.success for o in self.own.measured):
@@ -335,8 +337,7 @@ class RunStage:
         before = reference.speed_reading()
         self.contention.start()
         with sampler:
-            measure_until_decided(budgets, stats, self.profile.workload.requests, measure,
-                                  on_undecided=say, keep_going=keep_going, **rule)
+            measure_until_decided(rule, self.profile.workload.requests, measure, on_undecided=say, keep_going=keep_going)
         reading = self.contention.stop()
         env.cpu_contention = reading.as_dict() if reading else None
         if reading:
@@ -479,13 +480,14 @@ class GuardRun(RunStage):
     """One side: ``side`` (tests: a scripted engine), by default the profile's engine mode's: the
     in-process vLLM engine, a managed ``vllm serve``, or with ``server_url`` a running server.
     Every side starts lazily, at its first request. ``environment``: the fingerprint to record; by
-    default this machine's."""
+    default this machine's. ``rule``: the timing pass's stopping rule (guard.judge.rules.stopping_rule
+    of this profile); a run that only profiles needs none."""
 
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                  progress: Callable[[str], None] = print, injected: str | None = None,
                  traces: str = TRACES_ON_FAILURE, side: EngineSide | None = None,
                  environment: Environment | None = None, server_url: str | None = None,
-                 contention: ContentionSampler | None = None) -> None:
+                 contention: ContentionSampler | None = None, rule: StoppingRule | None = None) -> None:
         self.thresholds = thresholds
         self.mode = "server" if server_url else profile.engine.mode
         if side is None and self.mode == "server":
@@ -503,7 +505,7 @@ class GuardRun(RunStage):
         )
         self.record.environment.engine_mode = self.mode
         super().__init__(profile, output, {"": side}, {"": self.record}, progress=progress, traces=traces,
-                         contention=contention, checkpoints=True)
+                         contention=contention, checkpoints=True, rule=rule)
 
     @property
     def side(self) -> EngineSide:
@@ -531,11 +533,13 @@ class GuardRun(RunStage):
 
 class ABRun(RunStage):
     """Two worker sides: the candidate in ``candidate_python`` (default guard's own interpreter;
-    ``guard pr`` passes head's), the baseline in ``baseline_python``; ``sides``: others (tests)."""
+    ``guard pr`` passes head's), the baseline in ``baseline_python``; ``sides``: others (tests).
+    ``rule``: the timing pass's stopping rule (guard.judge.ab.stopping_rule of this profile)."""
 
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
                  progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
-                 candidate_python: str | None = None, sides: dict[str, EngineSide] | None = None) -> None:
+                 candidate_python: str | None = None, sides: dict[str, EngineSide] | None = None,
+                 rule: StoppingRule | None = None) -> None:
         from guard.measure.worker import WORKER_REPORTED, WorkerSide
         from guard.config.weights import hub_resolver, pin
 
@@ -557,7 +561,7 @@ class ABRun(RunStage):
                                       gpu_memory_utilization=profile.ab.gpu_memory_utilization(side),
                                       cache_key=side == BASELINE and profile.has_op_count_pass)
                      for side in SIDES}
-        super().__init__(profile, output, sides, records, progress=progress, checkpoints=False)
+        super().__init__(profile, output, sides, records, progress=progress, checkpoints=False, rule=rule)
         self.order = self.record.order  # the record's own list: blocks append to it
         self.fresh_baseline = fresh_baseline
 
@@ -608,11 +612,12 @@ def run_side(run: GuardRun, measures: Measures) -> RunRecord:
 
 def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
            progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
-           candidate_python: str | None = None) -> ABRecord:
-    """The whole A/B run stage. A side that fails makes the record invalid (its reason is kept),
+           candidate_python: str | None = None, *, rule: StoppingRule) -> ABRecord:
+    """The whole A/B run stage, measuring pairs until ``rule`` (guard.judge.ab.stopping_rule of
+    ``profile``) has decided. A side that fails makes the record invalid (its reason is kept),
     never raises past here: evaluation turns the record into the verdict."""
     with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline,
-               candidate_python) as run:  # the workers end even on an unexpected error
+               candidate_python, rule=rule) as run:  # the workers end even on an unexpected error
         try:
             run.start()
             run.warm_up()

@@ -61,7 +61,7 @@ def cached_pass(env: overlay.SideEnvironment, profile: Profile, thresholds: Thre
 
 def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds, output: Path,
                  fresh: bool = False, say: Callable[[str], None] = print) -> tuple[RunRecord, bool]:
-    """One side's op-count pass in a child process (guard.measure.child) with the side's python, into ``output/name``; from
+    """One side's op-count pass in a child process (guard.child) with the side's python, into ``output/name``; from
     the side's cache entry when the same pass ran before (op counts are exact: the same inputs give
     the same counts). Returns (the record, whether it came from the cache)."""
     cached = cached_pass(env, profile, thresholds)

@@ -1,9 +1,13 @@
-"""The run stage in a child process: ``python -m guard.measure.child SPEC.json``.
+"""The run stage in a child process: ``python -m guard.child SPEC.json``.
 
 ``guard check``, ``guard selftest``, each side of ``guard pr`` and each revision of ``guard bisect``
 start this (guard.measure.harness), so that an engine that crashes or is OOM-killed cannot take the
-verdict with it. It reads the run's spec, runs one side (guard.measure.run.run_side) and leaves
-``run.json`` in the output folder: checkpoints during the run, the full record at the end.
+verdict with it. It reads the run's spec (guard.measure.harness.RunSpec), runs one side
+(guard.measure.run.run_side) and leaves ``run.json`` in the output folder: checkpoints during the
+run, the full record at the end.
+
+An edge, like a command: it builds the timing pass's stopping rule from the judge stage
+(guard.judge.rules.stopping_rule) and hands it to the run stage, which never imports the judge.
 
 Exit status: 0 the record was written (whatever it says), 2 interrupted (Ctrl-C / SIGINT; the
 record was still written), 1 an unexpected error (traceback on stderr; the last checkpoint stays).
@@ -11,42 +15,19 @@ record was still written), 1 an unexpected error (traceback on stderr; the last 
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from guard.model.results import Measures, RunRecord, run_file_dict, write_json_atomic
-
-INTERRUPTED = 2
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What one side's run is: everything the command decided, as the child reads it."""
-
-    profile: str
-    thresholds: str  # absolute: the child may run in another folder
-    output: str
-    measures: Measures = Measures.BOTH
-    inject: str | None = None
-    traces: str = "on-failure"
-    engine_mode: str | None = None
-    server_url: str | None = None
-
-    def write(self, path: Path) -> None:
-        write_json_atomic(path, {**asdict(self), "measures": str(self.measures)})
-
-    @classmethod
-    def read(cls, path: Path) -> RunSpec:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return cls(**{**data, "measures": Measures(data["measures"])})
+from guard.measure.harness import INTERRUPTED, RunSpec
+from guard.model.results import RunRecord, run_file_dict, write_json_atomic
 
 
 def open_run(spec: RunSpec, progress: Callable[[str], None]):
-    """The spec's GuardRun: budgets loaded, hardware matched, the engine side chosen (it starts lazily)."""
+    """The spec's GuardRun: budgets loaded, hardware matched, the engine side chosen (it starts
+    lazily), the timing pass's stopping rule the profile's own (guard.judge.rules.stopping_rule)."""
     from guard.config.budgets import load_thresholds
+    from guard.judge.rules import stopping_rule
     from guard.measure.hardware import detect, select_profile
     from guard.measure.run import GuardRun
 
@@ -59,7 +40,7 @@ def open_run(spec: RunSpec, progress: Callable[[str], None]):
 
         profile = pin(profile, hub_resolver(download=False))  # a moving revision measured as one commit
     return GuardRun(thresholds, profile, hw, Path(spec.output), progress=progress, injected=spec.inject,
-                    traces=spec.traces, server_url=spec.server_url)
+                    traces=spec.traces, server_url=spec.server_url, rule=stopping_rule(profile))
 
 
 def say(message: str) -> None:
