@@ -13,6 +13,9 @@ the JSON), whether the expected functions were named, the refactor's moved calls
 
     uv run --extra cpu python benchmarks/holdouts.py [--model qwen3-vl ...] [--out holdouts.json]
 
+First, without an engine, every head's edited function is called on the profile's grids and must
+return exactly base's tensors (``--outputs-only`` stops there). Results: docs/model-findings.md, "Holdouts".
+
 Exits 1 when any head's exit code differs from its expected one, or a slow head did not name its
 functions. An engine run per side: minutes per model on a 2-core CPU; not part of the test suite.
 """
@@ -28,6 +31,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -139,15 +144,13 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
 }
 
 
-def load_edited(path: str, text: str, tag: str):
+def load_edited(path: str, text: str, tag: str) -> ModuleType:
     """The module ``path`` compiled from ``text``: new class objects beside vLLM's own, in vLLM's
     package (its relative imports resolve), under the file's own name (tracebacks point there)."""
-    import types
-
     from tests.vllm_repo import installed_vllm
 
     name = "guard_holdout_" + tag
-    module = types.ModuleType(name)
+    module = ModuleType(name)
     module.__file__ = str(installed_vllm().parent / path)
     module.__package__ = path.removesuffix(".py").replace("/", ".").rpartition(".")[0]
     sys.modules[name] = module  # dataclasses and typing look their module up by name
@@ -155,7 +158,7 @@ def load_edited(path: str, text: str, tag: str):
     return module
 
 
-def bare(cls, **attrs):
+def bare(cls: type, **attrs: Any) -> Any:
     """An instance of ``cls`` holding just ``attrs``, no __init__ (properties overridden on a subclass)."""
     props = {k: v for k, v in attrs.items() if isinstance(getattr(cls, k, None), property)}
     obj = object.__new__(type("Bare" + cls.__name__, (cls,), props))
@@ -174,11 +177,11 @@ class Tables:
         g = torch.Generator().manual_seed(0)
         self.cos, self.sin = torch.rand(256, dim, generator=g), torch.rand(256, dim, generator=g)
 
-    def get_cos_sin(self, n: int):
+    def get_cos_sin(self, n: int) -> tuple[Any, Any]:
         return self.cos[:n], self.sin[:n]
 
 
-def outputs(model: str, module) -> list:
+def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
     """What the holdout's function returns on each grid, in this variant of the module."""
     import torch
 
