@@ -1,0 +1,344 @@
+"""Holdouts for the model matrix: historical slow patterns of vLLM's vision models, re-planted.
+
+For three models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
+vLLM once had (and fixed) in that model's code, and one that refactors the same function without
+changing its work. Each edits the installed vLLM 0.32 source as a pull request would (committed by
+tests/vllm_repo.py). ``guard pr --only ops --model MODEL`` must exit 1 on the slow head, naming
+``functions`` among the census failures, and 0 on the refactor (a "moved" notice at most).
+
+None of these is a guard mutant (guard/measure/mutants.py) or a DeepSeek-OCR-2 head (tests/pr_heads.py):
+the census was not tuned on them. benchmarks/holdouts.py runs them on the real engine;
+tests/test_model_holdouts.py checks, without an engine, that every edit still applies to the
+installed vLLM, so they cannot rot silently when vLLM changes.
+
+Where each pattern comes from:
+
+- qwen2-5-vl: before vLLM PR #17973 ("[PERF] Speed up Qwen2.5-VL model by speed up rotary position
+  embedding construction"), Qwen2.5-VL's vision tower rebuilt every image's rotary position table
+  and window index on every forward (``rot_pos_emb`` / ``get_window_index``, a loop over
+  ``grid_thw``); #17973 cached them per (t, h, w) (``get_rope_by_thw``, today an ``LRUCache``).
+  The slow head does that work per image again in ``prepare_encoder_metadata``, bypassing the cache.
+- glm-4-1v: vLLM's ``glm4_1v.py`` ``Glm4vVisionEmbeddings.forward`` (e.g. at vLLM commit 002d181a)
+  turned ``lengths`` and ``image_shapes`` into tensors and built the per-patch target sizes with one
+  ``repeat`` per image and a ``cat`` (``image_shapes[i, 1].repeat(lengths[i])``: a 0-d tensor as a
+  size, so an ``.item()`` per image); 0.32 expands them with numpy and moves them across once.
+  The slow head is that code, as it was.
+- qwen3-vl: before vLLM PR #28475 ("[Model][Qwen3VL] Cache positional embedding indices"),
+  ``Qwen3_VisionTransformer.rot_pos_emb`` built each image's (h, w) position ids with torch ops
+  (``arange``, ``expand``, ``reshape``, ``permute``, ``stack``) on every forward; #28475 moved them
+  to numpy and cached them per (h, w) (``rot_pos_ids``). The slow head is the torch loop, written
+  after the same loop that Qwen2-VL's form still has in 0.32's ``glm4_1v.py`` ``rot_pos_emb``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MODELS = "vllm/model_executor/models"
+QWEN25 = f"{MODELS}/qwen2_5_vl.py"
+GLM = f"{MODELS}/glm4_1v.py"
+QWEN3 = f"{MODELS}/qwen3_vl.py"
+
+Edits = Mapping[str, tuple[tuple[str, str], ...]]  # path -> (old, new) pairs, applied in order; each old once
+
+
+@dataclass(frozen=True)
+class HoldoutHead:
+    message: str
+    expect: int  # guard pr's exit code: 1 regression, 0 pass
+    edits: Edits = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Holdout:
+    model: str  # thresholds/<model>.yaml
+    pattern: str  # the historical pattern the slow head re-plants
+    source: str  # where in vLLM's history it comes from
+    function: str  # the census function ("file:qualname") both heads edit
+    fails: tuple[str, ...]  # census functions the slow head must fail naming (each FAIL in results.json)
+    slow: HoldoutHead
+    refactor: HoldoutHead
+    helper: str  # the census function the refactor extracts (its calls moved there, not grown)
+
+
+# ----------------------------------------------------------------------------- qwen2-5-vl
+_QWEN25_CACHED = """            (
+                cos_thw,
+                sin_thw,
+                window_index_thw,
+                cu_seqlens_window_thw,
+                cu_seqlens_thw,
+            ) = self.get_rope_by_thw(t, h, w)
+"""
+_QWEN25_PER_IMAGE = """            # this image's rotary table and window index, built for it (no per-(t, h, w) cache)
+            window_index_thw, cu_seqlens_window_thw = self.get_window_index_thw(t, h, w)
+            cos_thw, sin_thw = self.rotary_pos_emb_thw(t, h, w)
+            window_index_thw_dev = async_tensor_h2d(window_index_thw, cos_thw.device)
+            cos_thw = cos_thw[window_index_thw_dev, :, :].flatten(start_dim=0, end_dim=1)
+            sin_thw = sin_thw[window_index_thw_dev, :, :].flatten(start_dim=0, end_dim=1)
+            cu_seqlens_thw = torch.repeat_interleave(
+                torch.tensor([h * w], dtype=torch.int32), t
+            )
+"""
+_QWEN25_CONCAT = """        rotary_pos_emb_cos = torch.cat(rotary_pos_emb_cos)
+        rotary_pos_emb_sin = torch.cat(rotary_pos_emb_sin)
+        window_index = torch.cat(window_indices)
+        # compute reverse indices
+        reverse_indices = self.invert_permutation(window_index)
+        cu_window_seqlens = torch.cat(cu_window_seqlens_parts)
+        cu_window_seqlens = torch.unique_consecutive(cu_window_seqlens)
+        cu_seqlens = torch.cat(cu_seqlens_parts)
+        cu_seqlens = torch.cumsum(cu_seqlens, dim=0, dtype=torch.int32)
+        cu_seqlens = F.pad(cu_seqlens, (1, 0), "constant", 0)
+"""
+_QWEN25_CONCAT_CALL = """        (
+            rotary_pos_emb_cos,
+            rotary_pos_emb_sin,
+            window_index,
+            reverse_indices,
+            cu_window_seqlens,
+            cu_seqlens,
+        ) = self._join_image_parts(
+            rotary_pos_emb_cos,
+            rotary_pos_emb_sin,
+            window_indices,
+            cu_window_seqlens_parts,
+            cu_seqlens_parts,
+        )
+"""
+_QWEN25_PREPARE = """    def prepare_encoder_metadata(
+        self,
+"""
+_QWEN25_HELPER = """    def _join_image_parts(
+        self,
+        cos_parts: list[torch.Tensor],
+        sin_parts: list[torch.Tensor],
+        window_parts: list[torch.Tensor],
+        cu_window_seqlens_parts: list[torch.Tensor],
+        cu_seqlens_parts: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
+        \"\"\"The per-image parts of the encoder metadata, joined into batch tensors.\"\"\"
+        window_index = torch.cat(window_parts)
+        cu_window_seqlens = torch.unique_consecutive(torch.cat(cu_window_seqlens_parts))
+        cu_seqlens = torch.cumsum(torch.cat(cu_seqlens_parts), dim=0, dtype=torch.int32)
+        return (
+            torch.cat(cos_parts),
+            torch.cat(sin_parts),
+            window_index,
+            self.invert_permutation(window_index),
+            cu_window_seqlens,
+            F.pad(cu_seqlens, (1, 0), "constant", 0),
+        )
+
+    def prepare_encoder_metadata(
+        self,
+"""
+
+_QWEN25_VIT = "vllm/model_executor/models/qwen2_5_vl.py:Qwen2_5_VisionTransformer"
+
+# ----------------------------------------------------------------------------- glm-4-1v
+_GLM_NUMPY_TARGETS = """            # Calculate target dimensions for each patch. `lengths` and
+            # `image_shapes` are host data, so expand them with numpy and move
+            # the result across once rather than per-image.
+            # Shapes are cycled: in data parallel mode some GPUs might not
+            # have all image shapes.
+            shapes_np = np.asarray(image_shapes)
+            shape_idx = np.arange(len(lengths)) % shapes_np.shape[0]
+            target_h = async_tensor_h2d(
+                np.repeat(shapes_np[shape_idx, 1], lengths),
+                device=device,
+                dtype=torch.float32,
+            )
+            target_w = async_tensor_h2d(
+                np.repeat(shapes_np[shape_idx, 2], lengths),
+                device=device,
+                dtype=torch.float32,
+            )
+"""
+_GLM_PER_IMAGE_TARGETS = """            # Convert inputs to tensors if needed
+            if isinstance(lengths, list):
+                lengths = torch.tensor(lengths, device=device, dtype=torch.long)
+            if not isinstance(image_shapes, torch.Tensor):
+                image_shapes = torch.tensor(
+                    image_shapes, device=device, dtype=torch.long
+                )
+
+            # Calculate target dimensions for each patch
+            # Add bounds checking for data parallel mode
+            if len(lengths) > image_shapes.shape[0]:
+                # In data parallel mode, some GPUs might not have all
+                # image shapes
+                # Use available image shapes, cycling if necessary
+                target_h_list = []
+                target_w_list = []
+                for i in range(len(lengths)):
+                    # Cycle through available shapes
+                    shape_idx = i % image_shapes.shape[0]
+                    target_h_list.append(image_shapes[shape_idx, 1].repeat(lengths[i]))
+                    target_w_list.append(image_shapes[shape_idx, 2].repeat(lengths[i]))
+                target_h = torch.cat(target_h_list).to(
+                    device=device, dtype=torch.float32
+                )
+                target_w = torch.cat(target_w_list).to(
+                    device=device, dtype=torch.float32
+                )
+            else:
+                target_h = torch.cat(
+                    [image_shapes[i, 1].repeat(lengths[i]) for i in range(len(lengths))]
+                ).to(device=device, dtype=torch.float32)
+                target_w = torch.cat(
+                    [image_shapes[i, 2].repeat(lengths[i]) for i in range(len(lengths))]
+                ).to(device=device, dtype=torch.float32)
+"""
+_GLM_GRID = """            # Normalize coordinates to [-1, 1] range for grid_sample
+            h_coords = h_coords.to(device=device, dtype=torch.float32)
+            w_coords = w_coords.to(device=device, dtype=torch.float32)
+            norm_w = ((w_coords + 0.5) / target_w) * 2 - 1
+            norm_h = ((h_coords + 0.5) / target_h) * 2 - 1
+
+            # Create sampling grid
+            grid = torch.stack((norm_w, norm_h), dim=-1).unsqueeze(0).unsqueeze(2)
+"""
+_GLM_GRID_CALL = """            grid = self._sampling_grid(h_coords, w_coords, target_h, target_w, device)
+"""
+_GLM_FORWARD = """    def forward(
+        self, embeddings, lengths, image_shapes, h_coords, w_coords
+    ) -> torch.Tensor:
+"""
+_GLM_HELPER = """    @staticmethod
+    def _sampling_grid(
+        h_coords: torch.Tensor,
+        w_coords: torch.Tensor,
+        target_h: torch.Tensor,
+        target_w: torch.Tensor,
+        device: torch.device,
+    ) -> torch.Tensor:
+        \"\"\"grid_sample's grid: patch centres normalised to [-1, 1] per image size.\"\"\"
+        h = h_coords.to(device=device, dtype=torch.float32)
+        w = w_coords.to(device=device, dtype=torch.float32)
+        norm_w = ((w + 0.5) / target_w) * 2 - 1
+        norm_h = ((h + 0.5) / target_h) * 2 - 1
+        return torch.stack((norm_w, norm_h), dim=-1).unsqueeze(0).unsqueeze(2)
+
+""" + _GLM_FORWARD
+
+_GLM_EMB = "vllm/model_executor/models/glm4_1v.py:Glm4vVisionEmbeddings"
+
+# ----------------------------------------------------------------------------- qwen3-vl
+_QWEN3_CACHED_IDS = """        pos_ids = [
+            self.rot_pos_ids(h, w, self.spatial_merge_size)
+            if t == 1
+            else self.rot_pos_ids(h, w, self.spatial_merge_size).repeat(t, 1)
+            for t, h, w in grid_thw
+        ]
+        num_pos = sum(p.shape[0] for p in pos_ids)
+        pinned = torch.empty(
+            (num_pos, pos_ids[0].shape[1]),
+            dtype=pos_ids[0].dtype,
+            pin_memory=PIN_MEMORY,
+        )
+        pos_ids = torch.cat(pos_ids, dim=0, out=pinned).to(
+            self.device, non_blocking=True
+        )
+"""
+_QWEN3_PER_IMAGE_IDS = """        pos_ids = []
+        for t, h, w in grid_thw:
+            hpos_ids = torch.arange(h).unsqueeze(1).expand(-1, w)
+            wpos_ids = torch.arange(w).unsqueeze(0).expand(h, -1)
+            hpos_ids = (
+                hpos_ids.reshape(
+                    h // self.spatial_merge_size,
+                    self.spatial_merge_size,
+                    w // self.spatial_merge_size,
+                    self.spatial_merge_size,
+                )
+                .permute(0, 2, 1, 3)
+                .flatten()
+            )
+            wpos_ids = (
+                wpos_ids.reshape(
+                    h // self.spatial_merge_size,
+                    self.spatial_merge_size,
+                    w // self.spatial_merge_size,
+                    self.spatial_merge_size,
+                )
+                .permute(0, 2, 1, 3)
+                .flatten()
+            )
+            pos_ids.append(torch.stack([hpos_ids, wpos_ids], dim=-1).repeat(t, 1))
+        pos_ids = torch.cat(pos_ids, dim=0).to(self.device, non_blocking=True)
+"""
+_QWEN3_GATHER = """        # Use pre-computed cos_sin_cache from RotaryEmbedding
+        cos, sin = self.rotary_pos_emb.get_cos_sin(max_grid_size)
+
+        cos_combined = cos[pos_ids].flatten(1)
+        sin_combined = sin[pos_ids].flatten(1)
+
+        return cos_combined, sin_combined
+
+    def fast_pos_embed_interpolate(
+"""
+_QWEN3_GATHER_HELPER = """        return self._gather_cos_sin(pos_ids, max_grid_size)
+
+    def _gather_cos_sin(
+        self, pos_ids: torch.Tensor, max_grid_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        \"\"\"Each patch's (h, w) rows of the RoPE cos/sin tables, side by side.\"\"\"
+        # Use pre-computed cos_sin_cache from RotaryEmbedding
+        cos_table, sin_table = self.rotary_pos_emb.get_cos_sin(max_grid_size)
+        return cos_table[pos_ids].flatten(1), sin_table[pos_ids].flatten(1)
+
+    def fast_pos_embed_interpolate(
+"""
+
+_QWEN3_VIT = "vllm/model_executor/models/qwen3_vl.py:Qwen3_VisionTransformer"
+
+HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
+    Holdout(
+        model="qwen2-5-vl",
+        pattern="rotary table and window index rebuilt per image on every request (no per-(t, h, w) cache)",
+        source="vLLM PR #17973 (before it: rot_pos_emb / get_window_index looped over grid_thw on every forward)",
+        function=f"{_QWEN25_VIT}.prepare_encoder_metadata",
+        fails=(f"{_QWEN25_VIT}.prepare_encoder_metadata", f"{_QWEN25_VIT}.rotary_pos_emb_thw",
+               f"{_QWEN25_VIT}.get_window_index_thw"),
+        slow=HoldoutHead("qwen2.5-vl: build each image's rotary table and window index in prepare_encoder_metadata",
+                         1, edits={QWEN25: ((_QWEN25_CACHED, _QWEN25_PER_IMAGE),)}),
+        refactor=HoldoutHead("qwen2.5-vl: factor the joining of per-image parts out of prepare_encoder_metadata", 0,
+                             edits={QWEN25: ((_QWEN25_CONCAT, _QWEN25_CONCAT_CALL), (_QWEN25_PREPARE, _QWEN25_HELPER))}),
+        helper=f"{_QWEN25_VIT}._join_image_parts",
+    ),
+    Holdout(
+        model="glm-4-1v",
+        pattern="per-image repeat + cat of the patch target sizes, a 0-d tensor as each repeat's size (.item() per image)",
+        source="vLLM glm4_1v.py Glm4vVisionEmbeddings.forward before the numpy expansion (e.g. vLLM commit 002d181a)",
+        function=f"{_GLM_EMB}.forward",
+        fails=(f"{_GLM_EMB}.forward",),
+        slow=HoldoutHead("glm-4.1v: target sizes per image with torch (repeat + cat)", 1,
+                         edits={GLM: ((_GLM_NUMPY_TARGETS, _GLM_PER_IMAGE_TARGETS),)}),
+        refactor=HoldoutHead("glm-4.1v: factor the sampling grid out of Glm4vVisionEmbeddings.forward", 0,
+                             edits={GLM: ((_GLM_GRID, _GLM_GRID_CALL), (_GLM_FORWARD, _GLM_HELPER))}),
+        helper=f"{_GLM_EMB}._sampling_grid",
+    ),
+    Holdout(
+        model="qwen3-vl",
+        pattern="vision rotary position ids built per image with torch ops on every request (no per-(h, w) cache)",
+        source="vLLM PR #28475 (before it: rot_pos_emb's arange/expand/reshape/permute loop over grid_thw)",
+        function=f"{_QWEN3_VIT}.rot_pos_emb",
+        fails=(f"{_QWEN3_VIT}.rot_pos_emb",),
+        slow=HoldoutHead("qwen3-vl: rotary position ids per image with torch ops", 1,
+                         edits={QWEN3: ((_QWEN3_CACHED_IDS, _QWEN3_PER_IMAGE_IDS),)}),
+        refactor=HoldoutHead("qwen3-vl: factor the cos/sin gather out of rot_pos_emb", 0,
+                             edits={QWEN3: ((_QWEN3_GATHER, _QWEN3_GATHER_HELPER),)}),
+        helper=f"{_QWEN3_VIT}._gather_cos_sin",
+    ),
+)}
+
+
+def apply(text: str, pairs: tuple[tuple[str, str], ...], path: str = "") -> str:
+    """``text`` with each (old, new) applied in order; each old must occur exactly once when applied."""
+    for i, (old, new) in enumerate(pairs):
+        found = text.count(old)
+        assert found == 1, f"{path}: edit {i + 1}'s old text occurs {found} times"
+        text = text.replace(old, new)
+    return text
