@@ -110,7 +110,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import dataclasses
 
     from guard.judge.evaluate import evaluate
-    from guard.measure.census import read_baseline
+    from guard.config.census import read_baseline
 
     judged = run.profile if record.measures.ttft else dataclasses.replace(run.profile, ttft_ms={})
     results = evaluate(judged, record, output=str(run.output), census_baseline=read_baseline(run.profile.census))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.judge.gates import busy
+from guard.model.environment import busy
 from guard.model import format as fmt
 from guard.measure.contention import (
     ContentionReading,

@@ -32,12 +32,9 @@ from guard.measure.inprocess import SLOW_ENCODER, parse_inject
 from guard.commands.matrix import add_model_argument, run_models
 
 
-OPS_ONLY = "ops"  # --only ops: the op-count pass alone (the self-test measures no TTFT)
-
-
 def measures_of(only: str | None, server_url: str | None) -> Measures:
     """What a run measures, decided here once: the run stage, results.json and re-judging read it."""
-    if only == OPS_ONLY:
+    if only == Measures.OPS:
         return Measures.OPS
     return Measures.TTFT if server_url else Measures.BOTH  # a server guard did not start cannot be profiled
 
@@ -63,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "engine; default: the profile's engine.mode (docs/server-mode.md)")
     parser.add_argument("--server-url", default=None, metavar="URL",
                         help="measure an already running vLLM server (TTFT only; op budgets are not measured)")
-    parser.add_argument("--only", choices=[OPS_ONLY], default=None,
+    parser.add_argument("--only", choices=[Measures.OPS], default=None,
                         help="ops: the op budgets and the census only, no TTFT (one engine start, one profiled request "
                              "per image size): the fast local check")
     parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",
@@ -127,7 +124,7 @@ def _run_one(args: argparse.Namespace) -> int:
     say_dtype(profile, "guard check")
     how = {"in-process": "the in-process engine", "server": f"the server at {args.server_url}" if args.server_url
            else "a `vllm serve` started by guard"}[profile.engine.mode]
-    if args.only == OPS_ONLY:
+    if args.only == Measures.OPS:
         if not profile.has_op_count_pass:
             raise UsageError(f"profile '{profile.name}' has no op budgets and no census: --only ops would judge nothing")
         print(f"guard check: op counts only: one profiled request per image size "

@@ -17,11 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard import __version__
-from guard.model.results import ABRecord
+from guard.model.results import ABRecord, Measures
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.files import prepare_output
 from guard.report.output import write_report
-from guard.commands.check import OPS_ONLY
 from guard.commands.matrix import add_model_argument, run_models
 from guard.config import models
 from guard.errors import InvalidRunError, UsageError
@@ -92,7 +91,7 @@ def _run_one(args: argparse.Namespace) -> int:
     thresholds, budget_files = _budgets(args)
     hw = detect(quick=True)
     profile = select_profile(thresholds, args.profile, hw)
-    ops_only = args.only == OPS_ONLY
+    ops_only = args.only == Measures.OPS
     if not profile.has_op_count_pass and ops_only:
         raise UsageError(f"profile '{profile.name}' has no op budgets and no census: --only ops would judge nothing")
     if args.cache_max_gb <= 0:

@@ -19,10 +19,10 @@ from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError
 from guard.judge.evaluate import DEFAULT_OUTPUT
-from guard.commands.check import OPS_ONLY, run_and_judge
+from guard.commands.check import run_and_judge
 from guard.report.output import write_report
 from guard.measure.hardware import detect, select_profile
-from guard.model.results import Results, Status, Verdict, reasons_text
+from guard.model.results import Measures, Results, Status, Verdict, reasons_text
 from guard.report.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     for label, inject in (("clean", None), ("canary", LEGACY_MASK)):
         print(f"guard selftest: {label} run (op counts only){' with the pre-#49531 mask injected' if inject else ''}",
               flush=True)
-        res = run_and_judge(thresholds, profile, output / label, inject=inject, only=OPS_ONLY)
+        res = run_and_judge(thresholds, profile, output / label, inject=inject, only=Measures.OPS)
         write_report(res, output / label, thresholds=args.thresholds)  # the canary's: what a caught regression reads like
         if res.verdict == Verdict.INVALID:  # e.g. the mask function was renamed: the selftest proves nothing
             print(render_terminal(res))

@@ -19,9 +19,9 @@ from guard.config.budgets import ttft_hardware_problem
 from guard.config.census import Baseline
 from guard.files import person_path, recorded_as_person_path
 from guard.judge.census import CensusJudgement, judge
-from guard.judge.gates import busy, gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
+from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
 from guard.model.changes import unmeasurable
-from guard.model.environment import Environment
+from guard.model.environment import Environment, busy
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition, verdict_of)
 from guard.judge.opnames import vacuous_budgets

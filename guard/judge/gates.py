@@ -20,16 +20,6 @@ from guard.model.results import Status, TtftCheck
 
 
 # ----------------------------------------------------------------------------- other processes
-def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
-    """The reading, when the rest of the machine took more than the limit and so absolute TTFT is
-    untrustworthy; None: within the limit, or not measured (no /proc: evaluation says so in a
-    notice). The sentence that says so is ``guard.model.format.busy_machine``'s."""
-    if not recorded:
-        return None
-    r = ContentionReading.from_dict(recorded)
-    return r if r.over(max_other_cpu_pct) else None
-
-
 # ----------------------------------------------------------------------------- the machine's speed
 def slowdown_pct(recorded: Mapping[str, Any] | None, reference_ms: float | None) -> float | None:
     """How much slower (+) or faster (-) this run's machine ran the reference than the budget's, in

@@ -32,9 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from guard.config.budgets import DEFAULT_ROOTS
-from guard.config.census import read_baseline  # noqa: F401 - measure/plugin.py's import until the run-stage rewrite
 from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD, FunctionCounts, fold, total_calls
-from guard.model.readings import size as size_key  # noqa: F401 - measure/run.py's name for a census key
 from guard.measure.probes import FRAME_RE, HTOD_PREFIX, SYNC_CALLS, ProfEvent
 
 # Profiler events that ProfEvent.is_op lets through but that are Python calls, not operators:

@@ -247,10 +247,3 @@ class ContentionSampler:
         out = self.peek()
         self._start = None
         return out
-
-
-def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
-    """measure/run.py's stop test while it measures (the measure stage imports no judge code, so not
-    guard.judge.gates' gate); the limit itself is ``ContentionReading.over``, which both call."""
-    r = ContentionReading.from_dict(recorded) if recorded else None
-    return r if r is not None and r.over(max_other_cpu_pct) else None

@@ -41,14 +41,14 @@ from typing import Any
 from guard.measure import abcache, speedref
 from guard.model import format as fmt
 from guard.config.budgets import Profile, Thresholds
-from guard.measure.census import size_key
-from guard.measure.contention import ContentionSampler, busy
+from guard.measure.contention import ContentionSampler
 from guard.errors import InvalidRunError
 from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.measure.stopping import StoppingRule, measure_until_decided
-from guard.model.environment import Environment
+from guard.model.environment import Environment, busy
+from guard.model.readings import size as size_key
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
                                   RequestOutcome, RunRecord, ScopeCounts, pairs, scope_counts_from_dict)
 

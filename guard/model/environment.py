@@ -62,6 +62,17 @@ class ContentionReading:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
+    """The reading, when the rest of the machine took more than the limit and so absolute TTFT is
+    untrustworthy; None: within the limit, or not measured (no /proc: evaluation says so in a
+    notice). The run stage stops resampling on it and the verdict judges with it, so the two agree;
+    the sentence that says so is ``guard.model.format.busy_machine``'s."""
+    if not recorded:
+        return None
+    r = ContentionReading.from_dict(recorded)
+    return r if r.over(max_other_cpu_pct) else None
+
+
 @dataclass(frozen=True)
 class HardwareMatch:
     """Whether the machine fitted a rule when the run started (``reason``: why not)."""

@@ -119,7 +119,7 @@ def contention(reading: ContentionReading | Mapping[str, Any], ab: bool = False)
 
 
 def busy_machine(reading: ContentionReading, max_other_cpu_pct: float) -> str:
-    """Why a run on a busy machine (``guard.measure.contention.busy``) does not judge TTFT."""
+    """Why a run on a busy machine (``guard.model.environment.busy``) does not judge TTFT."""
     limit = reading.cpus * max_other_cpu_pct / 100.0
     return (f"busy machine: {contention(reading)}; the profile allows {limit:.2f} "
             f"({max_other_cpu_pct:g} % of {reading.cpus} cores, validity.max_other_cpu_pct), so its TTFT is not judged")
