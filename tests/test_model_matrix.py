@@ -16,7 +16,7 @@ from guard.commands import matrix
 from guard.config import models
 from guard.config.budgets import load_thresholds
 from guard.errors import ConfigError, ExitCode, UsageError
-from guard.config.census import read_baseline
+from guard.config.census import load_baseline, read_baseline
 from guard.judge.census import compare
 from guard.measure.hardware import Hardware, detect, mismatch, select_profile
 from guard.model import format as fmt
@@ -66,6 +66,21 @@ def test_minicpm_v_says_it_needs_native_bf16_and_the_others_fall_back_to_float32
             assert engine.requires_native_bf16 and engine.dtype_without_native_bf16 is None
         else:
             assert not engine.requires_native_bf16 and engine.dtype_without_native_bf16 == "float32"
+
+
+@pytest.mark.parametrize("name", ["deepseek-ocr-2", *(n for n in TINY if n != "minicpm-v")])
+def test_a_model_that_falls_back_to_float32_is_judged_against_a_float32_census(name: str) -> None:
+    """Recorded by real float32 runs (docs/model-matrix.md): the same functions at the same sizes as
+    the bf16 census, fewer calls where bf16 is cast and never more, so a float32 run on a CPU
+    without native bf16 is judged against what float32 counts, not shown as shrinkage."""
+    census = load_thresholds(THRESHOLDS / f"{name}.yaml").profiles["cpu"].census
+    assert census.baseline_without_native_bf16 is not None
+    bf16, f32 = load_baseline(census.baseline), load_baseline(census.baseline_without_native_bf16)
+    assert f32.model == bf16.model and set(f32.census) == set(bf16.census)
+    for size in bf16.census:
+        assert set(f32.census[size]) == set(bf16.census[size]), size
+        calls = lambda fns: sum(sum(ops.values()) for ops in fns.values())  # noqa: E731
+        assert calls(f32.census[size]) < calls(bf16.census[size]), size
 
 
 def test_requires_native_bf16_is_validated(tmp_path: Path) -> None:
