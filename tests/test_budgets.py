@@ -51,6 +51,8 @@ def test_shipped_thresholds_load_with_both_profiles() -> None:
     assert cpu.engine.load_format == "dummy" and cpu.workload.concurrency == 1
     # the CPU engine keeps freed memory (docs/ab.md); the A10's host side is left as vLLM runs it
     assert cpu.engine.retain_freed_memory and not a10.engine.retain_freed_memory
+    # the CPU skips vLLM's memory-sizing pass (its KV cache is fixed); the A10 needs it to size its cache
+    assert cpu.engine.skip_mm_profiling and not a10.engine.skip_mm_profiling
     for p in (a10, cpu):
         mask = {sb.name: sb for sb in p.ops}["mask_path"]
         assert mask.ops["aten::_index_put_impl_"].count == 0
@@ -134,6 +136,8 @@ BAD = [
     ("    match: {cuda: false}", "    match: {cuda: nope}", 5, "profiles.cpu.match.cuda", "expected true or false"),
     ("      max_model_len: 2048\n", "      max_model_len: 2048\n      retain_freed_memory: sometimes\n", 9,
      "profiles.cpu.engine.retain_freed_memory", "expected true or false"),
+    ("      max_model_len: 2048\n", "      max_model_len: 2048\n      skip_mm_profiling: 1\n", 9,
+     "profiles.cpu.engine.skip_mm_profiling", "expected true or false"),
     ("      image_sizes: [[640, 480]]", "      image_sizes: [[640]]", 11, "image_sizes[0]", "expected [width, height]"),
     ("  cpu:", "  cpu:\n    headroom_pct: 5\n    headroom_pct: 6", 6, "profiles.cpu.headroom_pct", "duplicate key"),
     (T, T + "\n      ttft_hardware: {cpu_model_regex: '(EPYC'}", 15, "budgets.ttft_hardware.cpu_model_regex",

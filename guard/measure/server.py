@@ -86,6 +86,8 @@ def server_command(engine: EngineArgs, seed: int, port: int, host: str = HOST) -
         cmd += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
     if engine.gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", _num(engine.gpu_memory_utilization)]
+    if engine.skip_mm_profiling:
+        cmd.append("--skip-mm-profiling")
     return cmd
 
 
