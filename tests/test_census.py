@@ -157,6 +157,10 @@ def test_fewer_calls_are_said_as_an_improvement_naming_the_host_syncs_gone() -> 
     said = fmt.census_change(parse)
     assert said.startswith("improvement: vllm/m.py:parse [640x480]: 13 → 2 op calls")
     assert said.endswith("host syncs gone: 1 .item() (aten::_local_scalar_dense)")
+    # 0.26 -> 0.27 (#49531): each .item() is recorded as aten::item wrapping _local_scalar_dense; one sync each
+    mask = _moved({"vllm/m.py:mask": {"aten::item": 512, "aten::_local_scalar_dense": 512, "aten::nonzero": 2}},
+                  {"vllm/m.py:mask": {"aten::expand": 1}})["vllm/m.py:mask"]
+    assert fmt.census_change(mask).endswith("host syncs gone: 2 nonzero (aten::nonzero), 512 .item() (aten::_local_scalar_dense)")
     grew = _moved({"vllm/m.py:f": {"aten::view": 2}}, {"vllm/m.py:f": {"aten::view": 3}})["vllm/m.py:f"]
     assert not fmt.census_change(grew).startswith("improvement")
 

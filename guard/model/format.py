@@ -166,6 +166,8 @@ def revision(side: RevisionInfo) -> str:
 # Ops that stop the host until the device answers (on a GPU): one fewer per request is worth saying.
 HOST_SYNCS = {"aten::_local_scalar_dense": ".item()", "aten::item": ".item()", "aten::nonzero": "nonzero",
               "cuda::memcpy_htod": "host-to-device copy", "aten::_index_put_impl_": "index write"}
+# Counted once each: ``aten::item`` is the wrapper around ``_local_scalar_dense``, one sync, not two.
+SYNC_COUNTED = tuple(op for op in HOST_SYNCS if op != "aten::item")
 
 
 def host_syncs(census: Mapping[str, Mapping[str, Mapping[str, int]]],
@@ -174,7 +176,7 @@ def host_syncs(census: Mapping[str, Mapping[str, Mapping[str, int]]],
     wraps ``_local_scalar_dense``) as measured and, where the census was judged, as the baseline had
     them, with the functions that added any: ``640x480: 14 (.item() 12, nonzero 2); baseline 12:
     +2 .item() in vllm/x.py:f``. Counts, not syncs: on a CPU the same ops sync nothing."""
-    ops = [op for op in HOST_SYNCS if op != "aten::item"]
+    ops = SYNC_COUNTED
     out = []
     for key in sorted(census):
         got = {op: sum(f.get(op, 0) for f in census[key].values()) for op in ops}
@@ -200,7 +202,7 @@ def census_change(c: CensusCheck, *, donor: bool = False) -> str:
         return f"moved: {c.moved_calls} op calls from {donors or 'elsewhere in the request'} to {line}"
     if not donor and (c.measured_calls or 0) < (c.baseline_calls or 0):
         gone = [f"{-d.delta_calls} {HOST_SYNCS[d.op]} ({d.op})" for d in c.op_deltas
-                if d.delta_calls < 0 and d.op in HOST_SYNCS]
+                if d.delta_calls < 0 and d.op in SYNC_COUNTED]
         return f"improvement: {line}" + (f"; host syncs gone: {', '.join(gone)}" if gone else "")
     return line
 
