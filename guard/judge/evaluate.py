@@ -23,7 +23,7 @@ from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, sp
 from guard.model.changes import unmeasurable
 from guard.model.environment import Environment, busy
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
-                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition, verdict_of)
+                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
 

@@ -15,11 +15,10 @@ from typing import Any
 
 from guard.config.budgets import Profile
 from guard.measure.hardware import Hardware, mismatch
-from guard.model.environment import SPEED_WORKLOADS as WORKLOADS, ContentionReading, Environment
+from guard.model.environment import SPEED_WORKLOADS as WORKLOADS, Environment
 from guard.model.results import Status, TtftCheck
 
 
-# ----------------------------------------------------------------------------- other processes
 # ----------------------------------------------------------------------------- the machine's speed
 def slowdown_pct(recorded: Mapping[str, Any] | None, reference_ms: float | None) -> float | None:
     """How much slower (+) or faster (-) this run's machine ran the reference than the budget's, in

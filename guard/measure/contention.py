@@ -31,10 +31,9 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from guard.model.environment import ContentionReading  # the reading, typed where the record is
 

@@ -172,16 +172,15 @@ SYNC_COUNTED = tuple(op for op in HOST_SYNCS if op != "aten::item")
 
 def host_syncs(census: Mapping[str, Mapping[str, Mapping[str, int]]],
                checks: tuple[CensusCheck, ...] = (), judged: bool = True) -> list[str]:
-    """Per profiled image size, the request's host-sync ops (HOST_SYNCS, ``aten::item`` left out: it
-    wraps ``_local_scalar_dense``) as measured and, where the census was judged, as the baseline had
-    them, with the functions that added any: ``640x480: 14 (.item() 12, nonzero 2); baseline 12:
-    +2 .item() in vllm/x.py:f``. Counts, not syncs: on a CPU the same ops sync nothing."""
-    ops = SYNC_COUNTED
+    """Per profiled image size, the request's host-sync ops (SYNC_COUNTED) as measured and, where
+    the census was judged, as the baseline had them, with the functions that added any: ``640x480:
+    14 (.item() 12, nonzero 2); baseline 12: +2 .item() in vllm/x.py:f``. Counts, not syncs: on a
+    CPU the same ops sync nothing."""
     out = []
     for key in sorted(census):
-        got = {op: sum(f.get(op, 0) for f in census[key].values()) for op in ops}
+        got = {op: sum(f.get(op, 0) for f in census[key].values()) for op in SYNC_COUNTED}
         deltas = [(c.function, d.op, d.delta_calls) for c in checks if size(c.image_size) == key
-                  for d in c.op_deltas if d.op in ops]
+                  for d in c.op_deltas if d.op in SYNC_COUNTED]
         base = sum(got.values()) - sum(d for _, _, d in deltas)
         parts = ", ".join(f"{HOST_SYNCS[op]} {n}" for op, n in got.items() if n)
         line = f"{key}: {sum(got.values())}" + (f" ({parts})" if parts else "")

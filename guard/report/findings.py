@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guard.config import models
-from guard.model import format as fmt
 from guard.model.results import (TOTAL_OPS, CensusCheck, OpCheck, Results, ScopeCounts, Status, TtftCheck, TtftRatioCheck,
                                   Verdict)
 
