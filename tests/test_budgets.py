@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import load_thresholds, resolve_model
+from guard.config.budgets import has_amx, load_thresholds, resolve_model
 from guard.errors import ConfigError, ExitCode
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
 
@@ -289,3 +289,23 @@ def test_an_undecidable_percentile_is_named_whole_in_its_error_and_hint(tmp_path
     assert f"an upper bound for {percentile} at 0.95 confidence needs >= {need} samples" in err.value.problem
     assert err.value.hint == (f"raise statistics.max_requests to {need} or more, or drop the {percentile} budget "
                               "(it is still measured and reported)")
+
+
+def test_on_cpu_swaps_in_the_amx_census_only_for_bf16_on_an_amx_cpu() -> None:
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    assert cpu.census.baseline_with_amx.name == "deepseek-ocr-2.cpu.amx.census.json"
+    assert cpu.census.baseline_with_amx.exists()  # committed beside the other two
+    amx = cpu.on_cpu(native_bf16=True, amx=True)
+    assert amx.census.baseline == cpu.census.baseline_with_amx and amx.engine == cpu.engine
+    assert cpu.census.baselines == (cpu.census.baseline, cpu.census.baseline_without_native_bf16,
+                                    cpu.census.baseline_with_amx)
+    float32 = dataclasses.replace(cpu, engine=dataclasses.replace(cpu.engine, dtype="float32"))
+    assert float32.on_cpu(native_bf16=True, amx=True) is float32  # vLLM's AMX GEMM takes bf16/fp16 only
+    without = dataclasses.replace(cpu, census=dataclasses.replace(cpu.census, baseline_with_amx=None))
+    unjudged = without.on_cpu(native_bf16=True, amx=True)
+    assert unjudged.census.baseline == cpu.census.baseline and "AMX" in unjudged.census.not_judged
+
+
+def test_has_amx_reads_the_recorded_extensions() -> None:
+    assert has_amx(("avx512f", "avx512_bf16", "amx_bf16")) and not has_amx(("avx2", "avx512f", "avx512_bf16"))
+    assert not has_amx(None) and not has_amx(())

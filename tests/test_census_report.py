@@ -243,3 +243,69 @@ def test_a_float32_run_never_ratchets_a_bfloat16_census(tmp_path: Path, capsys) 
     code, out = update(capsys, "--from", str(results))  # a full update leaves the census alone, and says so
     assert code == 0 and "not bfloat16" in out
     assert (tmp_path / "t.cpu.census.json").read_text() == before
+
+
+# ----------------------------------------------------------------------------- a CPU with AMX
+# On an AMX CPU vLLM runs small bf16 GEMMs on sgl-kernel's AMX kernels instead of oneDNN: a new
+# function and other calls where the baseline counted none (seen on an Intel Xeon with amx_bf16).
+AMX_GEMM = "vllm/_custom_ops.py:weight_packed_linear_cpu"
+ON_AMX = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 40, "aten::mm": 51},
+                     AMX_GEMM: {"_C::weight_packed_linear": 9, "aten::empty": 9, "aten::view": 18}}}
+AMX_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
+
+
+def setup_amx(tmp_path: Path, *, own_baseline: bool) -> Path:
+    path = setup(tmp_path)
+    if own_baseline:
+        data = yaml.safe_load(path.read_text())
+        data["profiles"]["cpu"]["budgets"]["census"]["baseline_with_amx"] = "t.cpu.amx.census.json"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def amx_results(tmp_path: Path, census: dict, yaml_path: Path):
+    """A run as `guard check` records it on an AMX CPU: the profile as select_profile gives it there."""
+    profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=True, amx=True)
+    run = run_with(census, yaml_path)
+    run.environment.cpu_isa = AMX_ISA
+    baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None
+    res = evaluate(profile, run, output=tmp_path, census_baseline=baseline)
+    path = tmp_path / "results.json"
+    write_json_atomic(path, results_to_dict(res))
+    return res, path
+
+
+def test_an_amx_run_is_never_judged_against_a_census_counted_without_amx(tmp_path: Path, capsys) -> None:
+    path = setup_amx(tmp_path, own_baseline=False)
+    before = (tmp_path / "t.cpu.census.json").read_text()
+    res, results = amx_results(tmp_path, grown(), path)  # even a real loop: no baseline fits this CPU
+    assert res.verdict == Verdict.PASS and res.census_checks == ()
+    (note,) = [n for n in res.notices if n.startswith("census: counted, not judged")]
+    assert "AMX" in note and "t.cpu.census.json" in note and "census.baseline_with_amx" in note
+    assert "--only census" in note
+    assert res.run.census == grown()  # counted and kept: the AMX baseline can be written from it
+    code, out = update(capsys, "--from", str(results), "--only", "census")
+    assert code == 2 and "AMX" in out and "baseline_with_amx" in out
+    code, out = update(capsys, "--from", str(results))  # a full update leaves the census alone, and says so
+    assert code == 0 and "counted with AMX" in out
+    assert (tmp_path / "t.cpu.census.json").read_text() == before
+
+
+def test_an_amx_census_of_its_own_is_written_and_judged_apart(tmp_path: Path, capsys) -> None:
+    path = setup_amx(tmp_path, own_baseline=True)
+    before = (tmp_path / "t.cpu.census.json").read_text()
+    first, results = amx_results(tmp_path, ON_AMX, path)
+    assert first.verdict == Verdict.INVALID  # not written yet: nothing to compare with
+    assert any(r.kind == ReasonKind.CENSUS_BASELINE and "t.cpu.amx.census.json" in r.text for r in first.invalid_reasons)
+    code, out = update(capsys, "--from", str(results), "--only", "census")
+    assert code == 0, out
+    assert load_baseline(tmp_path / "t.cpu.amx.census.json").census == ON_AMX
+    assert (tmp_path / "t.cpu.census.json").read_text() == before  # the census without AMX is untouched
+    again, _ = amx_results(tmp_path, ON_AMX, path)
+    assert again.verdict == Verdict.PASS and again.census_checks == ()
+    loop = {"640x480": {**ON_AMX["640x480"], LOOP: grown()["640x480"][LOOP]}}
+    worse, _ = amx_results(tmp_path, loop, path)  # a loop is still caught against the AMX census
+    assert worse.verdict == Verdict.REGRESSION and LOOP in {c.function for c in worse.census_checks}
+    # without AMX the same profile is judged against its first baseline
+    plain = load_thresholds(path).profile("cpu").on_cpu(native_bf16=True, amx=False)
+    assert plain.census.baseline == tmp_path / "t.cpu.census.json"

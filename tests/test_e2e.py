@@ -47,7 +47,7 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
         cpu["engine"]["model"] = model
     census = cpu["budgets"].get("census")
     if census:  # the committed baselines, not ones beside the copy
-        for key in ("baseline", "baseline_without_native_bf16"):
+        for key in ("baseline", "baseline_without_native_bf16", "baseline_with_amx"):
             if key in census:
                 census[key] = str((SHIPPED_THRESHOLDS.parent / census[key]).resolve())
     path = tmp_path / "budget.yaml"

@@ -86,6 +86,17 @@ class TtftHardware:
 CPU_ISA_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
 # Any of these (x86) or the Arm "bf16" feature: bf16 matrix products run natively.
 NATIVE_BF16_EXTENSIONS = ("avx512_bf16", "amx_bf16", "bf16")
+# With AMX, vLLM's CPU backend runs bf16/fp16 matrix products whose weight is small (up to 1 MiB:
+# every projection of the repo's tiny models) on sgl-kernel's AMX GEMM (weight_packed_linear)
+# instead of oneDNN (vllm/model_executor/layers/utils.py, check_cpu_sgl_kernel): other functions,
+# other op calls, so a census counted without AMX cannot judge a run with it, nor the reverse.
+AMX_EXTENSIONS = ("amx_bf16",)
+AMX_DTYPES = ("bfloat16", "float16")
+
+
+def has_amx(isa: tuple[str, ...] | None) -> bool:
+    """The CPU extensions (Hardware.cpu_isa, Environment.cpu_isa) include AMX; unknown counts as none."""
+    return bool(isa) and any(e in isa for e in AMX_EXTENSIONS)
 
 
 def bf16_replaced(engine: Mapping[str, Any]) -> bool:
@@ -263,6 +274,11 @@ class CensusRule:
     # The census where the engine runs engine.dtype_without_native_bf16 (Profile.on_cpu swaps it in):
     # float32 makes none of bf16's casts, so 16 functions count fewer calls than in bfloat16.
     baseline_without_native_bf16: Path | None = None
+    # The census where the CPU has AMX and the engine runs bf16/fp16 (AMX_EXTENSIONS; Profile.on_cpu).
+    baseline_with_amx: Path | None = None
+    # Why no committed census fits this machine's kernels (an AMX CPU, no ``baseline_with_amx``): the
+    # census is counted and shown, not judged. None: judged against ``baseline``.
+    not_judged: str | None = None
     max_growth_pct: float = 2.0
     min_growth_calls: int = 16
     new_function_max_calls: int = 8
@@ -272,11 +288,21 @@ class CensusRule:
     line: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"baseline": str(self.baseline), "max_growth_pct": self.max_growth_pct,
-                "baseline_without_native_bf16": str(self.baseline_without_native_bf16)
-                if self.baseline_without_native_bf16 else None,
-                "min_growth_calls": self.min_growth_calls, "new_function_max_calls": self.new_function_max_calls,
-                "watch": list(self.watch), "roots": list(self.roots), "exclude": dict(self.exclude)}
+        d = {"baseline": str(self.baseline), "max_growth_pct": self.max_growth_pct,
+             "baseline_without_native_bf16": str(self.baseline_without_native_bf16)
+             if self.baseline_without_native_bf16 else None,
+             "min_growth_calls": self.min_growth_calls, "new_function_max_calls": self.new_function_max_calls,
+             "watch": list(self.watch), "roots": list(self.roots), "exclude": dict(self.exclude)}
+        if self.baseline_with_amx is not None:  # results of profiles without one stay byte-identical
+            d["baseline_with_amx"] = str(self.baseline_with_amx)
+        if self.not_judged is not None:
+            d["not_judged"] = self.not_judged
+        return d
+
+    @property
+    def baselines(self) -> tuple[Path, ...]:
+        """Every committed census file the rule names, one per kind of CPU kernels."""
+        return tuple(p for p in (self.baseline, self.baseline_without_native_bf16, self.baseline_with_amx) if p is not None)
 
 
 @dataclass(frozen=True)
@@ -334,15 +360,24 @@ class Profile:
             return ("ttft_ms",)
         return ("modes", self.engine.mode, "ttft_ms")
 
-    def on_cpu(self, native_bf16: bool) -> Profile:
-        """This profile as it runs on a CPU with or without native bf16: the engine's dtype
-        (``engine.dtype_without_native_bf16``) and the census baseline measured in it."""
+    def on_cpu(self, native_bf16: bool, amx: bool = False) -> Profile:
+        """This profile as it runs on a CPU with or without native bf16 and AMX: the engine's dtype
+        (``engine.dtype_without_native_bf16``) and the census baseline counted with the same kernels
+        (``census.baseline_without_native_bf16``, ``census.baseline_with_amx``)."""
         engine = self.engine.on_cpu(native_bf16)
-        if engine is self.engine:
-            return self
         census = self.census
-        if census is not None and census.baseline_without_native_bf16 is not None:
+        if census is not None and engine is not self.engine and census.baseline_without_native_bf16 is not None:
             census = replace(census, baseline=census.baseline_without_native_bf16)
+        elif census is not None and amx and engine.dtype in AMX_DTYPES:
+            if census.baseline_with_amx is not None:
+                census = replace(census, baseline=census.baseline_with_amx)
+            else:
+                census = replace(census, not_judged=(
+                    f"this CPU has AMX, where vLLM runs small {engine.dtype} GEMMs on AMX kernels, and "
+                    f"{census.baseline.name} was counted on a CPU without it (other functions, other calls); "
+                    "give the profile `census.baseline_with_amx: FILE` and write it from this run"))
+        if engine is self.engine and census is self.census:
+            return self
         return replace(self, engine=engine, census=census)
 
     def with_engine_mode(self, mode: str | None) -> Profile:
@@ -446,7 +481,7 @@ BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes":
 MODE_BUDGETS_KEYS = {"ttft_ms": True}
 AB_KEYS = {"gpu_memory_utilization": False, "batch": False, "confidence": False, "fail_confidence": False}
 AB_SIDES_KEYS = {"candidate": False, "baseline": False}
-CENSUS_KEYS = {"baseline": True, "baseline_without_native_bf16": False, "max_growth_pct": False, "min_growth_calls": False,
+CENSUS_KEYS = {"baseline": True, "baseline_without_native_bf16": False, "baseline_with_amx": False, "max_growth_pct": False, "min_growth_calls": False,
                "new_function_max_calls": False, "watch": False, "roots": False, "exclude": False}
 SCOPE_BUDGET_KEYS = {"scope": True, "ops": False, "total_ops": False}
 SCOPE_KEYS = {"file": True, "function": True}
@@ -1026,6 +1061,7 @@ def _census(r: _Reader, key: str, node: yaml.Node) -> CensusRule:
         baseline=path,
         baseline_without_native_bf16=census_path("baseline_without_native_bf16")
         if "baseline_without_native_bf16" in m else None,
+        baseline_with_amx=census_path("baseline_with_amx") if "baseline_with_amx" in m else None,
         max_growth_pct=r.number(m["max_growth_pct"][1], f"{key}.max_growth_pct", minimum=0.0)
         if "max_growth_pct" in m else d.max_growth_pct,
         min_growth_calls=r.integer(m["min_growth_calls"][1], f"{key}.min_growth_calls", minimum=0)

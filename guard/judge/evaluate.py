@@ -241,7 +241,10 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
     census = None
-    if ops_measurable(run) and not run.invalid_reasons:  # a stopped run's missing census is no more news
+    if profile.census is not None and profile.census.not_judged and ops_measurable(run):
+        notices.append(f"census: counted, not judged: {profile.census.not_judged} "
+                       f"(`{census_update_command(profile, run, output)}`)")
+    elif ops_measurable(run) and not run.invalid_reasons:  # a stopped run's missing census is no more news
         census = census_judgement(profile, run, census_baseline, output)
     elif profile.census is not None and not ops_measurable(run):  # a remote server's frames cannot be profiled
         notices.append(f"census: not measured in this mode ({NOT_MEASURED_REMOTE})")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from guard import __version__
-from guard.config.budgets import (CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa,
+from guard.config.budgets import (CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa, has_amx,
                                   ttft_hardware_problem)
 from guard.errors import InvalidRunError
 from guard.model.environment import Environment
@@ -227,7 +227,7 @@ def select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Prof
     measured on other hardware would be judged against the wrong budget (invalid, exit 3).
     The profile comes back as its engine runs here (``Profile.on_cpu``)."""
     profile = _select_profile(thresholds, requested, hw)
-    return profile if hw.cuda else profile.on_cpu(hw.native_bf16)
+    return profile if hw.cuda else profile.on_cpu(hw.native_bf16, amx=has_amx(hw.cpu_isa))
 
 
 def _select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:

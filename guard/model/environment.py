@@ -198,6 +198,8 @@ class Environment:
         details = [f"{self.cpu_count} cores"] if self.cpu_count else []
         if self.cpu_isa is not None:
             details.append("native bf16" if "avx512_bf16" in self.cpu_isa else "no native bf16")
+            if "amx_bf16" in self.cpu_isa:  # other GEMM kernels: the census has a baseline of its own
+                details.append("AMX")
         cpu = self.cpu or "unknown CPU"
         return f"{cpu} ({', '.join(details)})" if details else cpu
 

@@ -66,7 +66,7 @@ def named_files(thresholds: Thresholds, root: Path) -> list[str]:
     for profile in thresholds.profiles.values():
         paths = [Path(profile.engine.model)]
         if profile.census is not None:
-            paths += [profile.census.baseline, profile.census.baseline_without_native_bf16]
+            paths += profile.census.baselines
         for p in paths:
             if p is None or not p.is_absolute():
                 continue
@@ -82,7 +82,7 @@ def _leaves_repository(thresholds: Thresholds, root: Path) -> str | None:
     for profile in thresholds.profiles.values():
         if profile.census is None:
             continue
-        for p in (profile.census.baseline, profile.census.baseline_without_native_bf16):
+        for p in profile.census.baselines:
             if p is not None and not Path(p).resolve().is_relative_to(root.resolve()) and ".." in Path(p).parts:
                 return str(p)
     return None
