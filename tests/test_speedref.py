@@ -72,6 +72,26 @@ def test_a_cpu_quota_that_proc_does_not_show_slows_the_reading():
     assert limited > 2.0 * free, (free, limited)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not (CPU_CGROUP / "cpu.cfs_quota_us").exists(),
+                    reason="needs root and cgroup v1's cpu controller to impose a CPU quota")
+def test_a_mild_quota_shows_even_where_one_pass_is_shorter_than_the_schedulers_period():
+    """1.3 cores, the engine test's quota (TTFT +59 % on an AMX Xeon). A pass there takes ~18 ms, less
+    than CFS's 100 ms period, so single passes mostly ran before the throttle and their median read
+    the free speed; blocks of MIN_BLOCK_S pay their share. On two cores the reading must show at
+    least half of the 2/1.3 = 1.54x a two-thread workload loses."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("a 1.3-core quota slows nothing on a single core")
+    group = CPU_CGROUP / f"guard-speedref-mild-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("130000")
+        free, limited = _reading_in_subprocess(None), _reading_in_subprocess(group)
+    finally:
+        group.rmdir()
+    assert limited > 1.25 * free, (free, limited)
+
+
 def test_the_run_record_is_the_mean_of_the_readings_around_the_timing_pass():
     before = SpeedReading(WORKLOAD, 80.0, 5.0, 7, 2)
     after = SpeedReading(WORKLOAD, 90.0, 4.0, 7, 2)

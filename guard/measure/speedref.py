@@ -26,6 +26,7 @@ that judges a reading (``speed_problems``, ``unsteady``) is guard.judge.gates'.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -41,16 +42,22 @@ WORKLOAD, WORKLOAD_FLOAT32, WORKLOADS = SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32, 
 
 def workload_for(engine_dtype: str) -> str:
     return WORKLOAD_FLOAT32 if engine_dtype == "float32" else WORKLOAD
-REPEATS = 5  # the median of 5 passes of ~75 ms (after one untimed pass): ~0.45 s per reading
+REPEATS = 5  # the median of 5 timed blocks (after one untimed pass)
+# Each timed block runs passes back to back for at least this long. A CPU quota throttles a process
+# once per scheduler period (CFS: 100 ms) after it spent its share: a pass shorter than that (18 ms
+# on an AMX Xeon) mostly ran unthrottled and the median of single passes hid a 1.3-core quota that
+# slowed TTFT by 59 %; a block of several periods pays its share of every throttled stretch.
+MIN_BLOCK_S = 0.3
 
 
 @dataclass(frozen=True)
 class SpeedReading:
-    """One reading: the median time of ``repeats`` passes of the reference workload."""
+    """One reading: the median over ``repeats`` timed blocks of the time a pass of the reference
+    workload took in that block (MIN_BLOCK_S)."""
 
     workload: str
-    ms: float  # median pass, milliseconds
-    spread_pct: float  # (slowest - fastest) / median of the passes, percent
+    ms: float  # median block's time per pass, milliseconds
+    spread_pct: float  # (slowest - fastest) / median of the blocks, percent
     repeats: int
     threads: int  # torch intra-op threads the passes ran on
 
@@ -87,11 +94,15 @@ def measure(repeats: int = REPEATS, workload: str = WORKLOAD) -> SpeedReading:
     """Time the reference workload on this process's torch threads (one untimed pass first)."""
     torch, one_pass = _workload(workload)
     one_pass()
+    t = time.perf_counter()
+    one_pass()
+    per_block = max(1, math.ceil(MIN_BLOCK_S / max(time.perf_counter() - t, 1e-6)))
     times = []
     for _ in range(max(1, repeats)):
         t = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - t)
+        for _ in range(per_block):
+            one_pass()
+        times.append((time.perf_counter() - t) / per_block)
     median = statistics.median(times)
     return SpeedReading(workload=workload, ms=round(to_ms(median), 2),
                         spread_pct=round((max(times) - min(times)) / median * 100.0, 1),
