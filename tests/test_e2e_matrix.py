@@ -40,6 +40,12 @@ def test_a_per_image_item_in_qwen2_5_vl_fails_the_census_naming_the_function(tmp
     # the terminal names it as the model's own code, and the host-sync line names the function
     assert m.function in proc.stdout and " model " in proc.stdout
     assert f"+1 .item() in {m.function}" in proc.stdout
-    # the named vision path scope sees the .item() too: its budget is the recorded count
+    # the named vision path scope sees the .item() too. Its cap is the count recorded without AMX (10);
+    # with AMX vLLM's GEMM path issues none of those, so there the cap leaves room and the census,
+    # exact for each kernel set, is what fails it (above)
     ops = {(o["scope"], o["op"], tuple(o["image_size"])): o for o in res["checks"]["ops"]}
-    assert ops[("vision_path", "aten::_local_scalar_dense", (640, 480))]["status"] == "fail"
+    item = ops[("vision_path", "aten::_local_scalar_dense", (640, 480))]
+    if "amx_bf16" in (res["run"]["environment"].get("cpu_isa") or []):
+        assert (item["status"], item["measured_calls"]) == ("pass", 1)
+    else:
+        assert item["status"] == "fail"
