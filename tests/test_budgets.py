@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import has_amx, load_thresholds, resolve_model
+from guard.config.budgets import load_thresholds, resolve_model
 from guard.errors import ConfigError, ExitCode
+from guard.model.environment import has_amx
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
 
 GOOD = """\

@@ -202,16 +202,23 @@ def setup_float32(tmp_path: Path, *, own_baseline: bool) -> Path:
     return path
 
 
-def float32_results(tmp_path: Path, census: dict, yaml_path: Path):
-    """A run as `guard check` records it on a CPU without native bf16: the profile as Profile.on_cpu gives it."""
-    profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=False)
+def results_on(tmp_path: Path, census: dict, yaml_path: Path, *, native_bf16: bool = True, amx: bool = False):
+    """A run as `guard check` records it on a CPU with or without native bf16 and AMX: the profile as
+    Profile.on_cpu gives it there, the engine and CPU extensions as the run records them."""
+    profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=native_bf16, amx=amx)
     run = run_with(census, yaml_path)
     run.environment.engine_args = profile.engine.as_dict()
+    if amx:
+        run.environment.cpu_isa = AMX_ISA
     baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None
     res = evaluate(profile, run, output=tmp_path, census_baseline=baseline)
     path = tmp_path / "results.json"
     write_json_atomic(path, results_to_dict(res))
     return res, path
+
+
+def float32_results(tmp_path: Path, census: dict, yaml_path: Path):
+    return results_on(tmp_path, census, yaml_path, native_bf16=False)
 
 
 def test_a_float32_census_is_kept_apart_from_the_bfloat16_one(tmp_path: Path, capsys) -> None:
@@ -264,15 +271,7 @@ def setup_amx(tmp_path: Path, *, own_baseline: bool) -> Path:
 
 
 def amx_results(tmp_path: Path, census: dict, yaml_path: Path):
-    """A run as `guard check` records it on an AMX CPU: the profile as select_profile gives it there."""
-    profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=True, amx=True)
-    run = run_with(census, yaml_path)
-    run.environment.cpu_isa = AMX_ISA
-    baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None
-    res = evaluate(profile, run, output=tmp_path, census_baseline=baseline)
-    path = tmp_path / "results.json"
-    write_json_atomic(path, results_to_dict(res))
-    return res, path
+    return results_on(tmp_path, census, yaml_path, amx=True)
 
 
 def test_an_amx_run_is_never_judged_against_a_census_counted_without_amx(tmp_path: Path, capsys) -> None:

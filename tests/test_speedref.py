@@ -56,19 +56,24 @@ def _reading_in_subprocess(group: Path | None) -> float:
     return float(out.stdout.split()[-1])
 
 
+def _readings_free_and_under_quota(quota_us: int) -> tuple[float, float]:
+    """A reading without a quota, then one in a cgroup of ``quota_us`` per 100 ms period."""
+    group = CPU_CGROUP / f"guard-speedref-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+        return _reading_in_subprocess(None), _reading_in_subprocess(group)
+    finally:
+        group.rmdir()  # its one process has exited
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not (CPU_CGROUP / "cpu.cfs_quota_us").exists(),
                     reason="needs root and cgroup v1's cpu controller to impose a CPU quota")
 def test_a_cpu_quota_that_proc_does_not_show_slows_the_reading():
     """What the reference is for: a slowdown no other process explains. Half a core against the
     machine's two or more is a 4x (or worse) slowdown; the reading must show at least half of it."""
-    group = CPU_CGROUP / f"guard-speedref-test-{os.getpid()}"
-    group.mkdir()
-    try:
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("50000")
-        free, limited = _reading_in_subprocess(None), _reading_in_subprocess(group)
-    finally:
-        group.rmdir()  # its one process has exited
+    free, limited = _readings_free_and_under_quota(50_000)
     assert limited > 2.0 * free, (free, limited)
 
 
@@ -81,14 +86,7 @@ def test_a_mild_quota_shows_even_where_one_pass_is_shorter_than_the_schedulers_p
     least half of the 2/1.3 = 1.54x a two-thread workload loses."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("a 1.3-core quota slows nothing on a single core")
-    group = CPU_CGROUP / f"guard-speedref-mild-{os.getpid()}"
-    group.mkdir()
-    try:
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("130000")
-        free, limited = _reading_in_subprocess(None), _reading_in_subprocess(group)
-    finally:
-        group.rmdir()
+    free, limited = _readings_free_and_under_quota(130_000)
     assert limited > 1.25 * free, (free, limited)
 
 

@@ -29,7 +29,7 @@ from guard.files import find_recorded, person_path, repository_root
 from guard.judge import gates
 from guard.measure import speedref
 from guard.config import yamledit
-from guard.config.budgets import Profile, Thresholds, bf16_replaced, has_amx, load_thresholds
+from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
 from guard.config.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.measure.hardware import git_commit, ttft_hardware_for
@@ -382,32 +382,31 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
                        provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
     census: CensusPlan | None = None
-    amx = has_amx(results.run.environment.cpu_isa) and not (results.run.environment.cuda or results.run.environment.gpu)
-    if amx and prof.census is not None and not _ran_without_native_bf16(results):
-        ran_as = prof.on_cpu(native_bf16=True, amx=True)  # its census goes to the AMX baseline, if there is one
-        if ran_as.census.not_judged:
-            if only == "census":
-                raise UsageError(f"{results_path}: counted on a CPU with AMX; {prof.census.baseline} was counted "
-                                 "without it, where vLLM runs other GEMM kernels",
-                                 hint="give the profile `census.baseline_with_amx: FILE` for this machine's census, "
-                                      "then run this command again")
-            print(f"census: {results_path} was counted with AMX; {prof.census.baseline} is left as it is", file=out)
-            ran_as = dataclasses.replace(ran_as, census=None)
-        prof = dataclasses.replace(prof, census=ran_as.census)
-    elif _ran_without_native_bf16(results):  # its census goes to the float32 baseline, if there is one
-        ran_as = prof.on_cpu(native_bf16=False)
-        if prof.census is not None and ran_as.census.baseline == prof.census.baseline:
-            if only == "census":
-                raise UsageError(
-                    f"{results_path}: the engine ran {prof.engine.dtype_without_native_bf16} in place of bfloat16 (this "
-                    f"CPU has no native bf16); {prof.census.baseline} is a bfloat16 census, which counts casts that "
-                    f"{prof.engine.dtype_without_native_bf16} does not make",
-                    hint="update it from a run on a CPU with native bf16 (avx512_bf16 or amx_bf16), or give the "
-                         "profile `census.baseline_without_native_bf16: FILE` for this dtype's census")
-            print(f"census: {results_path} ran {prof.engine.dtype_without_native_bf16}, not bfloat16; "
-                  f"{prof.census.baseline} is left as it is", file=out)
-            ran_as = dataclasses.replace(ran_as, census=None)
-        prof = dataclasses.replace(prof, census=ran_as.census)
+    # The census the run counted goes to the baseline of the kernels it ran on (Profile.on_cpu), never
+    # into one counted with other kernels.
+    fallback = _ran_without_native_bf16(results)
+    ran_as = prof.on_cpu(native_bf16=not fallback, amx=results.run.environment.ran_on_amx)
+    other_kernels = None
+    if prof.census is not None and ran_as.census.not_judged:
+        other_kernels = (f"{results_path}: counted on a CPU with AMX; {prof.census.baseline} was counted "
+                         "without it, where vLLM runs other GEMM kernels",
+                         "give the profile `census.baseline_with_amx: FILE` for this machine's census, "
+                         "then run this command again",
+                         "was counted with AMX;")
+    elif prof.census is not None and fallback and ran_as.census.baseline == prof.census.baseline:
+        other_kernels = (f"{results_path}: the engine ran {prof.engine.dtype_without_native_bf16} in place of bfloat16 (this "
+                         f"CPU has no native bf16); {prof.census.baseline} is a bfloat16 census, which counts casts that "
+                         f"{prof.engine.dtype_without_native_bf16} does not make",
+                         "update it from a run on a CPU with native bf16 (avx512_bf16 or amx_bf16), or give the "
+                         "profile `census.baseline_without_native_bf16: FILE` for this dtype's census",
+                         f"ran {prof.engine.dtype_without_native_bf16}, not bfloat16;")
+    if other_kernels is not None:
+        refusal, hint, said = other_kernels
+        if only == "census":
+            raise UsageError(refusal, hint=hint)
+        print(f"census: {results_path} {said} {prof.census.baseline} is left as it is", file=out)
+        ran_as = dataclasses.replace(ran_as, census=None)
+    prof = dataclasses.replace(prof, census=ran_as.census)
     if prof.census is not None and only is None and not results.run.census:
         print(f"census: {results_path} has no census; {prof.census.baseline} is left as it is", file=out)
     elif prof.census is not None and only in (None, "census"):

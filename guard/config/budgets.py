@@ -86,17 +86,8 @@ class TtftHardware:
 CPU_ISA_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
 # Any of these (x86) or the Arm "bf16" feature: bf16 matrix products run natively.
 NATIVE_BF16_EXTENSIONS = ("avx512_bf16", "amx_bf16", "bf16")
-# With AMX, vLLM's CPU backend runs bf16/fp16 matrix products whose weight is small (up to 1 MiB:
-# every projection of the repo's tiny models) on sgl-kernel's AMX GEMM (weight_packed_linear)
-# instead of oneDNN (vllm/model_executor/layers/utils.py, check_cpu_sgl_kernel): other functions,
-# other op calls, so a census counted without AMX cannot judge a run with it, nor the reverse.
-AMX_EXTENSIONS = ("amx_bf16",)
+# The dtypes vLLM's AMX GEMM takes (guard.model.environment.has_amx says why AMX matters).
 AMX_DTYPES = ("bfloat16", "float16")
-
-
-def has_amx(isa: tuple[str, ...] | None) -> bool:
-    """The CPU extensions (Hardware.cpu_isa, Environment.cpu_isa) include AMX; unknown counts as none."""
-    return bool(isa) and any(e in isa for e in AMX_EXTENSIONS)
 
 
 def bf16_replaced(engine: Mapping[str, Any]) -> bool:
@@ -274,7 +265,7 @@ class CensusRule:
     # The census where the engine runs engine.dtype_without_native_bf16 (Profile.on_cpu swaps it in):
     # float32 makes none of bf16's casts, so 16 functions count fewer calls than in bfloat16.
     baseline_without_native_bf16: Path | None = None
-    # The census where the CPU has AMX and the engine runs bf16/fp16 (AMX_EXTENSIONS; Profile.on_cpu).
+    # The census where the CPU has AMX and the engine runs bf16/fp16 (has_amx; Profile.on_cpu).
     baseline_with_amx: Path | None = None
     # Why no committed census fits this machine's kernels (an AMX CPU, no ``baseline_with_amx``): the
     # census is counted and shown, not judged. None: judged against ``baseline``.

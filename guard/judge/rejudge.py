@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from guard.model.results import ABRecord
-from guard.config.budgets import Profile, Thresholds, has_amx
+from guard.config.budgets import Profile, Thresholds
 from guard.config.census import read_baseline
 from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
@@ -115,9 +115,8 @@ def judged_profile(run: RunRecord, thresholds: Thresholds, *, source: str) -> Pr
     if run.model != thresholds.model:
         raise UsageError(f"{source}: measured model '{one_line(run.model, 60)}', but {thresholds.path} is "
                          f"for '{thresholds.model}'; refusing to post")
-    env = run.environment
-    if not (env.cuda or env.gpu):  # judged as it ran: float32 and its census, or AMX's census
-        profile = profile.on_cpu(native_bf16=not ran_bf16_fallback(env), amx=has_amx(env.cpu_isa))
+    env = run.environment  # judged as it ran: float32 and its census, or AMX's census
+    profile = profile.on_cpu(native_bf16=not ran_bf16_fallback(env), amx=env.ran_on_amx)
     return profile.with_engine_mode(run.environment.engine_mode)
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from guard import __version__
-from guard.config.budgets import (CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa, has_amx,
+from guard.config.budgets import (CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa,
                                   ttft_hardware_problem)
 from guard.errors import InvalidRunError
-from guard.model.environment import Environment
+from guard.model.environment import Environment, has_amx
 
 
 @dataclass(frozen=True)

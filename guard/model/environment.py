@@ -23,6 +23,18 @@ SPEED_WORKLOAD_FLOAT32 = "speedref-1-float32"
 SPEED_WORKLOADS = (SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32)
 
 
+# With AMX, vLLM's CPU backend runs bf16/fp16 matrix products whose weight is small (up to 1 MiB:
+# every projection of the repo's tiny models) on sgl-kernel's AMX GEMM (weight_packed_linear)
+# instead of oneDNN (vllm/model_executor/layers/utils.py, check_cpu_sgl_kernel): other functions,
+# other op calls, so a census counted without AMX cannot judge a run with it, nor the reverse.
+AMX_EXTENSIONS = ("amx_bf16",)
+
+
+def has_amx(isa: tuple[str, ...] | None) -> bool:
+    """The CPU extensions (Hardware.cpu_isa, Environment.cpu_isa) include AMX; unknown counts as none."""
+    return bool(isa) and any(e in isa for e in AMX_EXTENSIONS)
+
+
 @dataclass(frozen=True)
 class ContentionReading:
     """What the rest of the machine did between two snapshots. Cores are averages over the window."""
@@ -191,6 +203,11 @@ class Environment:
                     list(value) if isinstance(value, tuple) else value
         return {**out, **self.other}
 
+    @property
+    def ran_on_amx(self) -> bool:
+        """A CPU run on a CPU with AMX (a GPU run's host CPU runs none of the engine's GEMMs)."""
+        return not (self.cuda or self.gpu) and has_amx(self.cpu_isa)
+
     def machine_summary(self) -> str:
         """What the run measured on, in words: the GPU if any, else the CPU with its cores and bf16 support."""
         if self.gpu:
@@ -198,7 +215,7 @@ class Environment:
         details = [f"{self.cpu_count} cores"] if self.cpu_count else []
         if self.cpu_isa is not None:
             details.append("native bf16" if "avx512_bf16" in self.cpu_isa else "no native bf16")
-            if "amx_bf16" in self.cpu_isa:  # other GEMM kernels: the census has a baseline of its own
+            if has_amx(self.cpu_isa):  # other GEMM kernels: the census has a baseline of its own
                 details.append("AMX")
         cpu = self.cpu or "unknown CPU"
         return f"{cpu} ({', '.join(details)})" if details else cpu

@@ -68,7 +68,7 @@ def named_files(thresholds: Thresholds, root: Path) -> list[str]:
         if profile.census is not None:
             paths += profile.census.baselines
         for p in paths:
-            if p is None or not p.is_absolute():
+            if not p.is_absolute():
                 continue
             try:
                 out.add(p.resolve().relative_to(root.resolve()).as_posix())
@@ -83,7 +83,7 @@ def _leaves_repository(thresholds: Thresholds, root: Path) -> str | None:
         if profile.census is None:
             continue
         for p in profile.census.baselines:
-            if p is not None and not Path(p).resolve().is_relative_to(root.resolve()) and ".." in Path(p).parts:
+            if not p.resolve().is_relative_to(root.resolve()) and ".." in p.parts:
                 return str(p)
     return None
 
