@@ -191,6 +191,24 @@ def engine_core(llm: Any) -> Any:
     return engine
 
 
+@contextlib.contextmanager
+def weights_left_uninitialised() -> Iterator[None]:
+    """Build a model without torch's and transformers' random initialisers. Only for dummy weights:
+    vLLM's dummy loader then refills every persistent float tensor from its own seeded generator, so
+    the model is the same tensor for tensor (benchmarks/start_cost.py checks each guarded model);
+    what goes is the random fill of sub-models built with transformers (DeepEncoder-V2's Qwen2
+    encoder: ~5 s of a ~11 s start). A transformers without the switch initialises as before."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            no_init_weights = contextlib.nullcontext
+    with no_init_weights():
+        yield
+
+
 def first_token_latency_s(output: Any) -> float | None:
     """The engine's own TTFT of a finished request (from its arrival, after input processing)."""
     metrics = getattr(output, "metrics", None)

@@ -112,3 +112,14 @@ def test_an_empty_cache_dir_setting_turns_the_cache_off(tmp_path, monkeypatch):
     assert compat.op_registry_cache(load_vllm_ops=False) is None
     assert "aten::_index_put_impl_" in compat.registered_op_names()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dummy_weight_construction_skips_the_random_fill_and_restores_it():
+    with compat.weights_left_uninitialised():
+        layer = torch.nn.Linear(64, 64)  # reset_parameters -> init.kaiming_uniform_: skipped
+        filled = torch.zeros(8)
+        torch.nn.init.uniform_(filled, 1.0, 2.0)  # what a transformers-built sub-model calls
+        assert torch.equal(filled, torch.zeros(8))
+    torch.nn.init.uniform_(filled, 1.0, 2.0)  # restored on the way out
+    assert bool((filled >= 1.0).all())
+    assert layer.weight.shape == (64, 64)

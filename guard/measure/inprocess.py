@@ -9,6 +9,7 @@ model. Requests are driven through ``LLMEngine.add_request``/``step`` in a close
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -94,9 +95,12 @@ def start_engine(engine: EngineArgs, seed: int):
         kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
     if engine.skip_mm_profiling:
         kwargs["skip_mm_profiling"] = True
+    # dummy weights overwrite whatever initialisation the model's construction does: skip it
+    construct = compat.weights_left_uninitialised if engine.load_format == "dummy" else contextlib.nullcontext
     t = time.perf_counter()
     try:
-        llm = LLM(**kwargs)
+        with construct():
+            llm = LLM(**kwargs)
     except Exception as exc:  # noqa: BLE001
         enginelog.note("start", mode="in-process", ok=False, s=round(time.perf_counter() - t, 2))
         raise InvalidRunError(f"engine failed to start: {type(exc).__name__}: {exc}") from exc
