@@ -41,9 +41,16 @@ def bare(thresholds: str, profile_name: str, measured: int | None = None) -> Non
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(e.cpu_kvcache_space_gb))
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=resolve_model(e.model), load_format=e.load_format, dtype=e.dtype, max_model_len=e.max_model_len,
-              enforce_eager=e.enforce_eager, enable_prefix_caching=e.enable_prefix_caching,
-              mm_processor_cache_gb=e.mm_processor_cache_gb, limit_mm_per_prompt={"image": 1}, seed=w.seed)
+    import contextlib
+
+    from guard import compat
+
+    # built as guard builds it (dummy weights: no random fill they overwrite), so the start is the same
+    construct = compat.weights_left_uninitialised if e.load_format == "dummy" else contextlib.nullcontext
+    with construct():
+        llm = LLM(model=resolve_model(e.model), load_format=e.load_format, dtype=e.dtype, max_model_len=e.max_model_len,
+                  enforce_eager=e.enforce_eager, enable_prefix_caching=e.enable_prefix_caching,
+                  mm_processor_cache_gb=e.mm_processor_cache_gb, limit_mm_per_prompt={"image": 1}, seed=w.seed)
     params = SamplingParams(max_tokens=w.max_tokens, temperature=0.0, ignore_eos=True)
     count = w.requests if measured is None else measured
     sizes = [w.image_sizes[i % len(w.image_sizes)] for i in range(w.warmup_requests + count)]

@@ -310,3 +310,37 @@ def test_on_cpu_swaps_in_the_amx_census_only_for_bf16_on_an_amx_cpu() -> None:
 def test_has_amx_reads_the_recorded_extensions() -> None:
     assert has_amx(("avx512f", "avx512_bf16", "amx_bf16")) and not has_amx(("avx2", "avx512f", "avx512_bf16"))
     assert not has_amx(None) and not has_amx(())
+
+
+def schema_reference() -> list[str]:
+    """docs/budgets.md's key reference, as the schema tables in guard.config.budgets declare it:
+    one row per section, its keys in order, required ones in bold, defaults in brackets."""
+    from guard.config import budgets as b
+
+    def keys(table) -> str:
+        table = table.keys if isinstance(table, b.Section) else table
+        words = []
+        for name, key in table.items():
+            default = key.default
+            shown = f" ({default})" if isinstance(default, (int, float, str)) and not isinstance(default, bool) \
+                else f" ({str(default).lower()})" if isinstance(default, bool) else ""
+            words.append(f"**`{name}`**" if key.required else f"`{name}`{shown}")
+        return ", ".join(words)
+
+    p = "profiles.NAME"
+    sections = [("(top level)", b.TOP), (p, b.PROFILE), (f"{p}.match", b.MATCH), (f"{p}.engine", b.ENGINE),
+                (f"{p}.workload", b.WORKLOAD), (f"{p}.statistics", b.STATISTICS), (f"{p}.validity", b.VALIDITY),
+                (f"{p}.ab", b.AB), (f"{p}.budgets", b.BUDGETS), (f"{p}.budgets.ttft_hardware", b.TTFT_HARDWARE),
+                (f"{p}.budgets.census", b.CENSUS), (f"{p}.budgets.ops.SCOPE", b.SCOPE_BUDGET),
+                (f"{p}.budgets.ops.SCOPE.scope", b.SCOPE), (f"{p}.budgets.ops.SCOPE.ops.OP", b.OP_BUDGET),
+                (f"{p}.budgets.modes.MODE", b.MODE_BUDGETS)]
+    return [f"| `{where}` | {keys(table)} |" for where, table in sections]
+
+
+def test_the_docs_key_reference_is_the_schema() -> None:
+    """The reference in docs/budgets.md lists exactly the keys the loader accepts, in its order,
+    with what is required and the defaults: a key added to the schema fails here until it is documented."""
+    doc = (Path(__file__).parents[1] / "docs" / "budgets.md").read_text()
+    section = doc.split("## Every key", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows == schema_reference(), "\n".join(schema_reference())

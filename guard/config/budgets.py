@@ -1,12 +1,14 @@
 """Thresholds YAML -> validated, immutable budget records. The only reader of raw YAML.
 
 Every error names the file, the line and the offending key (``ConfigError``, exit 2).
-The schema is declared as data (``*_KEYS`` below) beside this single loader; past this module
-everything works on the frozen records.
+The file's format is declared once, as data (the section tables ``PROFILE``, ``ENGINE``, ``BUDGETS``, ...
+below: each key's reader, whether it is required, its default), read by one loader; past this
+module everything works on the frozen records.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import difflib
 import math
@@ -14,7 +16,8 @@ import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import yaml
@@ -449,39 +452,10 @@ def min_samples_for_upper_bound(key: str, confidence: float) -> int:
     return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log(q) - 1e-9)
 
 
-# ----------------------------------------------------------------------------- schema
-# key -> required?  (types are checked by the converters below)
-TOP_KEYS = {"schema_version": True, "model": True, "profiles": True}
-PROFILE_KEYS = {"match": True, "engine": True, "workload": True, "statistics": False, "validity": False,
-                "headroom_pct": False, "budgets": True, "provenance": False, "ab": False}
-VALIDITY_KEYS = {"max_other_cpu_pct": False, "max_slowdown_pct": False}
-TTFT_HARDWARE_KEYS = {"cpu_model_regex": False, "cpu_count": False, "cpu_isa": False, "speed_reference_ms": False}
-MATCH_KEYS = {"cuda": True, "gpu_name_regex": False}
-ENGINE_KEYS = {"model": True, "revision": False, "load_format": False, "dtype": False,
-               "max_model_len": True, "enforce_eager": False, "enable_prefix_caching": False,
-               "mm_processor_cache_gb": False, "cpu_kvcache_space_gb": False,
-               "max_num_batched_tokens": False, "gpu_memory_utilization": False, "mode": False,
-               "retain_freed_memory": False, "skip_mm_profiling": False, "dtype_without_native_bf16": False,
-               "requires_native_bf16": False}
-ENGINE_MODES = ("in-process", "server")
-WORKLOAD_KEYS = {"requests": True, "warmup_requests": False, "concurrency": False,
-                 "image_sizes": True, "profile_image_sizes": False, "prompt": True, "max_tokens": False, "seed": False}
-STATISTICS_KEYS = {"confidence": False, "max_requests": False, "batch": False}
-BUDGETS_KEYS = {"ttft_ms": False, "ttft_hardware": False, "ops": False, "modes": False, "ttft_vs_baseline_pct": False,
-                "census": False}
-MODE_BUDGETS_KEYS = {"ttft_ms": True}
-AB_KEYS = {"gpu_memory_utilization": False, "batch": False, "confidence": False, "fail_confidence": False}
-AB_SIDES_KEYS = {"candidate": False, "baseline": False}
-CENSUS_KEYS = {"baseline": True, "baseline_without_native_bf16": False, "baseline_with_amx": False, "max_growth_pct": False, "min_growth_calls": False,
-               "new_function_max_calls": False, "watch": False, "roots": False, "exclude": False}
-SCOPE_BUDGET_KEYS = {"scope": True, "ops": False, "total_ops": False}
-SCOPE_KEYS = {"file": True, "function": True}
-OP_BUDGET_KEYS = {"exact": False, "max": False}
-DEFAULT_HEADROOM_PCT = 10.0
-
-
+# ----------------------------------------------------------------------------- reading YAML
 class _Reader:
-    """Walks a composed YAML node tree, so every value keeps its line number."""
+    """Walks a composed YAML node tree, so every value keeps its line number. Its methods read one
+    value each; the schema below names them per key."""
 
     require_decidable = True  # see load_thresholds
 
@@ -492,7 +466,7 @@ class _Reader:
         line = node.start_mark.line + 1 if node is not None else None
         return ConfigError(str(self.path), line, key, problem, hint=hint)
 
-    def mapping(self, node: yaml.Node, key: str, schema: dict[str, bool] | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    def mapping(self, node: yaml.Node, key: str, schema: Mapping[str, Key] | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
         if not isinstance(node, yaml.MappingNode):
             raise self.error(node, key, f"expected a mapping, got {_kind(node)}")
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
@@ -508,10 +482,21 @@ class _Reader:
                 hint = f"did you mean `{close[0]}`?" if close else f"allowed keys: {', '.join(schema)}"
                 raise self.error(knode, full, "unknown key", hint)
             out[name] = (knode, vnode)
-        for name, required in (schema or {}).items():
-            if required and name not in out:
+        for name, spec in (schema or {}).items():
+            if spec.required and name not in out:
                 raise self.error(node, f"{key}.{name}" if key else name, "missing required key")
         return out
+
+    def fields(self, node: yaml.Node, key: str, schema: Mapping[str, Key]) -> Fields:
+        """A section read by its schema: each key's value, or its default where it is absent."""
+        present = self.mapping(node, key, schema)
+        values = {name: spec.read(self, present[name][1], f"{key}.{name}" if key else name)
+                  if name in present else copy.copy(spec.default) for name, spec in schema.items()}
+        return Fields(node=node, values=values, nodes=present)
+
+    def node(self, node: yaml.Node, key: str) -> yaml.Node:
+        """The node itself: its section reads it once it knows what it needs (``profiles``)."""
+        return node
 
     def scalar(self, node: yaml.Node, key: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
@@ -565,6 +550,371 @@ class _Reader:
         if node.tag == _Y + "null":
             return None
         return node.value
+
+    def strings(self, node: yaml.Node, key: str, allow_empty: bool = False) -> tuple[str, ...]:
+        if not isinstance(node, yaml.SequenceNode) or not (node.value or allow_empty):
+            raise self.error(node, key, f"expected a {'' if allow_empty else 'non-empty '}list of strings")
+        return tuple(self.string(item, f"{key}[{i}]") for i, item in enumerate(node.value))
+
+    def regex(self, node: yaml.Node, key: str) -> str:
+        """A non-empty string that compiles as a regular expression."""
+        regex = self.string(node, key)
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise self.error(node, key, f"not a valid regular expression: {exc}") from None
+        return regex
+
+    def fraction(self, node: yaml.Node, key: str) -> float:
+        v = self.number(node, key)
+        if not 0 < v <= 1:
+            raise self.error(node, key, f"must be a fraction in (0, 1], got {v}", "a fraction of the GPU's memory, e.g. 0.85")
+        return v
+
+    def confidence(self, node: yaml.Node, key: str) -> float:
+        conf = self.number(node, key)
+        if not 0.5 <= conf < 1.0:
+            raise self.error(node, key, f"must be in [0.5, 1), got {conf}")
+        return conf
+
+    def machine_share_pct(self, node: yaml.Node, key: str) -> float:
+        pct = self.number(node, key, minimum=0.0)
+        if pct > 100:
+            raise self.error(node, key, f"a share of the machine's CPU time, 0-100, got {pct:g}", hint="100 turns the gate off")
+        return pct
+
+    def engine_mode(self, node: yaml.Node, key: str) -> str:
+        v = self.string(node, key)
+        if v not in ENGINE_MODES:
+            close = difflib.get_close_matches(v, ENGINE_MODES, n=1)
+            raise self.error(node, key, f"unknown engine mode {v!r}",
+                             f"did you mean `{close[0]}`?" if close else f"use one of: {', '.join(ENGINE_MODES)}")
+        return v
+
+    def sizes(self, node: yaml.Node, key: str) -> tuple[tuple[int, int], ...]:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            raise self.error(node, key, "expected a non-empty list of [width, height]")
+        sizes = []
+        for i, item in enumerate(node.value):
+            k = f"{key}[{i}]"
+            if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
+                raise self.error(item, k, "expected [width, height]")
+            sizes.append((self.integer(item.value[0], k, minimum=16), self.integer(item.value[1], k, minimum=16)))
+        return tuple(sizes)
+
+    def core_count(self, node: yaml.Node, key: str) -> tuple[int, int]:
+        """``2`` or an inclusive range ``[2, 4]``."""
+        if not isinstance(node, yaml.SequenceNode):
+            n = self.integer(node, key, minimum=1)
+            return (n, n)
+        if len(node.value) != 2:
+            raise self.error(node, key, "expected a core count or a range [min, max]")
+        lo, hi = (self.integer(n, key, minimum=1) for n in node.value)
+        if lo > hi:
+            raise self.error(node, key, f"empty range [{lo}, {hi}]: min is above max")
+        return (lo, hi)
+
+    def cpu_extensions(self, node: yaml.Node, key: str) -> tuple[str, ...]:
+        """Some of CPU_ISA_EXTENSIONS, in that order."""
+        isa = self.strings(node, key, allow_empty=True)
+        for i, ext in enumerate(isa):
+            if ext not in CPU_ISA_EXTENSIONS:
+                raise self.error(node.value[i], f"{key}[{i}]", f"unknown CPU extension {ext!r}",
+                                 hint=f"list those of {', '.join(CPU_ISA_EXTENSIONS)} the CPU has, as /proc/cpuinfo names them")
+        return tuple(e for e in CPU_ISA_EXTENSIONS if e in isa)
+
+    def percentiles(self, node: yaml.Node, key: str, allow_zero: bool = False) -> dict[str, float]:
+        """``{p50: 1200, p90: ...}``: each percentile once, a budget above 0 (at least 0 for a slowdown)."""
+        out = {}
+        seen: dict[float, str] = {}
+        for name, (knode, vnode) in self.mapping(node, key, None).items():
+            m = PERCENTILE_RE.match(name)
+            if not m or not 0 < float(m.group(1)) < 100:
+                raise self.error(knode, f"{key}.{name}", "unknown percentile",
+                                 "use p<N> with 0 < N < 100, e.g. p50, p90, p99, p99.9")
+            q = float(m.group(1))
+            if q in seen:
+                raise self.error(knode, f"{key}.{name}", f"the same percentile as `{seen[q]}`",
+                                 "budget each percentile once")
+            seen[q] = name
+            out[name] = self.number(vnode, f"{key}.{name}", minimum=0.0) if allow_zero \
+                else self.number(vnode, f"{key}.{name}", positive=True)
+        if not out:
+            raise self.error(node, key, "empty: give at least one percentile, e.g. p50")
+        return out
+
+    def engine_modes(self, node: yaml.Node, key: str) -> dict[str, dict[str, float]]:
+        """``modes: {server: {ttft_ms: {...}}}``: TTFT budgets per other engine mode."""
+        out = {}
+        for mode, (knode, vnode) in self.mapping(node, key, None).items():
+            if mode not in ENGINE_MODES:
+                raise self.error(knode, f"{key}.{mode}", "unknown engine mode", f"use one of: {', '.join(ENGINE_MODES)}")
+            out[mode] = self.fields(vnode, f"{key}.{mode}", MODE_BUDGETS)["ttft_ms"]
+        return out
+
+    def path_beside(self, node: yaml.Node, key: str) -> Path:
+        """A file named relative to the thresholds file's folder (or absolute)."""
+        path = Path(self.string(node, key))
+        return path if path.is_absolute() else self.path.parent / path
+
+    def package_roots(self, node: yaml.Node, key: str) -> tuple[str, ...]:
+        roots = self.strings(node, key)
+        for i, root in enumerate(roots):
+            if root.startswith("/") or ".." in root.split("/"):
+                raise self.error(node.value[i], f"{key}[{i}]",
+                                 f"expected a package path relative to site-packages (e.g. vllm), got {root!r}")
+        return roots
+
+    def exclusions(self, node: yaml.Node, key: str) -> dict[str, str]:
+        """``{"file:function": reason}``, the reason required."""
+        out = {}
+        for fn, (knode, vnode) in self.mapping(node, key, None).items():
+            if ":" not in fn:
+                raise self.error(knode, f"{key}.{fn}", "expected a function as file:qualname",
+                                 hint="copy the name from the census diff, e.g. vllm/v1/worker/x.py:Runner.step")
+            out[fn] = self.string(vnode, f"{key}.{fn}")
+        return out
+
+    def scope(self, node: yaml.Node, key: str) -> Scope:
+        if isinstance(node, yaml.ScalarNode):
+            if self.scalar(node, key) != "request":
+                raise self.error(node, key, "unknown scope form",
+                                 "use `scope: request` or `scope: {file: path/to/file.py, function: name}`")
+            return Scope(kind=ScopeKind.REQUEST)
+        return Scope(kind=ScopeKind.FUNCTION, **self.fields(node, key, SCOPE).values)
+
+    def op_budget(self, node: yaml.Node, key: str) -> OpBudget:
+        m = self.mapping(node, key, OP_BUDGET)
+        if len(m) != 1:
+            raise self.error(node, key, "give exactly one of `exact: N` or `max: N`")
+        (rule, (_, vnode)), = m.items()
+        return OpBudget(rule=Rule(rule), count=self.integer(vnode, f"{key}.{rule}", minimum=0), line=vnode.start_mark.line + 1)
+
+    def op_budgets(self, node: yaml.Node, key: str) -> dict[str, OpBudget]:
+        return {op: self.op_budget(onode, f"{key}.{op}") for op, (_, onode) in self.mapping(node, key, None).items()}
+
+    def scope_budgets(self, node: yaml.Node, key: str) -> tuple[ScopeBudget, ...]:
+        out = []
+        for name, (_, vnode) in self.mapping(node, key, None).items():
+            f = self.fields(vnode, f"{key}.{name}", SCOPE_BUDGET)
+            if not f["ops"] and f["total_ops"] is None:
+                raise self.error(vnode, f"{key}.{name}", "a scope needs `ops` and/or `total_ops`")
+            out.append(ScopeBudget(name=name, **f.values))
+        return tuple(out)
+
+    def provenance(self, node: yaml.Node, key: str) -> dict[str, Any]:
+        """A flat mapping of single values; free-form keys (update-thresholds writes its own set)."""
+        out = {}
+        for name, (_, vnode) in self.mapping(node, key, None).items():
+            value = self.scalar(vnode, f"{key}.{name}")
+            # An unquoted `date: 2025-01-01` loads as a date; keep every value a plain JSON-able scalar.
+            if isinstance(value, (datetime.date, datetime.datetime)):
+                value = value.isoformat()
+            if not isinstance(value, (str, int, float, bool, type(None))):
+                raise self.error(vnode, f"{key}.{name}", f"expected a string, number, true/false or null, got {value!r}")
+            out[name] = value
+        return out
+
+
+# ----------------------------------------------------------------------------- schema
+# The file's format, declared once: per section, each key's reader (a _Reader method: its type and
+# limits), whether it is required and its value where it is absent. What ties one key to another
+# (a fallback dtype only beside bfloat16, the two GPU shares below 1) is the section's ``build``.
+@dataclass(frozen=True)
+class Key:
+    read: Callable[[_Reader, yaml.Node, str], Any]
+    required: bool = False
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A section as read: every key's value (its default where absent) and the nodes of the keys
+    the file gives, for errors that name their line."""
+
+    node: yaml.Node
+    values: dict[str, Any]
+    nodes: dict[str, tuple[yaml.Node, yaml.Node]]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.nodes
+
+    def line(self) -> int:
+        return self.node.start_mark.line + 1
+
+
+@dataclass(frozen=True)
+class Section:
+    """A mapping of known keys, read into ``record(**values)`` or, where keys constrain each
+    other, by ``build(reader, key path, fields)``."""
+
+    keys: Mapping[str, Key]
+    record: Callable[..., Any] | None = None
+    build: Callable[[_Reader, str, Fields], Any] | None = None
+
+    def read(self, r: _Reader, node: yaml.Node, key: str) -> Any:
+        f = r.fields(node, key, self.keys)
+        return self.build(r, key, f) if self.build is not None else self.record(**f.values)
+
+
+def _required(read: Callable[..., Any]) -> Key:
+    return Key(read, required=True)
+
+
+def _at_least(minimum: int) -> Callable[[_Reader, yaml.Node, str], int]:
+    return partial(_Reader.integer, minimum=minimum)
+
+
+_R = _Reader
+ENGINE_MODES = ("in-process", "server")
+DEFAULT_HEADROOM_PCT = 10.0
+
+
+def _match(r: _Reader, key: str, f: Fields) -> Match:
+    if "gpu_name_regex" in f and not f["cuda"]:
+        raise r.error(f.nodes["gpu_name_regex"][1], f"{key}.gpu_name_regex", "only meaningful with cuda: true")
+    return Match(**f.values)
+
+
+def _engine(r: _Reader, key: str, f: Fields) -> EngineArgs:
+    model = f["model"]
+    if not model.startswith(EMBEDDED_PREFIX) and model.startswith((".", "/")):
+        model = str((r.path.parent / model).resolve() if model.startswith(".") else Path(model))
+    for name in ("dtype_without_native_bf16", "requires_native_bf16"):
+        if name in f and f[name] and f["dtype"] != "bfloat16":
+            raise r.error(f.nodes[name][0], f"{key}.{name}", "only meaningful with dtype: bfloat16")
+    if "dtype_without_native_bf16" in f and f["dtype_without_native_bf16"] != "float32":  # float16 is emulated on the same CPUs
+        raise r.error(f.nodes["dtype_without_native_bf16"][1], f"{key}.dtype_without_native_bf16",
+                      f"expected float32, got {f['dtype_without_native_bf16']!r}")
+    if f["requires_native_bf16"] and "dtype_without_native_bf16" in f:
+        raise r.error(f.nodes["requires_native_bf16"][0], f"{key}.requires_native_bf16",
+                      "contradicts dtype_without_native_bf16 (that one runs the model without native bf16)",
+                      hint="keep one of the two")
+    return EngineArgs(**{**f.values, "model": model, "revision": f["revision"] or None})
+
+
+def _workload(r: _Reader, key: str, f: Fields) -> Workload:
+    return Workload(**{**f.values, "profile_image_sizes": f["profile_image_sizes"] or f["image_sizes"]})
+
+
+def _ttft_hardware(r: _Reader, key: str, f: Fields) -> TtftHardware:
+    if not f.nodes:
+        raise r.error(f.node, key, "empty: give cpu_model_regex, cpu_count, cpu_isa and/or speed_reference_ms")
+    return TtftHardware(**f.values, line=f.line())
+
+
+def _gpu_shares(r: _Reader, key: str, f: Fields) -> dict[str, float]:
+    shares = {side: share for side, share in f.values.items() if share is not None}
+    if sum(shares.values()) > 1.0:
+        raise r.error(f.node, key, f"the two engines share one GPU: candidate + baseline = {sum(shares.values()):g} > 1")
+    return shares
+
+
+def _ab(r: _Reader, key: str, f: Fields) -> ABSettings:
+    conf, fail = f["confidence"], f["fail_confidence"]
+    if conf is not None and fail is not None and fail < conf:
+        raise r.error(f.nodes["fail_confidence"][1], f"{key}.fail_confidence",
+                      f"must be at least ab.confidence ({conf:g}), got {fail:g}",
+                      hint="it is the stricter level a failing look needs")
+    shares = f["gpu_memory_utilization"]
+    return ABSettings(candidate_gpu_memory_utilization=shares.get("candidate"),
+                      baseline_gpu_memory_utilization=shares.get("baseline"), batch=f["batch"], confidence=conf,
+                      fail_confidence=fail)
+
+
+def _census(r: _Reader, key: str, f: Fields) -> CensusRule:
+    return CensusRule(**f.values, line=f.line())
+
+
+MATCH = Section({"cuda": _required(_R.boolean), "gpu_name_regex": Key(_R.regex)}, build=_match)
+ENGINE = Section({
+    "model": _required(_R.string),
+    "revision": Key(_R.raw),
+    "load_format": Key(_R.string, default="auto"),
+    "dtype": Key(_R.string, default="auto"),
+    "max_model_len": _required(_at_least(1)),
+    "enforce_eager": Key(_R.boolean, default=False),
+    "enable_prefix_caching": Key(_R.boolean, default=False),
+    "mm_processor_cache_gb": Key(partial(_R.number, minimum=0.0), default=0.0),
+    "cpu_kvcache_space_gb": Key(_at_least(1)),
+    "max_num_batched_tokens": Key(_at_least(1)),
+    "gpu_memory_utilization": Key(_R.fraction),
+    "mode": Key(_R.engine_mode, default="in-process"),
+    "retain_freed_memory": Key(_R.boolean, default=False),
+    "skip_mm_profiling": Key(_R.boolean, default=False),
+    "dtype_without_native_bf16": Key(_R.string),
+    "requires_native_bf16": Key(_R.boolean, default=False),
+}, build=_engine)
+WORKLOAD = Section({
+    "requests": _required(_at_least(1)),
+    "warmup_requests": Key(_at_least(0), default=1),
+    "concurrency": Key(_at_least(1), default=1),
+    "image_sizes": _required(_R.sizes),
+    "profile_image_sizes": Key(_R.sizes),  # default: image_sizes
+    "prompt": _required(_R.string),
+    "max_tokens": Key(_at_least(1), default=1),
+    "seed": Key(_at_least(0), default=0),
+}, build=_workload)
+STATISTICS = Section({
+    "confidence": Key(_R.confidence, default=Statistics.confidence),
+    "max_requests": Key(_at_least(1)),
+    "batch": Key(_at_least(1), default=Statistics.batch),
+}, record=Statistics)
+VALIDITY = Section({
+    "max_other_cpu_pct": Key(_R.machine_share_pct, default=Validity.max_other_cpu_pct),
+    "max_slowdown_pct": Key(partial(_R.number, minimum=0.0), default=Validity.max_slowdown_pct),
+}, record=Validity)
+TTFT_HARDWARE = Section({
+    "cpu_model_regex": Key(_R.regex),
+    "cpu_count": Key(_R.core_count),
+    "cpu_isa": Key(_R.cpu_extensions),
+    "speed_reference_ms": Key(partial(_R.number, positive=True)),
+}, build=_ttft_hardware)
+AB = Section({
+    "gpu_memory_utilization": Key(Section({"candidate": Key(_R.fraction), "baseline": Key(_R.fraction)},
+                                          build=_gpu_shares).read, default={}),
+    "batch": Key(_at_least(1)),
+    "confidence": Key(_R.confidence),
+    "fail_confidence": Key(_R.confidence),
+}, build=_ab)
+CENSUS = Section({
+    "baseline": _required(_R.path_beside),
+    "baseline_without_native_bf16": Key(_R.path_beside),
+    "baseline_with_amx": Key(_R.path_beside),
+    "max_growth_pct": Key(partial(_R.number, minimum=0.0), default=CensusRule.max_growth_pct),
+    "min_growth_calls": Key(_at_least(0), default=CensusRule.min_growth_calls),
+    "new_function_max_calls": Key(_at_least(0), default=CensusRule.new_function_max_calls),
+    "watch": Key(partial(_R.strings, allow_empty=True), default=DEFAULT_WATCH),
+    "roots": Key(_R.package_roots, default=DEFAULT_ROOTS),
+    "exclude": Key(_R.exclusions, default={}),
+}, build=_census)
+SCOPE = {"file": _required(_R.string), "function": _required(_R.string)}
+OP_BUDGET = {"exact": Key(_at_least(0)), "max": Key(_at_least(0))}
+SCOPE_BUDGET = {"scope": _required(_R.scope), "ops": Key(_R.op_budgets, default={}), "total_ops": Key(_R.op_budget)}
+MODE_BUDGETS = {"ttft_ms": _required(_R.percentiles)}
+BUDGETS = {
+    "ttft_ms": Key(_R.percentiles, default={}),
+    "ttft_hardware": Key(TTFT_HARDWARE.read),
+    "ops": Key(_R.scope_budgets, default=()),
+    "modes": Key(_R.engine_modes, default={}),
+    "ttft_vs_baseline_pct": Key(partial(_R.percentiles, allow_zero=True), default={}),
+    "census": Key(CENSUS.read),
+}
+PROFILE = {
+    "match": _required(MATCH.read),
+    "engine": _required(ENGINE.read),
+    "workload": _required(WORKLOAD.read),
+    "statistics": Key(STATISTICS.read, default=Statistics()),
+    "validity": Key(VALIDITY.read, default=Validity()),
+    "headroom_pct": Key(partial(_R.number, minimum=0.0), default=DEFAULT_HEADROOM_PCT),
+    "budgets": _required(_R.node),  # read once the engine and statistics are known (_profile)
+    "provenance": Key(_R.provenance, default={}),
+    "ab": Key(AB.read, default=ABSettings()),
+}
+TOP = {"schema_version": _required(_R.integer), "model": _required(_R.string), "profiles": _required(_R.node)}
 
 
 def _check_tree(r: _Reader, root: yaml.Node) -> None:
@@ -624,6 +974,7 @@ def _kind(node: yaml.Node) -> str:
     return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
 
 
+
 # ----------------------------------------------------------------------------- loader
 def load_thresholds(path: str | Path, text: str | None = None, *, require_decidable: bool = True) -> Thresholds:
     """Load and validate a thresholds file; ``text``: its content, already read (``path`` then
@@ -657,301 +1008,54 @@ def load_thresholds(path: str | Path, text: str | None = None, *, require_decida
         raise ConfigError(str(path), None, "(file)", "empty thresholds file")
     _check_tree(r, root)
 
-    top = r.mapping(root, "", TOP_KEYS)
-    version = r.integer(top["schema_version"][1], "schema_version")
-    if version != SCHEMA_VERSION:
-        raise r.error(top["schema_version"][1], "schema_version",
-                      f"unsupported schema version {version}; this guard reads version {SCHEMA_VERSION}")
-    model = r.string(top["model"][1], "model")
-    profiles_node = top["profiles"][1]
-    profiles = {
-        name: _profile(r, f"profiles.{name}", name, vnode)
-        for name, (_, vnode) in r.mapping(profiles_node, "profiles", None).items()
-    }
+    top = r.fields(root, "", TOP)
+    if top["schema_version"] != SCHEMA_VERSION:
+        raise r.error(top.nodes["schema_version"][1], "schema_version",
+                      f"unsupported schema version {top['schema_version']}; this guard reads version {SCHEMA_VERSION}")
+    profiles = {name: _profile(r, f"profiles.{name}", name, vnode)
+                for name, (_, vnode) in r.mapping(top["profiles"], "profiles", None).items()}
     if not profiles:
-        raise r.error(profiles_node, "profiles", "at least one hardware profile is required")
-    return Thresholds(path=path, schema_version=version, model=model, profiles=profiles)
+        raise r.error(top["profiles"], "profiles", "at least one hardware profile is required")
+    return Thresholds(path=path, schema_version=top["schema_version"], model=top["model"], profiles=profiles)
 
 
 def _profile(r: _Reader, key: str, name: str, node: yaml.Node) -> Profile:
-    m = r.mapping(node, key, PROFILE_KEYS)
-    headroom = DEFAULT_HEADROOM_PCT
-    if "headroom_pct" in m:
-        headroom = r.number(m["headroom_pct"][1], f"{key}.headroom_pct", minimum=0.0)
-    budgets = r.mapping(m["budgets"][1], f"{key}.budgets", BUDGETS_KEYS)
-    ttft = _ttft(r, f"{key}.budgets.ttft_ms", budgets["ttft_ms"][1]) if "ttft_ms" in budgets else {}
-    ops = _ops(r, f"{key}.budgets.ops", budgets["ops"][1]) if "ops" in budgets else ()
-    census = _census(r, f"{key}.budgets.census", budgets["census"][1]) if "census" in budgets else None
-    ratio = _ttft(r, f"{key}.budgets.ttft_vs_baseline_pct", budgets["ttft_vs_baseline_pct"][1], allow_zero=True) \
-        if "ttft_vs_baseline_pct" in budgets else {}
-    if not ttft and not ops and not ratio and census is None:
-        raise r.error(m["budgets"][1], f"{key}.budgets",
-                      "no budgets: give ttft_ms, ttft_vs_baseline_pct, ops and/or census")
-    engine = _engine(r, f"{key}.engine", m["engine"][1])
-    by_mode = {}
-    if "modes" in budgets:
-        for mode, (knode, vnode) in r.mapping(budgets["modes"][1], f"{key}.budgets.modes", None).items():
-            mk = f"{key}.budgets.modes.{mode}"
-            if mode not in ENGINE_MODES:
-                raise r.error(knode, mk, "unknown engine mode", f"use one of: {', '.join(ENGINE_MODES)}")
-            if mode == engine.mode:
-                raise r.error(knode, mk, f"'{mode}' is this profile's engine.mode: its budgets are budgets.ttft_ms")
-            mm = r.mapping(vnode, mk, MODE_BUDGETS_KEYS)
-            by_mode[mode] = _ttft(r, f"{mk}.ttft_ms", mm["ttft_ms"][1])
-    statistics = _statistics(r, f"{key}.statistics", m["statistics"][1]) if "statistics" in m else Statistics()
-    _check_decidable(r, f"{key}.budgets.ttft_ms", budgets["ttft_ms"][1] if "ttft_ms" in budgets else None, statistics)
-    if "modes" in budgets:
-        for mode, (_, vnode) in r.mapping(budgets["modes"][1], f"{key}.budgets.modes", None).items():
-            mm = r.mapping(vnode, f"{key}.budgets.modes.{mode}", MODE_BUDGETS_KEYS)
-            _check_decidable(r, f"{key}.budgets.modes.{mode}.ttft_ms", mm["ttft_ms"][1], statistics)
-    ttft_hw = None
-    if "ttft_hardware" in budgets:
-        hw_node = budgets["ttft_hardware"][1]
-        if not ttft:
-            raise r.error(hw_node, f"{key}.budgets.ttft_hardware", "binds TTFT budgets to a CPU, but there are none",
-                          hint="add budgets.ttft_ms or remove ttft_hardware")
-        ttft_hw = _ttft_hardware(r, f"{key}.budgets.ttft_hardware", hw_node)
+    """One hardware profile: its sections by the schema, then what ties its budgets to its engine
+    and statistics."""
+    p = r.fields(node, key, PROFILE)
+    bkey = f"{key}.budgets"
+    b = r.fields(p["budgets"], bkey, BUDGETS)
+    if not (b["ttft_ms"] or b["ops"] or b["ttft_vs_baseline_pct"] or b["census"]):
+        raise r.error(b.node, bkey, "no budgets: give ttft_ms, ttft_vs_baseline_pct, ops and/or census")
+    engine, statistics = p["engine"], p["statistics"]
+    if engine.mode in b["modes"]:
+        knode = r.mapping(b.nodes["modes"][1], f"{bkey}.modes", None)[engine.mode][0]
+        raise r.error(knode, f"{bkey}.modes.{engine.mode}",
+                      f"'{engine.mode}' is this profile's engine.mode: its budgets are budgets.ttft_ms")
+    for where, ttft_node in _ttft_nodes(r, bkey, b):
+        _check_decidable(r, where, ttft_node, statistics)
+    if "ttft_hardware" in b and not b["ttft_ms"]:
+        raise r.error(b.nodes["ttft_hardware"][1], f"{bkey}.ttft_hardware", "binds TTFT budgets to a CPU, but there are none",
+                      hint="add budgets.ttft_ms or remove ttft_hardware")
     return Profile(
-        name=name,
-        match=_match(r, f"{key}.match", m["match"][1]),
-        engine=engine,
-        workload=_workload(r, f"{key}.workload", m["workload"][1]),
-        statistics=statistics,
-        headroom_pct=headroom,
-        ttft_ms=ttft,
-        ops=ops,
-        census=census,
-        line=node.start_mark.line + 1,
-        provenance=_provenance(r, f"{key}.provenance", m["provenance"][1]) if "provenance" in m else {},
-        ttft_ms_by_mode=by_mode,
-        thresholds_path=str(r.path),
-        yaml_mode=engine.mode,
-        ttft_vs_baseline_pct=ratio,
-        ab=_ab(r, f"{key}.ab", m["ab"][1]) if "ab" in m else ABSettings(),
-        ttft_hardware=ttft_hw,
-        validity=_validity(r, f"{key}.validity", m["validity"][1]) if "validity" in m else Validity(),
+        name=name, match=p["match"], engine=engine, workload=p["workload"], statistics=statistics,
+        headroom_pct=p["headroom_pct"], ttft_ms=b["ttft_ms"], ops=b["ops"], census=b["census"],
+        line=node.start_mark.line + 1, provenance=p["provenance"], ttft_ms_by_mode=b["modes"],
+        thresholds_path=str(r.path), yaml_mode=engine.mode, ttft_vs_baseline_pct=b["ttft_vs_baseline_pct"],
+        ab=p["ab"], ttft_hardware=b["ttft_hardware"], validity=p["validity"],
     )
 
 
-def _ab(r: _Reader, key: str, node: yaml.Node) -> ABSettings:
-    m = r.mapping(node, key, AB_KEYS)
-    batch = r.integer(m["batch"][1], f"{key}.batch", minimum=1) if "batch" in m else None
-    conf = _confidence(r, m["confidence"][1], f"{key}.confidence") if "confidence" in m else None
-    fail = None
-    if "fail_confidence" in m:
-        fnode = m["fail_confidence"][1]
-        fail = _confidence(r, fnode, f"{key}.fail_confidence")
-        if conf is not None and fail < conf:
-            raise r.error(fnode, f"{key}.fail_confidence", f"must be at least ab.confidence ({conf:g}), got {fail:g}",
-                          hint="it is the stricter level a failing look needs")
-    if "gpu_memory_utilization" not in m:
-        return ABSettings(batch=batch, confidence=conf, fail_confidence=fail)
-    k = f"{key}.gpu_memory_utilization"
-    sides = r.mapping(m["gpu_memory_utilization"][1], k, AB_SIDES_KEYS)
-    shares = {side: _fraction(r, f"{k}.{side}", vnode) for side, (_, vnode) in sides.items()}
-    if sum(shares.values()) > 1.0:
-        raise r.error(m["gpu_memory_utilization"][1], k,
-                      f"the two engines share one GPU: candidate + baseline = {sum(shares.values()):g} > 1")
-    return ABSettings(candidate_gpu_memory_utilization=shares.get("candidate"),
-                      baseline_gpu_memory_utilization=shares.get("baseline"), batch=batch, confidence=conf,
-                      fail_confidence=fail)
+def _ttft_nodes(r: _Reader, bkey: str, b: Fields) -> list[tuple[str, yaml.Node]]:
+    """Where each absolute TTFT budget sits: ``ttft_ms`` and every ``modes.<mode>.ttft_ms``."""
+    out = [(f"{bkey}.ttft_ms", b.nodes["ttft_ms"][1])] if "ttft_ms" in b else []
+    if "modes" in b:
+        for mode, (_, vnode) in r.mapping(b.nodes["modes"][1], f"{bkey}.modes", None).items():
+            out.append((f"{bkey}.modes.{mode}.ttft_ms", r.mapping(vnode, f"{bkey}.modes.{mode}", MODE_BUDGETS)["ttft_ms"][1]))
+    return out
 
 
-def _validity(r: _Reader, key: str, node: yaml.Node) -> Validity:
-    m = r.mapping(node, key, VALIDITY_KEYS)
-    pct = Validity.max_other_cpu_pct
-    if "max_other_cpu_pct" in m:
-        pct = r.number(m["max_other_cpu_pct"][1], f"{key}.max_other_cpu_pct", minimum=0.0)
-        if pct > 100:
-            raise r.error(m["max_other_cpu_pct"][1], f"{key}.max_other_cpu_pct",
-                          f"a share of the machine's CPU time, 0-100, got {pct:g}", hint="100 turns the gate off")
-    slow = Validity.max_slowdown_pct
-    if "max_slowdown_pct" in m:
-        slow = r.number(m["max_slowdown_pct"][1], f"{key}.max_slowdown_pct", minimum=0.0)
-    return Validity(max_other_cpu_pct=pct, max_slowdown_pct=slow)
-
-
-def _regex(r: _Reader, node: yaml.Node, key: str) -> str:
-    """A non-empty string that compiles as a regular expression."""
-    regex = r.string(node, key)
-    try:
-        re.compile(regex)
-    except re.error as exc:
-        raise r.error(node, key, f"not a valid regular expression: {exc}") from None
-    return regex
-
-
-def _ttft_hardware(r: _Reader, key: str, node: yaml.Node) -> TtftHardware:
-    m = r.mapping(node, key, TTFT_HARDWARE_KEYS)
-    if not m:
-        raise r.error(node, key, "empty: give cpu_model_regex, cpu_count, cpu_isa and/or speed_reference_ms")
-    regex = None
-    if "cpu_model_regex" in m:
-        regex = _regex(r, m["cpu_model_regex"][1], f"{key}.cpu_model_regex")
-    count = None
-    if "cpu_count" in m:
-        cnode = m["cpu_count"][1]
-        ck = f"{key}.cpu_count"
-        if isinstance(cnode, yaml.SequenceNode):
-            if len(cnode.value) != 2:
-                raise r.error(cnode, ck, "expected a core count or a range [min, max]")
-            lo, hi = (r.integer(n, ck, minimum=1) for n in cnode.value)
-            if lo > hi:
-                raise r.error(cnode, ck, f"empty range [{lo}, {hi}]: min is above max")
-            count = (lo, hi)
-        else:
-            n = r.integer(cnode, ck, minimum=1)
-            count = (n, n)
-    isa = None
-    if "cpu_isa" in m:
-        inode = m["cpu_isa"][1]
-        isa = _string_list(r, f"{key}.cpu_isa", inode, allow_empty=True)
-        for i, ext in enumerate(isa):
-            if ext not in CPU_ISA_EXTENSIONS:
-                raise r.error(inode.value[i], f"{key}.cpu_isa[{i}]", f"unknown CPU extension {ext!r}",
-                              hint=f"list those of {', '.join(CPU_ISA_EXTENSIONS)} the CPU has, as /proc/cpuinfo names them")
-        isa = tuple(e for e in CPU_ISA_EXTENSIONS if e in isa)
-    speed = None
-    if "speed_reference_ms" in m:
-        speed = r.number(m["speed_reference_ms"][1], f"{key}.speed_reference_ms", positive=True)
-    return TtftHardware(cpu_model_regex=regex, cpu_count=count, cpu_isa=isa, speed_reference_ms=speed,
-                        line=node.start_mark.line + 1)
-
-
-def _match(r: _Reader, key: str, node: yaml.Node) -> Match:
-    m = r.mapping(node, key, MATCH_KEYS)
-    cuda = r.boolean(m["cuda"][1], f"{key}.cuda")
-    regex = None
-    if "gpu_name_regex" in m:
-        regex = _regex(r, m["gpu_name_regex"][1], f"{key}.gpu_name_regex")
-        if not cuda:
-            raise r.error(m["gpu_name_regex"][1], f"{key}.gpu_name_regex", "only meaningful with cuda: true")
-    return Match(cuda=cuda, gpu_name_regex=regex)
-
-
-def _engine(r: _Reader, key: str, node: yaml.Node) -> EngineArgs:
-    m = r.mapping(node, key, ENGINE_KEYS)
-
-    def opt(name, conv, default, **kw):
-        return conv(m[name][1], f"{key}.{name}", **kw) if name in m else default
-
-    revision = r.raw(m["revision"][1], f"{key}.revision") if "revision" in m else None
-    revision = revision or None
-    model = r.string(m["model"][1], f"{key}.model")
-    if not model.startswith(EMBEDDED_PREFIX) and (model.startswith((".", "/"))):
-        resolved = (r.path.parent / model).resolve() if model.startswith(".") else Path(model)
-        model = str(resolved)
-    return EngineArgs(
-        model=model,
-        revision=revision,
-        load_format=opt("load_format", r.string, "auto"),
-        dtype=opt("dtype", r.string, "auto"),
-        max_model_len=r.integer(m["max_model_len"][1], f"{key}.max_model_len", minimum=1),
-        enforce_eager=opt("enforce_eager", r.boolean, False),
-        enable_prefix_caching=opt("enable_prefix_caching", r.boolean, False),
-        mm_processor_cache_gb=opt("mm_processor_cache_gb", r.number, 0.0, minimum=0.0),
-        cpu_kvcache_space_gb=opt("cpu_kvcache_space_gb", r.integer, None, minimum=1),
-        max_num_batched_tokens=opt("max_num_batched_tokens", r.integer, None, minimum=1),
-        gpu_memory_utilization=_fraction(r, f"{key}.gpu_memory_utilization", m["gpu_memory_utilization"][1])
-        if "gpu_memory_utilization" in m else None,
-        mode=_engine_mode(r, f"{key}.mode", m["mode"][1]) if "mode" in m else "in-process",
-        retain_freed_memory=opt("retain_freed_memory", r.boolean, False),
-        skip_mm_profiling=opt("skip_mm_profiling", r.boolean, False),
-        dtype_without_native_bf16=_dtype_fallback(r, key, m),
-        requires_native_bf16=_requires_bf16(r, key, m),
-    )
-
-
-def _requires_bf16(r: _Reader, key: str, m: dict[str, Any]) -> bool:
-    if "requires_native_bf16" not in m:
-        return False
-    knode, vnode = m["requires_native_bf16"]
-    value = r.boolean(vnode, f"{key}.requires_native_bf16")
-    if value and ("dtype" not in m or r.string(m["dtype"][1], f"{key}.dtype") != "bfloat16"):
-        raise r.error(knode, f"{key}.requires_native_bf16", "only meaningful with dtype: bfloat16")
-    if value and "dtype_without_native_bf16" in m:
-        raise r.error(knode, f"{key}.requires_native_bf16",
-                      "contradicts dtype_without_native_bf16 (that one runs the model without native bf16)",
-                      hint="keep one of the two")
-    return value
-
-
-def _dtype_fallback(r: _Reader, key: str, m: dict[str, Any]) -> str | None:
-    if "dtype_without_native_bf16" not in m:
-        return None
-    knode, vnode = m["dtype_without_native_bf16"]
-    if "dtype" not in m or r.string(m["dtype"][1], f"{key}.dtype") != "bfloat16":
-        raise r.error(knode, f"{key}.dtype_without_native_bf16", "only meaningful with dtype: bfloat16")
-    value = r.string(vnode, f"{key}.dtype_without_native_bf16")
-    if value != "float32":  # float16 is emulated on the same CPUs
-        raise r.error(vnode, f"{key}.dtype_without_native_bf16", f"expected float32, got {value!r}")
-    return value
-
-
-def _fraction(r: _Reader, key: str, node: yaml.Node) -> float:
-    v = r.number(node, key)
-    if not 0 < v <= 1:
-        raise r.error(node, key, f"must be a fraction in (0, 1], got {v}", "a fraction of the GPU's memory, e.g. 0.85")
-    return v
-
-
-def _engine_mode(r: _Reader, key: str, node: yaml.Node) -> str:
-    v = r.string(node, key)
-    if v not in ENGINE_MODES:
-        close = difflib.get_close_matches(v, ENGINE_MODES, n=1)
-        raise r.error(node, key, f"unknown engine mode {v!r}",
-                      f"did you mean `{close[0]}`?" if close else f"use one of: {', '.join(ENGINE_MODES)}")
-    return v
-
-
-def _workload(r: _Reader, key: str, node: yaml.Node) -> Workload:
-    m = r.mapping(node, key, WORKLOAD_KEYS)
-    sizes = _sizes(r, f"{key}.image_sizes", m["image_sizes"][1])
-    profile_sizes = _sizes(r, f"{key}.profile_image_sizes", m["profile_image_sizes"][1]) if "profile_image_sizes" in m else sizes
-
-    def opt(name, default, minimum):
-        return r.integer(m[name][1], f"{key}.{name}", minimum=minimum) if name in m else default
-
-    return Workload(
-        requests=r.integer(m["requests"][1], f"{key}.requests", minimum=1),
-        warmup_requests=opt("warmup_requests", 1, 0),
-        concurrency=opt("concurrency", 1, 1),
-        image_sizes=sizes,
-        profile_image_sizes=profile_sizes,
-        prompt=r.string(m["prompt"][1], f"{key}.prompt"),
-        max_tokens=opt("max_tokens", 1, 1),
-        seed=opt("seed", 0, 0),
-    )
-
-
-def _sizes(r: _Reader, key: str, node: yaml.Node) -> tuple[tuple[int, int], ...]:
-    if not isinstance(node, yaml.SequenceNode) or not node.value:
-        raise r.error(node, key, "expected a non-empty list of [width, height]")
-    sizes = []
-    for i, item in enumerate(node.value):
-        k = f"{key}[{i}]"
-        if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
-            raise r.error(item, k, "expected [width, height]")
-        sizes.append((r.integer(item.value[0], k, minimum=16), r.integer(item.value[1], k, minimum=16)))
-    return tuple(sizes)
-
-
-def _confidence(r: _Reader, node: yaml.Node, key: str) -> float:
-    conf = r.number(node, key)
-    if not 0.5 <= conf < 1.0:
-        raise r.error(node, key, f"must be in [0.5, 1), got {conf}")
-    return conf
-
-
-def _statistics(r: _Reader, key: str, node: yaml.Node) -> Statistics:
-    m = r.mapping(node, key, STATISTICS_KEYS)
-    conf = _confidence(r, m["confidence"][1], f"{key}.confidence") if "confidence" in m else Statistics.confidence
-    cap = r.integer(m["max_requests"][1], f"{key}.max_requests", minimum=1) if "max_requests" in m else None
-    batch = r.integer(m["batch"][1], f"{key}.batch", minimum=1) if "batch" in m else Statistics.batch
-    return Statistics(confidence=conf, max_requests=cap, batch=batch)
-
-
-def _check_decidable(r: _Reader, key: str, node: yaml.Node | None, statistics: Statistics) -> None:
+def _check_decidable(r: _Reader, key: str, node: yaml.Node, statistics: Statistics) -> None:
     """Refuse a TTFT percentile budget that no run within ``statistics.max_requests`` can decide.
 
     Below ``min_samples_for_upper_bound`` samples a percentile's distribution-free interval has no
@@ -960,11 +1064,9 @@ def _check_decidable(r: _Reader, key: str, node: yaml.Node | None, statistics: S
     and the run's own request count decides (guard.judge.rules explains it then, in the verdict).
     ``ttft_vs_baseline_pct`` is not checked here: A/B judges the per-pair ratio's median with
     ``ab`` statistics, whose interval exists from a handful of pairs."""
-    if node is None or statistics.max_requests is None or not r.require_decidable:
+    if statistics.max_requests is None or not r.require_decidable:
         return
     for name, (knode, _) in r.mapping(node, key, None).items():
-        if not PERCENTILE_RE.match(name):
-            continue  # _ttft names it
         need = min_samples_for_upper_bound(name, statistics.confidence)
         if need > statistics.max_requests:
             raise r.error(knode, f"{key}.{name}",
@@ -972,120 +1074,6 @@ def _check_decidable(r: _Reader, key: str, node: yaml.Node | None, statistics: S
                           f"for {name} at {statistics.confidence:g} confidence needs >= {need} samples",
                           hint=f"raise statistics.max_requests to {need} or more, or drop the {name} budget "
                                "(it is still measured and reported)")
-
-
-def _ttft(r: _Reader, key: str, node: yaml.Node, allow_zero: bool = False) -> dict[str, float]:
-    out = {}
-    seen: dict[float, str] = {}
-    for name, (knode, vnode) in r.mapping(node, key, None).items():
-        m = PERCENTILE_RE.match(name)
-        if not m or not 0 < float(m.group(1)) < 100:
-            raise r.error(knode, f"{key}.{name}", "unknown percentile",
-                          "use p<N> with 0 < N < 100, e.g. p50, p90, p99, p99.9")
-        q = float(m.group(1))
-        if q in seen:
-            raise r.error(knode, f"{key}.{name}", f"the same percentile as `{seen[q]}`",
-                          "budget each percentile once")
-        seen[q] = name
-        out[name] = r.number(vnode, f"{key}.{name}", minimum=0.0) if allow_zero else r.number(vnode, f"{key}.{name}", positive=True)
-    if not out:
-        raise r.error(node, key, "empty: give at least one percentile, e.g. p50")
-    return out
-
-
-def _ops(r: _Reader, key: str, node: yaml.Node) -> tuple[ScopeBudget, ...]:
-    out = []
-    for name, (_, vnode) in r.mapping(node, key, None).items():
-        k = f"{key}.{name}"
-        m = r.mapping(vnode, k, SCOPE_BUDGET_KEYS)
-        scope_node = m["scope"][1]
-        if isinstance(scope_node, yaml.ScalarNode):
-            if r.scalar(scope_node, f"{k}.scope") != "request":
-                raise r.error(scope_node, f"{k}.scope", "unknown scope form",
-                              "use `scope: request` or `scope: {file: path/to/file.py, function: name}`")
-            scope = Scope(kind=ScopeKind.REQUEST)
-        else:
-            s = r.mapping(scope_node, f"{k}.scope", SCOPE_KEYS)
-            scope = Scope(kind=ScopeKind.FUNCTION, file=r.string(s["file"][1], f"{k}.scope.file"),
-                          function=r.string(s["function"][1], f"{k}.scope.function"))
-        ops = {}
-        if "ops" in m:
-            for op, (_, onode) in r.mapping(m["ops"][1], f"{k}.ops", None).items():
-                ops[op] = _op_budget(r, f"{k}.ops.{op}", onode)
-        total = _op_budget(r, f"{k}.total_ops", m["total_ops"][1]) if "total_ops" in m else None
-        if not ops and total is None:
-            raise r.error(vnode, k, "a scope needs `ops` and/or `total_ops`")
-        out.append(ScopeBudget(name=name, scope=scope, ops=ops, total_ops=total))
-    return tuple(out)
-
-
-def _string_list(r: _Reader, key: str, node: yaml.Node, allow_empty: bool = False) -> tuple[str, ...]:
-    if not isinstance(node, yaml.SequenceNode) or not (node.value or allow_empty):
-        raise r.error(node, key, f"expected a {'' if allow_empty else 'non-empty '}list of strings")
-    return tuple(r.string(item, f"{key}[{i}]") for i, item in enumerate(node.value))
-
-
-def _census(r: _Reader, key: str, node: yaml.Node) -> CensusRule:
-    """``census: {baseline: FILE, max_growth_pct, min_growth_calls, new_function_max_calls,
-    watch: [op, ...], roots: [package, ...], exclude: {"file:function": reason}}``."""
-    m = r.mapping(node, key, CENSUS_KEYS)
-
-    def census_path(name: str) -> Path:
-        path = Path(r.string(m[name][1], f"{key}.{name}"))
-        return path if path.is_absolute() else r.path.parent / path
-
-    path = census_path("baseline")
-    d = CensusRule(baseline=path)
-    exclude: dict[str, str] = {}
-    if "exclude" in m:
-        for fn, (knode, vnode) in r.mapping(m["exclude"][1], f"{key}.exclude", None).items():
-            if ":" not in fn:
-                raise r.error(knode, f"{key}.exclude.{fn}", "expected a function as file:qualname",
-                              hint="copy the name from the census diff, e.g. vllm/v1/worker/x.py:Runner.step")
-            exclude[fn] = r.string(vnode, f"{key}.exclude.{fn}")  # the reason, required
-    roots = _string_list(r, f"{key}.roots", m["roots"][1]) if "roots" in m else d.roots
-    for i, root in enumerate(roots):
-        if root.startswith("/") or ".." in root.split("/"):
-            raise r.error(m["roots"][1].value[i], f"{key}.roots[{i}]",
-                          f"expected a package path relative to site-packages (e.g. vllm), got {root!r}")
-    return CensusRule(
-        baseline=path,
-        baseline_without_native_bf16=census_path("baseline_without_native_bf16")
-        if "baseline_without_native_bf16" in m else None,
-        baseline_with_amx=census_path("baseline_with_amx") if "baseline_with_amx" in m else None,
-        max_growth_pct=r.number(m["max_growth_pct"][1], f"{key}.max_growth_pct", minimum=0.0)
-        if "max_growth_pct" in m else d.max_growth_pct,
-        min_growth_calls=r.integer(m["min_growth_calls"][1], f"{key}.min_growth_calls", minimum=0)
-        if "min_growth_calls" in m else d.min_growth_calls,
-        new_function_max_calls=r.integer(m["new_function_max_calls"][1], f"{key}.new_function_max_calls", minimum=0)
-        if "new_function_max_calls" in m else d.new_function_max_calls,
-        watch=_string_list(r, f"{key}.watch", m["watch"][1], allow_empty=True) if "watch" in m else d.watch,
-        roots=roots,
-        exclude=exclude,
-        line=node.start_mark.line + 1,
-    )
-
-
-def _provenance(r: _Reader, key: str, node: yaml.Node) -> dict[str, Any]:
-    """A flat mapping of single values; free-form keys (update-thresholds writes its own set)."""
-    out = {}
-    for name, (_, vnode) in r.mapping(node, key, None).items():
-        value = r.scalar(vnode, f"{key}.{name}")
-        # An unquoted `date: 2025-01-01` loads as a date; keep every value a plain JSON-able scalar.
-        if isinstance(value, (datetime.date, datetime.datetime)):
-            value = value.isoformat()
-        if not isinstance(value, (str, int, float, bool, type(None))):
-            raise r.error(vnode, f"{key}.{name}", f"expected a string, number, true/false or null, got {value!r}")
-        out[name] = value
-    return out
-
-
-def _op_budget(r: _Reader, key: str, node: yaml.Node) -> OpBudget:
-    m = r.mapping(node, key, OP_BUDGET_KEYS)
-    if len(m) != 1:
-        raise r.error(node, key, "give exactly one of `exact: N` or `max: N`")
-    (rule, (_, vnode)), = m.items()
-    return OpBudget(rule=Rule(rule), count=r.integer(vnode, f"{key}.{rule}", minimum=0), line=vnode.start_mark.line + 1)
 
 
 def packaged_default(path: Path) -> Path:
