@@ -7,9 +7,9 @@ Run the suite with the counter on (guard.measure.enginelog) and pytest's per-tes
 
 A test's wall (from the JUnit file) includes its setup, so a module fixture's engine run counts for
 the first test that uses it, as do its lines in the log. The estimate at the end is CI's worst case
-on the slowest machine class drawn so far (docs/measurements.md), in two parts: the engine's own
-seconds (its starts, and each request from the line before it in the same process) times
-``--slow``, the float32 engine's slowdown there; the rest of the wall (imports, pytest, git, venvs,
+on the slowest machine class drawn so far (docs/measurements.md), in two parts: the wall time the
+engines were busy (their starts, and each request from the line before it in the same process;
+two engines starting side by side count once) times ``--slow``, the float32 engine's slowdown there; the rest of the wall (imports, pytest, git, venvs,
 reports) times ``--slow-rest``, a slower core's; plus ``--fast-min`` minutes for the README's test
 command.
 """
@@ -23,11 +23,24 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def busy_s(intervals: list[tuple[float, float]]) -> float:
+    """How long at least one of the intervals was running: two engines starting side by side (the
+    two sides of ``guard pr``, of an A/B run) take the wall time once, however many engine seconds."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total
+
+
 def read_log(path: Path) -> dict[str, dict[str, float]]:
-    """Per test: starts, failed starts, requests by kind, and ``engine_s``: the seconds its engines
+    """Per test: starts, failed starts, requests by kind, ``engine_s``: the seconds its engines
     spent starting (each start line's ``s``) and answering (a request line's time since the previous
-    line of the same process; requests sent together share the interval)."""
+    line of the same process; requests sent together share the interval), and ``engine_wall_s``: the
+    wall time during which at least one engine was doing either."""
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(int))
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
     last_t: dict[int, float] = {}
     for n, raw in enumerate(path.read_text().splitlines(), 1):
         if not raw.strip():
@@ -36,19 +49,25 @@ def read_log(path: Path) -> dict[str, dict[str, float]]:
             line = json.loads(raw)
         except ValueError as exc:
             raise SystemExit(f"{path}:{n}: not a JSON line: {exc}") from exc
-        row = per[line.get("test") or "(outside a test)"]
+        test = line.get("test") or "(outside a test)"
+        row = per[test]
         pid, t = line.get("pid"), line.get("t")
         if line["event"] == "start":
             row["starts"] += 1
             row["failed_starts"] += not line.get("ok", True)
             row["engine_s"] += line.get("s") or 0.0
+            if t is not None and line.get("s"):
+                spans[test].append((t - line["s"], t))
         elif line["event"] == "request":
             key = "profiled" if line.get("label") == "profiled" else "warmup" if line.get("warmup") else "timed"
             row[key] += 1
             if pid in last_t and t is not None:
                 row["engine_s"] += t - last_t[pid]
+                spans[test].append((last_t[pid], t))
         if pid is not None and t is not None:
             last_t[pid] = t
+    for test, row in per.items():
+        row["engine_wall_s"] = busy_s(spans[test])
     return per
 
 
@@ -75,19 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     wall = read_junit(a.junit) if a.junit else {}
     tests = sorted(set(per) | set(wall), key=lambda t: -wall.get(t, 0))
     cols = ("starts", "warmup", "timed", "profiled")
-    print(f"{'test':<100} {'wall s':>7} {'engine s':>8} " + " ".join(f"{c:>8}" for c in cols))
+    print(f"{'test':<100} {'wall s':>7} {'engine s':>8} {'engine wall s':>13} " + " ".join(f"{c:>8}" for c in cols))
     total = defaultdict(float)
     for t in tests:
         row = per.get(t, {})
         print(f"{t[-100:]:<100} {wall.get(t, float('nan')):>7.0f} {row.get('engine_s', 0):>8.0f} "
-              + " ".join(f"{row.get(c, 0):>8}" for c in cols))
+              f"{row.get('engine_wall_s', 0):>13.0f} " + " ".join(f"{row.get(c, 0):>8}" for c in cols))
         total["wall"] += wall.get(t, 0)
-        for c in (*cols, "engine_s"):
+        for c in (*cols, "engine_s", "engine_wall_s"):
             total[c] += row.get(c, 0)
     print(f"{'total (' + str(len(tests)) + ' tests)':<100} {total['wall']:>7.0f} {total['engine_s']:>8.0f} "
-          + " ".join(f"{int(total[c]):>8}" for c in cols))
+          f"{total['engine_wall_s']:>13.0f} " + " ".join(f"{int(total[c]):>8}" for c in cols))
     if wall:
-        engine = min(total["engine_s"], total["wall"]) / 60
+        # the wall the engines took (side-by-side starts once), scaled as the engine: the rest as a slower core
+        engine = min(total["engine_wall_s"], total["wall"]) / 60
         rest = total["wall"] / 60 - engine
         worst = engine * a.slow + rest * a.slow_rest + a.fast_min
         print(f"worst case for CI: engine {engine:.1f} min x {a.slow:g} + the rest {rest:.1f} min x {a.slow_rest:g} "

@@ -31,11 +31,12 @@ pytestmark = pytest.mark.engine
 
 def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | None = None,
                    profile_sizes: list | None = None,
-                   max_other_cpu_pct: float = 100, ttft_hardware: dict | None = None) -> Path:
+                   max_other_cpu_pct: float = 100, ttft_hardware: dict | None = None, timing_only: bool = False) -> Path:
     """The shipped file with the CPU profile cut down, written elsewhere (the shipped one stays).
     The contention gate is off unless asked for (``max_other_cpu_pct``): these tests share their
     machine, and only the contention test is about it. The TTFT budgets are bound to whatever CPU
-    runs the test unless ``ttft_hardware`` says otherwise, so they are judged everywhere."""
+    runs the test unless ``ttft_hardware`` says otherwise, so they are judged everywhere.
+    ``timing_only``: no op budgets and no census, so no profiled request (for tests about TTFT alone)."""
     data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
     cpu = data["profiles"]["cpu"]
     cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=profile_sizes or [[640, 480]])
@@ -45,6 +46,9 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
     cpu["budgets"]["ttft_hardware"] = ttft_hardware or {"cpu_model_regex": ".", "cpu_count": [1, 4096]}
     if model:
         cpu["engine"]["model"] = model
+    if timing_only:
+        cpu["budgets"].pop("ops", None)
+        cpu["budgets"].pop("census", None)
     census = cpu["budgets"].get("census")
     if census:  # the committed baselines, not ones beside the copy
         for key in ("baseline", "baseline_without_native_bf16", "baseline_with_amx"):
@@ -271,7 +275,7 @@ def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
     shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
     out = tmp_path / "out"
     yaml_path = small_cpu_yaml(tmp_path, ttft_ms=dict(shipped.ttft_ms),
-                               max_other_cpu_pct=shipped.validity.max_other_cpu_pct)
+                               max_other_cpu_pct=shipped.validity.max_other_cpu_pct, timing_only=True)
     pid = _busy_loop_outside_our_tree()
     try:
         proc = run_guard("check", "--thresholds", str(yaml_path), "--output", str(out))
@@ -328,7 +332,7 @@ def test_a_slowdown_proc_cannot_see_is_never_a_regression(tmp_path: Path, passin
     reference_ms = clean["run"]["environment"]["speed_reference"]["ms"]
     yaml_path = small_cpu_yaml(tmp_path, ttft_ms={"p50": round(p50_ms * 1.15)}, max_other_cpu_pct=5,
                                ttft_hardware={"cpu_model_regex": ".", "cpu_count": [1, 4096],
-                                              "speed_reference_ms": reference_ms})
+                                              "speed_reference_ms": reference_ms}, timing_only=True)
     group = CPU_CGROUP / f"guard-e2e-quota-{os.getpid()}"
     group.mkdir()
     try:

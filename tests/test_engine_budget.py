@@ -45,12 +45,14 @@ def test_lines_are_counted_per_test_and_joined_with_pytests_times(tmp_path, caps
     with benchmark_script("engine_budget") as eb:
         per = eb.read_log(log)
         one = dict(per["tests/test_a.py::test_one"])
-        assert one.pop("engine_s") >= 2 * 1.5  # both starts' seconds, and the requests' since
+        engine_s, engine_wall_s = one.pop("engine_s"), one.pop("engine_wall_s")
+        assert engine_s >= 2 * 1.5  # both starts' seconds, and the requests' since
+        assert 1.5 <= engine_wall_s <= engine_s  # the second start's 1.5 s reach back over the first process's lines
         assert one == {"starts": 2, "failed_starts": 0, "warmup": 2, "timed": 2, "profiled": 2}
         assert per["tests/test_b.py::test_two"]["starts"] == 1
         assert eb.main([str(log), "--junit", str(junit)]) == 0
     out = capsys.readouterr().out
-    engine_s = sum(row["engine_s"] for row in per.values())
+    engine_s = sum(row["engine_wall_s"] for row in per.values())
     engine, rest = engine_s / 60, 15 - engine_s / 60
     assert (f"worst case for CI: engine {engine:.1f} min x 3.4 + the rest {rest:.1f} min x 1.5 + 10 min = "
             f"{engine * 3.4 + rest * 1.5 + 10:.0f} min") in out
@@ -114,3 +116,10 @@ def test_engine_tests_past_cis_deadline_are_skipped_and_named(tmp_path) -> None:
     assert "1 passed, 1 skipped" in past.stdout and "past GUARD_ENGINE_DEADLINE" in past.stdout
     ahead = run(4102444800)  # 2100
     assert ahead.returncode == 1 and "set up although past the deadline" in ahead.stdout
+
+
+def test_engines_busy_side_by_side_take_the_wall_once() -> None:
+    with benchmark_script("engine_budget") as eb:
+        assert eb.busy_s([(0.0, 14.0), (0.5, 14.2)]) == 14.2  # guard pr's two sides starting together
+        assert eb.busy_s([(10.0, 12.0), (0.0, 3.0), (2.0, 4.0)]) == 6.0
+        assert eb.busy_s([]) == 0.0
