@@ -455,7 +455,7 @@ def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
     from guard.measure.contention import ContentionReading
 
     busy = ContentionReading(window_s=600.0, cpus=2, other_cores=0.81, steal_cores=0.0, own_cores=1.17,
-                             tree_processes=3).as_dict()
+                             tree_processes=3)
     for factor, verdict in ((1.0, Verdict.PASS), (1.06, Verdict.REGRESSION)):
         rec = ab_record(factor)
         rec.candidate.environment.cpu_contention = busy
@@ -468,7 +468,7 @@ def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
         md = render_markdown(res)
         assert "Machine during the pairs: other processes used 0.81 of 2 cores" in md
         assert "Machine during measurement" not in md  # said once, in the A/B section
-    quiet = dataclasses.replace(ContentionReading.from_dict(busy), other_cores=0.02).as_dict()
+    quiet = dataclasses.replace(busy, other_cores=0.02)
     rec = ab_record(1.0)
     rec.candidate.environment.cpu_contention = quiet
     res = evaluate_ab(ab_profile, rec)
@@ -848,8 +848,8 @@ def test_the_run_stage_records_what_the_machine_did_during_the_pairs(tmp_path, a
     run.measure = busy_measure
     run.measure_until_decided()
     reading = run.record.candidate.environment.cpu_contention
-    assert reading["window_s"] >= 0.1 and reading["own_cores"] > 0.3, reading
-    assert reading["tree_processes"] >= 1 and 0.0 <= reading["other_cores"] <= reading["cpus"]
+    assert reading.window_s >= 0.1 and reading.own_cores > 0.3, reading
+    assert reading.tree_processes >= 1 and 0.0 <= reading.other_cores <= reading.cpus
     assert any(m.startswith("CPU during measurement: other processes used") and "guard's two engines" in m for m in said)
 
 

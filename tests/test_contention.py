@@ -101,7 +101,7 @@ def test_reading_splits_the_machine_into_ours_and_theirs(captured):
 
 def test_reading_describes_itself_in_cores(captured):
     text = fmt.contention(captured)
-    assert fmt.contention(captured.as_dict()) == text  # the recorded form reads the same
+    assert fmt.contention(ContentionReading.from_dict(captured.as_dict())) == text  # the recorded form reads the same
     assert text.startswith("other processes used 1.30 of 2 cores and the hypervisor took 0.01 (steal)")
     assert "guard's engine used 0.69" in text
 
@@ -157,8 +157,8 @@ def test_live_sampler_sees_a_busy_loop_outside_its_tree():
 
 
 # ----------------------------------------------------------------------------- the gate
-def _reading(other: float, steal: float = 0.0, cpus: int = 2) -> dict:
-    return ContentionReading(window_s=36.0, cpus=cpus, other_cores=other, steal_cores=steal, own_cores=1.9).as_dict()
+def _reading(other: float, steal: float = 0.0, cpus: int = 2) -> ContentionReading:
+    return ContentionReading(window_s=36.0, cpus=cpus, other_cores=other, steal_cores=steal, own_cores=1.9)
 
 
 def test_gate_passes_a_quiet_machine_and_a_missing_reading():

@@ -23,6 +23,7 @@ import yaml
 
 from guard.model.results import RESULTS_SCHEMA_VERSION, load_run, results_schema
 from guard.judge.gates import unsteady
+from guard.model.environment import SpeedReference
 
 from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard
 
@@ -66,6 +67,12 @@ def results_of(out: Path) -> dict:
     return data
 
 
+def recorded_speed(res: dict) -> SpeedReference | None:
+    """The run's speed reference as results.json holds it, typed for the gates."""
+    speed = res["run"]["environment"].get("speed_reference")
+    return SpeedReference.from_dict(speed) if speed else None
+
+
 def measured_s(res: dict, key: str = "ttft_client_s") -> list[float]:
     return [o[key] for o in res["run"]["outcomes"] if not o["warmup"] and o["success"]]
 
@@ -105,7 +112,7 @@ def passing_run(tmp_path_factory):
     budget = other_cpu_budget_folder(tmp)
     for _ in range(3):
         proc = run_guard("check", "--thresholds", str(budget), "--output", str(tmp / "out"), cwd=tmp)
-        if proc.returncode != 0 or not unsteady(results_of(tmp / "out")["run"]["environment"].get("speed_reference"), 10):
+        if proc.returncode != 0 or not unsteady(recorded_speed(results_of(tmp / "out")), 10):
             break
     return proc, tmp / "out", tmp
 
@@ -309,7 +316,7 @@ def steady_clean_run(tmp_path: Path, passing_run, attempts: int = 2) -> dict:
     out = passing_run[1]
     for attempt in range(attempts + 1):
         res = results_of(out)
-        if unsteady(res["run"]["environment"]["speed_reference"], 10) is None or attempt == attempts:
+        if unsteady(recorded_speed(res), 10) is None or attempt == attempts:
             return res
         again = tmp_path / f"clean-{attempt + 1}"
         again.mkdir()

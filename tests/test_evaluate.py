@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from guard.model.environment import SpeedReading, SpeedReference
 from guard.judge.evaluate import evaluate
 from guard.model.results import InvalidReason, ReasonKind, Verdict
 from tests.ttft_scenarios import budgeted, record, spread
@@ -34,8 +35,8 @@ def test_no_stale_notice_from_an_invalid_run(cpu):
 def test_a_run_whose_machine_changed_speed_proposes_no_new_budget(cpu):
     """Its verdict stands, but instead of the update command the notice says why its numbers make no budget."""
     rec = record(spread(7.2, 15), rounds=3)
-    rec.environment.speed_reference = {"workload": "speedref-1", "ms": 252.5, "before": {"workload": "speedref-1", "ms": 194.0},
-                                          "after": {"workload": "speedref-1", "ms": 311.0}}
+    rec.environment.speed_reference = SpeedReference.of(SpeedReading("speedref-1", 194.0, 5.0, 5, 2),
+                                                        SpeedReading("speedref-1", 311.0, 5.0, 5, 2))
     res = evaluate(budgeted(cpu, p50=20000), rec, output="out/dir")
     assert res.verdict == Verdict.PASS
     (notice,) = res.notices

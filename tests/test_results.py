@@ -238,10 +238,10 @@ def test_cpu_contention_reading_is_described_by_the_schema(cpu, tmp_path):
     reading = ContentionReading(window_s=36.2, cpus=2, other_cores=0.07, steal_cores=0.01, own_cores=1.93,
                                 load_1m_start=1.1, load_1m_end=1.9, mhz_start=2596.1, mhz_end=2596.1, tree_processes=1)
     run = record(spread(7.2, 6))
-    run.environment.cpu_contention = reading.as_dict()
+    run.environment.cpu_contention = reading
     path = tmp_path / "results.json"
     write_json_atomic(path, results_to_dict(evaluate(cpu, run)))
-    assert ContentionReading.from_dict(load_results(path).run.environment.cpu_contention) == reading
+    assert load_results(path).run.environment.cpu_contention == reading
     data = json.loads(path.read_text())
     data["run"]["environment"]["cpu_contention"]["other_cores"] = -1
     path.write_text(json.dumps(data))

@@ -170,7 +170,7 @@ def test_a_busy_machine_stops_resampling_and_is_recorded(thresholds, cpu, tmp_pa
     run.measure_until_decided()
     assert driver.counts == [5]  # p90/p99 undecided, but more requests on a busy machine prove nothing
     reading = run.record.environment.cpu_contention
-    assert reading["other_cores"] == pytest.approx(1.30, abs=0.01) and reading["cpus"] == 2
+    assert reading.other_cores == pytest.approx(1.30, abs=0.01) and reading.cpus == 2
     assert any(line.startswith("CPU during measurement: other processes used 1.30 of 2 cores") for line in lines)
     res = evaluate(cpu, run.finish())
     assert res.verdict == Verdict.INVALID
@@ -194,7 +194,7 @@ def test_the_speed_reference_is_read_around_the_timing_pass_and_judged(threshold
     run, _, lines = scripted_run(thresholds, bound, [7.2] * 20, tmp_path, speed=slow)
     run.measure_until_decided()
     recorded = run.record.environment.speed_reference
-    assert (recorded["before"]["ms"], recorded["after"]["ms"], recorded["ms"]) == (96.0, 104.0, 100.0)
+    assert (recorded.before.ms, recorded.after.ms, recorded.ms) == (96.0, 104.0, 100.0)
     assert "speed reference: 100 ms (before and after the measured requests: 96, 104); the budget's machine: 80 ms, " \
            "this one +25.0 %" in lines
     record = run.finish()
@@ -232,7 +232,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
         run, _, _ = scripted_run(thresholds, bf16.on_cpu(native_bf16=native), [7.2] * 20, tmp_path)
         run.side.speed_reader = lambda workload: asked.append(workload) or SpeedReading(workload, 80.0, 1.0, 5, 2)
         run.measure_until_decided()
-        assert set(asked) == {expected} and run.record.environment.speed_reference["workload"] == expected
+        assert set(asked) == {expected} and run.record.environment.speed_reference.workload == expected
 
 
 def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):

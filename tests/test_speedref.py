@@ -13,14 +13,15 @@ import pytest
 from guard.model import format as fmt
 from guard.measure import speedref
 from guard.model.results import Status, TtftCheck
-from guard.judge.gates import change_pct, slowdown_pct, speed_notice, speed_problems, unsteady
-from guard.measure.speedref import WORKLOAD, WORKLOAD_FLOAT32, SpeedReading, combined
+from guard.judge.gates import speed_notice, speed_problems, unsteady
+from guard.measure.speedref import WORKLOAD, WORKLOAD_FLOAT32
+from guard.model.environment import SpeedReading, SpeedReference
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 
 
-def _recorded(ms: float, workload: str = WORKLOAD) -> dict:
-    return {"workload": workload, "ms": ms, "before": None, "after": None}
+def _recorded(ms: float, workload: str = WORKLOAD) -> SpeedReference:
+    return SpeedReference(workload=workload, ms=ms)
 
 
 def test_a_reading_times_the_workload_on_this_process_threads():
@@ -35,9 +36,9 @@ def test_the_float32_reading_is_named_apart_and_judged_like_the_bf16_one():
     r = speedref.measure(repeats=1, workload=speedref.WORKLOAD_FLOAT32)
     assert r.workload == "speedref-1-float32" and r.ms > 0
     assert speedref.workload_for("float32") == r.workload and speedref.workload_for("bfloat16") == WORKLOAD
-    assert combined(r, None)["workload"] == r.workload
-    assert slowdown_pct(_recorded(120.0, r.workload), 100.0) == pytest.approx(20.0)
-    assert slowdown_pct(_recorded(120.0, "speedref-0"), 100.0) is None  # another workload: not compared
+    assert SpeedReference.of(r, None).workload == r.workload
+    assert _recorded(120.0, r.workload).slowdown_pct(100.0) == pytest.approx(20.0)
+    assert _recorded(120.0, "speedref-0").slowdown_pct(100.0) is None  # another workload: not compared
 
 
 def _reading_in_subprocess(group: Path | None) -> float:
@@ -93,23 +94,27 @@ def test_a_mild_quota_shows_even_where_one_pass_is_shorter_than_the_schedulers_p
 def test_the_run_record_is_the_mean_of_the_readings_around_the_timing_pass():
     before = SpeedReading(WORKLOAD, 80.0, 5.0, 7, 2)
     after = SpeedReading(WORKLOAD, 90.0, 4.0, 7, 2)
-    both = combined(before, after)
-    assert both["ms"] == 85.0 and both["before"]["ms"] == 80.0 and both["after"]["threads"] == 2
-    assert combined(None, after)["ms"] == 90.0 and combined(before, None)["after"] is None
-    assert combined(None, None) is None
+    both = SpeedReference.of(before, after)
+    assert both.ms == 85.0 and both.before.ms == 80.0 and both.after.threads == 2
+    assert SpeedReference.of(None, after).ms == 90.0 and SpeedReference.of(before, None).after is None
+    assert SpeedReference.of(None, None) is None
+    # as results.json records it, and back
+    assert SpeedReference.from_dict(both.as_dict()) == both
+    assert both.as_dict()["before"] == {"workload": WORKLOAD, "ms": 80.0, "spread_pct": 5.0, "repeats": 7, "threads": 2}
 
 
-def _around(before_ms: float | None, after_ms: float | None, after_workload: str = WORKLOAD) -> dict:
-    return combined(SpeedReading(WORKLOAD, before_ms, 5.0, 5, 2) if before_ms else None,
+def _around(before_ms: float | None, after_ms: float | None, after_workload: str = WORKLOAD) -> SpeedReference:
+    return SpeedReference.of(SpeedReading(WORKLOAD, before_ms, 5.0, 5, 2) if before_ms else None,
                     SpeedReading(after_workload, after_ms, 5.0, 5, 2) if after_ms else None)
 
 
 def test_the_change_across_the_measured_requests_is_a_percentage_of_the_faster_reading():
-    assert change_pct(_around(80.0, 100.0)) == pytest.approx(25.0)
-    assert change_pct(_around(100.0, 80.0)) == pytest.approx(-25.0)  # symmetric: faster after by as much
-    assert change_pct(_around(80.0, 80.0)) == 0.0
-    assert change_pct(_around(80.0, None)) is None and change_pct(_around(None, 80.0)) is None
-    assert change_pct(_around(80.0, 100.0, after_workload=WORKLOAD_FLOAT32)) is None and change_pct(None) is None
+    assert _around(80.0, 100.0).change_pct() == pytest.approx(25.0)
+    assert _around(100.0, 80.0).change_pct() == pytest.approx(-25.0)  # symmetric: faster after by as much
+    assert _around(80.0, 80.0).change_pct() == 0.0
+    assert _around(80.0, None).change_pct() is None and _around(None, 80.0).change_pct() is None
+    assert _around(80.0, 100.0, after_workload=WORKLOAD_FLOAT32).change_pct() is None
+    assert unsteady(None, 10) is None  # no reading (a remote server): nothing to judge
 
 
 @pytest.mark.parametrize(("before_ms", "after_ms", "max_slowdown_pct", "steady"), [
@@ -130,10 +135,10 @@ def test_a_run_is_unsteady_when_its_readings_differ_by_more_than_twice_the_gates
 
 
 def test_slowdown_is_measured_against_the_budget_reference_of_the_same_workload():
-    assert slowdown_pct(_recorded(88.0), 80.0) == pytest.approx(10.0)
-    assert slowdown_pct(_recorded(72.0), 80.0) == pytest.approx(-10.0)
-    assert slowdown_pct(_recorded(88.0, workload="speedref-0"), 80.0) is None  # another workload: not comparable
-    assert slowdown_pct(_recorded(88.0), None) is None and slowdown_pct(None, 80.0) is None
+    assert _recorded(88.0).slowdown_pct(80.0) == pytest.approx(10.0)
+    assert _recorded(72.0).slowdown_pct(80.0) == pytest.approx(-10.0)
+    assert _recorded(88.0, workload="speedref-0").slowdown_pct(80.0) is None  # another workload: not comparable
+    assert _recorded(88.0).slowdown_pct(None) is None and speed_problems(None, 80.0, 5, [_p50(9000)]) == []
 
 
 def _p50(measured_ms: float, interval=None, budget_ms: float = 7000.0, status=Status.FAIL) -> TtftCheck:
@@ -153,7 +158,7 @@ def test_a_slowdown_that_starts_during_the_requests_is_judged_at_the_slower_read
     request; readings 46 then 120 ms against the budget's 79, p50 8963 ms [8590, 9603] against 7000.
     Their mean (83 ms, +4.5 %) is within the drift; the slower reading (+52 %) explains the failure."""
     rec = _around(46.0, 120.0)
-    assert slowdown_pct(rec, 79.0) == pytest.approx(5.1, abs=0.1)  # the mean: within the drift
+    assert rec.slowdown_pct(79.0) == pytest.approx(5.1, abs=0.1)  # the mean: within the drift
     (why,) = speed_problems(rec, 79.0, 10, [_p50(8963, (8590, 9603))])
     assert why.startswith("slow machine: guard's speed reference took 120 ms at the slower of its readings "
                           "(46 before the measured requests, 120 after), +51.9 % against the 79 ms")
@@ -193,7 +198,7 @@ def test_a_clearly_faster_machine_gets_a_notice_not_a_failure():
 
 
 def test_the_progress_line_compares_with_the_budget_machine():
-    rec = combined(SpeedReading(WORKLOAD, 78.0, 5.0, 7, 2), SpeedReading(WORKLOAD, 82.0, 5.0, 7, 2))
+    rec = SpeedReference.of(SpeedReading(WORKLOAD, 78.0, 5.0, 7, 2), SpeedReading(WORKLOAD, 82.0, 5.0, 7, 2))
     assert fmt.speed_reference(rec, 76.0) == ("80 ms (before and after the measured requests: 78, 82); "
                                              "the budget's machine: 76 ms, this one +5.3 %")
     assert fmt.speed_reference(rec, None).endswith("the budget records none to compare with")

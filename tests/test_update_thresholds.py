@@ -26,7 +26,7 @@ from guard.model.results import (
     InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict,
     results_to_dict, write_json_atomic,
 )
-from guard.measure.speedref import SpeedReading, combined
+from guard.model.environment import SpeedReading, SpeedReference
 
 FIXTURES = Path(__file__).parent / "fixtures" / "update"
 REAL = Path(__file__).parent.parent / "thresholds" / "deepseek-ocr-2.yaml"
@@ -404,8 +404,8 @@ REFUSALS = {
     "no such profile": (dict(profile="h100"), [], "no such hardware profile"),
     "other model": (dict(model="qwen2-vl"), [], "measured model 'qwen2-vl'; this thresholds file is for 'deepseek-ocr-2'"),
     "negative headroom": ({}, ["--headroom", "-5"], "--headroom must be a percentage"),
-    "machine changed speed": (dict(env={**ENV, "speed_reference": combined(SpeedReading("speedref-1", 194.0, 8.0, 5, 2),
-                                                                             SpeedReading("speedref-1", 311.0, 8.0, 5, 2))}), [],
+    "machine changed speed": (dict(env={**ENV, "speed_reference": SpeedReference.of(SpeedReading("speedref-1", 194.0, 8.0, 5, 2),
+                                                                                      SpeedReading("speedref-1", 311.0, 8.0, 5, 2)).as_dict()}), [],
         "run.environment.speed_reference: the machine changed speed while it measured: guard's speed reference "
         "took 194 ms before the measured requests and 311 ms after (slower by 60 %"),
 }
@@ -682,7 +682,8 @@ def test_a_budget_on_its_own_cpu_gets_the_reference_beside_its_binding(tmp_path,
 
 
 def _readings(before_ms: float, after_ms: float) -> dict:
-    return combined(SpeedReading("speedref-1", before_ms, 8.0, 5, 2), SpeedReading("speedref-1", after_ms, 8.0, 5, 2))
+    return SpeedReference.of(SpeedReading("speedref-1", before_ms, 8.0, 5, 2),
+                             SpeedReading("speedref-1", after_ms, 8.0, 5, 2)).as_dict()
 
 
 @pytest.mark.parametrize(("before_ms", "after_ms", "refused"), [

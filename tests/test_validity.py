@@ -356,7 +356,8 @@ def test_reports_show_the_contention_reading(cpu):
 
 
 def test_reports_show_the_speed_reference_against_the_budgets(cpu):
-    speed = {"workload": "speedref-1", "ms": 98.4, "before": {"ms": 97.0}, "after": {"ms": 99.8}}
+    reading = {"workload": "speedref-1", "spread_pct": 2.0, "repeats": 5, "threads": 2}
+    speed = {"workload": "speedref-1", "ms": 98.4, "before": {**reading, "ms": 97.0}, "after": {**reading, "ms": 99.8}}
     profile = dataclasses.replace(cpu, ttft_ms={"p50": 6000},
                                   ttft_hardware=dataclasses.replace(BOUND_HERE, speed_reference_ms=80.0))
     res = evaluate(profile, cpu_run(environment={**env_for("cpu", None), "speed_reference": speed}))

@@ -254,10 +254,10 @@ def _rebinding(profile: Profile, env: Environment) -> dict[str, Any] | None:
 def _speed_reference(profile: Profile, env: Environment) -> float | None:
     """The run's speed reference (guard.measure.speedref), to bind the new TTFT budgets to this machine's
     speed as well as its CPU; None on a GPU profile or for a run that recorded none."""
-    recorded = env.speed_reference or {}
-    if profile.match.cuda or recorded.get("workload") not in speedref.WORKLOADS or not recorded.get("ms"):
+    speed = env.speed_reference
+    if profile.match.cuda or speed is None or speed.workload not in speedref.WORKLOADS or not speed.ms:
         return None
-    return round(float(recorded["ms"]), 1)
+    return round(speed.ms, 1)
 
 
 def _hardware_edit(plan: Plan) -> dict[str, Any] | None:

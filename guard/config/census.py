@@ -49,9 +49,9 @@ def render_baseline(model: str, profile: str, roots: tuple[str, ...], census: Ce
     lines += [f"    {dump(fn)}: {dump(why)}{',' if i < len(ex) - 1 else ''}" for i, (fn, why) in enumerate(ex)]
     lines += ["  },", '  "census": {']
     sizes = sorted(census, key=parse_size)
-    for si, size in enumerate(sizes):
-        lines.append(f"    {dump(size)}: {{")
-        fns = sorted(census[size].items())
+    for si, wxh in enumerate(sizes):
+        lines.append(f"    {dump(wxh)}: {{")
+        fns = sorted(census[wxh].items())
         lines += [f"      {dump(fn)}: {dump(ops)}{',' if i < len(fns) - 1 else ''}" for i, (fn, ops) in enumerate(fns)]
         lines.append("    }" + ("," if si < len(sizes) - 1 else ""))
     lines += ["  }", "}"]
@@ -96,15 +96,15 @@ def load_baseline(path: Path) -> Baseline:
         if not isinstance(data.get(key), kind):
             raise bad(key, f"expected {'a string' if kind is str else 'a list' if kind is list else 'a mapping'}")
     census: Census = {}
-    for size, fns in data["census"].items():
-        parts = size.split("x")
+    for wxh, fns in data["census"].items():
+        parts = wxh.split("x")
         if len(parts) != 2 or not all(p.isdigit() for p in parts) or not isinstance(fns, dict):
-            raise bad(f"census.{size}", "expected \"WxH\": {function: {op: calls}}")
+            raise bad(f"census.{wxh}", "expected \"WxH\": {function: {op: calls}}")
         for fn, ops in fns.items():
             if not isinstance(ops, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
                                                     for n in ops.values()):
-                raise bad(f"census.{size}.{fn}", "expected {op: calls} with calls a non-negative integer")
-        census[size] = {fn: dict(ops) for fn, ops in fns.items()}
+                raise bad(f"census.{wxh}.{fn}", "expected {op: calls} with calls a non-negative integer")
+        census[wxh] = {fn: dict(ops) for fn, ops in fns.items()}
     return Baseline(path=Path(path), model=data["model"], profile=data["profile"], roots=tuple(data["roots"]),
                     census=census, provenance=data["provenance"], excluded=data["excluded"])
 

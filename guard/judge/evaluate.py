@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from guard.model import format as fmt
 from guard.config import recipes
@@ -21,7 +20,7 @@ from guard.files import person_path, recorded_as_person_path
 from guard.judge.census import CensusJudgement, judge
 from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
 from guard.model.changes import unmeasurable
-from guard.model.environment import Environment, busy
+from guard.model.environment import ContentionReading, Environment, busy
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.judge.opnames import vacuous_budgets
@@ -337,14 +336,14 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                profile_config=config, notices=notices).settled()
 
 
-def ab_contention_notices(profile: Profile, recorded: dict[str, Any] | None) -> list[str]:
+def ab_contention_notices(profile: Profile, reading: ContentionReading | None) -> list[str]:
     """A machine busy enough to invalidate an absolute check: said, never a reason here. Both
     members of every pair were measured under it, seconds apart, so it cancels in the ratio
     (measured: docs/campaigns/2026-11-30-ab-live-busy-core.md)."""
-    if busy(recorded, profile.validity.max_other_cpu_pct) is None:
+    if busy(reading, profile.validity.max_other_cpu_pct) is None:
         return []
     limit = profile.validity.max_other_cpu_pct
-    return [f"busy machine: {fmt.contention(recorded, ab=True)}. An absolute check would not judge TTFT above "
+    return [f"busy machine: {fmt.contention(reading, ab=True)}. An absolute check would not judge TTFT above "
             f"{limit:g} % of the cores (validity.max_other_cpu_pct); A/B judges the ratio, because both sides of "
             "every pair ran under the same load"]
 

@@ -10,24 +10,16 @@ and guard.measure.hardware; what the numbers behind each limit are is documented
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from guard.config.budgets import Profile
 from guard.measure.hardware import Hardware, mismatch
-from guard.model.environment import SPEED_WORKLOADS as WORKLOADS, Environment
+from guard.model.environment import Environment, SpeedReference
 from guard.model.results import Status, TtftCheck
 
 
 # ----------------------------------------------------------------------------- the machine's speed
-def slowdown_pct(recorded: Mapping[str, Any] | None, reference_ms: float | None) -> float | None:
-    """How much slower (+) or faster (-) this run's machine ran the reference than the budget's, in
-    percent; None where either side is missing or they timed different workloads."""
-    if not recorded or not reference_ms or recorded.get("workload") not in WORKLOADS or not recorded.get("ms"):
-        return None
-    return (float(recorded["ms"]) / reference_ms - 1.0) * 100.0
-
-
 def explained_by(check: TtftCheck, slowdown: float) -> float:
     """The failed check's lowest plausible value (its interval's lower end, else its estimate) with
     the machine's slowdown taken out, ms: at or below the budget, the slowdown explains the failure."""
@@ -36,42 +28,24 @@ def explained_by(check: TtftCheck, slowdown: float) -> float:
     return low / (1.0 + slowdown / 100.0)
 
 
-def readings_ms(recorded: Mapping[str, Any] | None) -> tuple[float, float] | None:
-    """The readings before and after the measured requests, ms; None without both of one workload."""
-    before, after = ((recorded or {}).get(side) or {} for side in ("before", "after"))
-    if not before.get("ms") or not after.get("ms") or before.get("workload") != after.get("workload"):
-        return None
-    return float(before["ms"]), float(after["ms"])
-
-
-def change_pct(recorded: Mapping[str, Any] | None) -> float | None:
-    """How much the reading after the measured requests differs from the one before, percent of the
-    faster one (+ slower after, - faster after); None without both readings of one workload."""
-    pair = readings_ms(recorded)
-    if pair is None:
-        return None
-    b, a = pair
-    return (a / b - 1.0) * 100.0 if a >= b else -(b / a - 1.0) * 100.0
-
-
-def unsteady(recorded: Mapping[str, Any] | None, max_slowdown_pct: float) -> str | None:
+def unsteady(speed: SpeedReference | None, max_slowdown_pct: float) -> str | None:
     """Why the run is no basis for a TTFT budget: the machine changed speed while it measured. Its
     readings before and after the requests differ by more than twice ``max_slowdown_pct``, so their
     mean, the reference a budget written from the run would carry, is off from the machine's speed at
     one end or the other by more than the drift the gate forgives, and the TTFT samples mix two
     speeds. A budget written from such a run carries the change and fails a clean checkout on the
     same machine (exit 1; the run that showed it: docs/reliability.md, "The machine's speed")."""
-    pct = change_pct(recorded)
+    pct = speed.change_pct() if speed is not None else None
     if pct is None or abs(pct) <= 2 * max_slowdown_pct:
         return None
-    before_ms, after_ms = readings_ms(recorded)
+    before_ms, after_ms = speed.readings_ms()
     return (f"the machine changed speed while it measured: guard's speed reference took "
             f"{before_ms:.0f} ms before the measured requests and {after_ms:.0f} ms "
             f"after ({'slower' if pct > 0 else 'faster'} by {abs(pct):.0f} %, more than twice validity.max_slowdown_pct "
             f"{max_slowdown_pct:g}); its TTFT mixes two speeds, so it is no basis for a TTFT budget")
 
 
-def speed_problems(recorded: Mapping[str, Any] | None, reference_ms: float | None, max_slowdown_pct: float,
+def speed_problems(speed: SpeedReference | None, reference_ms: float | None, max_slowdown_pct: float,
                    checks: Sequence[TtftCheck]) -> list[str]:
     """Why the run's TTFT failures say nothing about the code: the machine ran the reference more
     than ``max_slowdown_pct`` slower than the budget's, and that slowdown explains every failure
@@ -79,14 +53,14 @@ def speed_problems(recorded: Mapping[str, Any] | None, reference_ms: float | Non
     what the slowdown explains stands; passes stand; within the limit is the machine's own drift
     (the reading moves with TTFT's phases, ~4-6 % here) and changes nothing."""
     failed = [c for c in checks if c.status == Status.FAIL]
-    pct = slowdown_pct(recorded, reference_ms)
-    took = f"{recorded['ms']:.0f} ms" if recorded else ""
-    if pct is not None and unsteady(recorded, max_slowdown_pct):
+    pct = speed.slowdown_pct(reference_ms) if speed is not None else None
+    took = f"{speed.ms:.0f} ms" if speed is not None else ""
+    if pct is not None and unsteady(speed, max_slowdown_pct):
         # The machine changed speed during the requests: those after the change ran at the slower
         # reading's speed, which the mean dilutes: a quota set mid-run reads as a few % slow on the
         # mean while TTFT is far over budget, which would be exit 1 for the machine's fault
         # (measured: docs/reliability.md, "The machine's speed").
-        before_ms, after_ms = readings_ms(recorded)
+        before_ms, after_ms = speed.readings_ms()
         slowest = max(before_ms, after_ms)
         pct = (slowest / reference_ms - 1.0) * 100.0
         took = (f"{slowest:.0f} ms at the slower of its readings ({before_ms:.0f} before the measured "
@@ -104,12 +78,12 @@ def speed_problems(recorded: Mapping[str, Any] | None, reference_ms: float | Non
             "judged: re-run when it is back to speed, or compare against a baseline (A/B)"]
 
 
-def speed_notice(recorded: Mapping[str, Any] | None, reference_ms: float | None, max_slowdown_pct: float) -> str | None:
+def speed_notice(speed: SpeedReference | None, reference_ms: float | None, max_slowdown_pct: float) -> str | None:
     """A machine clearly faster than the budget's (twice the limit): the budget's headroom grows by that much."""
-    pct = slowdown_pct(recorded, reference_ms)
+    pct = speed.slowdown_pct(reference_ms) if speed is not None else None
     if pct is None or pct >= -2 * max_slowdown_pct:
         return None
-    return (f"fast machine: guard's speed reference took {recorded['ms']:.0f} ms, {pct:+.1f} % against the "
+    return (f"fast machine: guard's speed reference took {speed.ms:.0f} ms, {pct:+.1f} % against the "
             f"{reference_ms:.0f} ms measured with the TTFT budget: a TTFT regression up to that much more "
             "fits in the budget here; re-baseline on this machine with update-thresholds for a tighter one")
 

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from guard.measure import abcache, speedref
+from guard.measure import abcache
 from guard.model import format as fmt
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.contention import ContentionSampler
@@ -47,7 +47,7 @@ from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.measure.stopping import StoppingRule, measure_until_decided
-from guard.model.environment import Environment, busy
+from guard.model.environment import Environment, SpeedReference, busy
 from guard.model.readings import size as size_key
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
                                   RequestOutcome, RunRecord, ScopeCounts, pairs, scope_counts_from_dict)
@@ -328,7 +328,7 @@ class RunStage:
                     return False  # a failed request makes the run invalid: stop measuring
                 so_far = self.contention.peek()
                 # over the limit: the run is invalid already, and more requests on a busy machine would not fix it
-                return so_far is None or busy(so_far.as_dict(), limit) is None
+                return busy(so_far, limit) is None
 
         gpu_state = env.gpu_state
         # NVML while the requests run (throttling shows under load, not on an idle GPU), on a GPU only
@@ -339,14 +339,14 @@ class RunStage:
         with sampler:
             measure_until_decided(rule, self.profile.workload.requests, measure, on_undecided=say, keep_going=keep_going)
         reading = self.contention.stop()
-        env.cpu_contention = reading.as_dict() if reading else None
+        env.cpu_contention = reading
         if reading:
             self.progress(f"CPU during measurement: {fmt.contention(reading, ab=self.paired)}")
         if gpu_state is not None:  # the end of the timing pass, while the engines hold the device
             pids = frozenset().union(*(side.process_ids() for side in self.sides.values()))
             gpu_state["during"] = sampler.snapshots
             gpu_state["end"] = read_gpu_state(own_pids=frozenset({os.getpid(), *pids})) if pids else read_gpu_state()
-        speed = speedref.combined(before, reference.speed_reading())
+        speed = SpeedReference.of(before, reference.speed_reading())
         if speed is not None:
             env.speed_reference = speed
             self.progress(f"speed reference: {fmt.speed_reference(speed, self.profile.speed_reference_ms)}")

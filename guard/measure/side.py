@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from guard.config.budgets import Workload
     from guard.model.results import RequestOutcome, ScopeCounts
-    from guard.measure.speedref import SpeedReading
+    from guard.model.environment import SpeedReading
 
 OnOutcome = Callable[["RequestOutcome"], None]
 

@@ -29,10 +29,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
 
-from guard.model.environment import SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32, SPEED_WORKLOADS
+from guard.model.environment import SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32, SPEED_WORKLOADS, SpeedReading
 from guard.model.results import to_ms
 
 # The workloads, named where the record is typed: a budget's reference and a run's reading are in
@@ -48,21 +46,6 @@ REPEATS = 5  # the median of 5 timed blocks (after one untimed pass)
 # on an AMX Xeon) mostly ran unthrottled and the median of single passes hid a 1.3-core quota that
 # slowed TTFT by 59 %; a block of several periods pays its share of every throttled stretch.
 MIN_BLOCK_S = 0.3
-
-
-@dataclass(frozen=True)
-class SpeedReading:
-    """One reading: the median over ``repeats`` timed blocks of the time a pass of the reference
-    workload took in that block (MIN_BLOCK_S)."""
-
-    workload: str
-    ms: float  # median block's time per pass, milliseconds
-    spread_pct: float  # (slowest - fastest) / median of the blocks, percent
-    repeats: int
-    threads: int  # torch intra-op threads the passes ran on
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _workload(workload: str):
@@ -107,14 +90,3 @@ def measure(repeats: int = REPEATS, workload: str = WORKLOAD) -> SpeedReading:
     return SpeedReading(workload=workload, ms=round(to_ms(median), 2),
                         spread_pct=round((max(times) - min(times)) / median * 100.0, 1),
                         repeats=len(times), threads=torch.get_num_threads())
-
-
-def combined(before: SpeedReading | None, after: SpeedReading | None) -> dict[str, Any] | None:
-    """The run's record (``run.environment.speed_reference``): both readings and their mean, the
-    figure the gate judges (a slowdown during the measured requests shows in one or both; where
-    the two differ by more than ``unsteady`` allows, the gate judges the slower one)."""
-    got = [r for r in (before, after) if r is not None]
-    if not got:
-        return None
-    return {"workload": got[0].workload, "ms": round(sum(r.ms for r in got) / len(got), 2),
-            "before": before.as_dict() if before else None, "after": after.as_dict() if after else None}

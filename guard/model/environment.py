@@ -4,9 +4,11 @@ The run stage writes it: ``guard.measure.hardware.fingerprint`` at the start, th
 its engine side learn as they run (engine mode, contention, speed reference, GPU state, the worker or
 server). Evaluation, the reports, ``update-thresholds`` and history read its fields, never string keys.
 A file is checked against results.schema.json at the edge (``guard.model.results.read_json``), which
-names the line and field of a bad value; ``from_dict`` types what passed. The nested readings
-(``cpu_contention``, ``speed_reference``, ``gpu_state``, ``server``, ``worker``, ``engine_args``) stay
-mappings: each has its own reader where it is measured and its own definition in the schema.
+names the line and field of a bad value; ``from_dict`` types what passed. The readings the validity
+gates judge are records (``cpu_contention``: ``ContentionReading``, ``speed_reference``:
+``SpeedReference``); the other nested readings (``gpu_state``, ``server``, ``worker``,
+``engine_args``) stay mappings: each has its own reader where it is measured and its own
+definition in the schema.
 """
 from __future__ import annotations
 
@@ -21,6 +23,77 @@ SPEED_WORKLOAD = "speedref-1"
 # (engine.dtype_without_native_bf16): there bf16 is emulated and says nothing of the engine's speed.
 SPEED_WORKLOAD_FLOAT32 = "speedref-1-float32"
 SPEED_WORKLOADS = (SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32)
+
+
+@dataclass(frozen=True)
+class SpeedReading:
+    """One reading of guard's speed reference (guard.measure.speedref): the median over ``repeats``
+    timed blocks of the time a pass of the reference workload took in that block."""
+
+    workload: str
+    ms: float  # median block's time per pass, milliseconds
+    spread_pct: float  # (slowest - fastest) / median of the blocks, percent
+    repeats: int
+    threads: int  # torch intra-op threads the passes ran on
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SpeedReading:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class SpeedReference:
+    """A run's speed reference (``environment.speed_reference``): the readings right before and right
+    after the measured requests and their mean, the figure the speed gate judges against the one
+    recorded with the TTFT budget (guard.judge.gates)."""
+
+    workload: str
+    ms: float
+    before: SpeedReading | None = None
+    after: SpeedReading | None = None
+
+    @classmethod
+    def of(cls, before: SpeedReading | None, after: SpeedReading | None) -> SpeedReference | None:
+        got = [r for r in (before, after) if r is not None]
+        if not got:
+            return None
+        return cls(workload=got[0].workload, ms=round(sum(r.ms for r in got) / len(got), 2), before=before, after=after)
+
+    def slowdown_pct(self, reference_ms: float | None) -> float | None:
+        """How much slower (+) or faster (-) this machine ran the reference than the budget's, in
+        percent; None without a reference or for a workload guard no longer compares."""
+        if not reference_ms or self.workload not in SPEED_WORKLOADS or not self.ms:
+            return None
+        return (self.ms / reference_ms - 1.0) * 100.0
+
+    def readings_ms(self) -> tuple[float, float] | None:
+        """The readings before and after the measured requests, ms; None without both of one workload."""
+        b, a = self.before, self.after
+        if b is None or a is None or not b.ms or not a.ms or b.workload != a.workload:
+            return None
+        return b.ms, a.ms
+
+    def change_pct(self) -> float | None:
+        """How much the reading after the measured requests differs from the one before, percent of
+        the faster one (+ slower after, - faster after); None without both readings of one workload."""
+        pair = self.readings_ms()
+        if pair is None:
+            return None
+        b, a = pair
+        return (a / b - 1.0) * 100.0 if a >= b else -(b / a - 1.0) * 100.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"workload": self.workload, "ms": self.ms, "before": self.before.as_dict() if self.before else None,
+                "after": self.after.as_dict() if self.after else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SpeedReference:
+        return cls(workload=d["workload"], ms=float(d["ms"]),
+                   before=SpeedReading.from_dict(d["before"]) if d.get("before") else None,
+                   after=SpeedReading.from_dict(d["after"]) if d.get("after") else None)
 
 
 # With AMX, vLLM's CPU backend runs bf16/fp16 matrix products whose weight is small (up to 1 MiB:
@@ -74,15 +147,12 @@ class ContentionReading:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def busy(recorded: Mapping[str, Any] | None, max_other_cpu_pct: float) -> ContentionReading | None:
+def busy(reading: ContentionReading | None, max_other_cpu_pct: float) -> ContentionReading | None:
     """The reading, when the rest of the machine took more than the limit and so absolute TTFT is
     untrustworthy; None: within the limit, or not measured (no /proc: evaluation says so in a
     notice). The run stage stops resampling on it and the verdict judges with it, so the two agree;
     the sentence that says so is ``guard.model.format.busy_machine``'s."""
-    if not recorded:
-        return None
-    r = ContentionReading.from_dict(recorded)
-    return r if r.over(max_other_cpu_pct) else None
+    return reading if reading is not None and reading.over(max_other_cpu_pct) else None
 
 
 @dataclass(frozen=True)
@@ -135,6 +205,14 @@ def _match(value: Any, key: str) -> HardwareMatch:
     return value if isinstance(value, HardwareMatch) else HardwareMatch.from_dict(_reading(value, key))
 
 
+def _contention(value: Any, key: str) -> ContentionReading:
+    return value if isinstance(value, ContentionReading) else ContentionReading.from_dict(_reading(value, key))
+
+
+def _speed(value: Any, key: str) -> SpeedReference:
+    return value if isinstance(value, SpeedReference) else SpeedReference.from_dict(_reading(value, key))
+
+
 def _f(parse: Callable[[Any, str], Any]) -> Any:
     return field(default=None, metadata={"parse": parse})
 
@@ -170,8 +248,8 @@ class Environment:
     # what the run stage and its engine side add as they run
     engine_mode: str | None = _f(_text)  # "in-process" or "server" (server.managed false: --server-url)
     gpu_state: dict[str, Any] | None = _f(_reading)  # clocks/throttling at start and end (guard.measure.hardware)
-    cpu_contention: dict[str, Any] | None = _f(_reading)  # the rest of the machine (guard.measure.contention)
-    speed_reference: dict[str, Any] | None = _f(_reading)  # guard.measure.speedref, around the timing pass
+    cpu_contention: ContentionReading | None = _f(_contention)  # the rest of the machine (guard.measure.contention)
+    speed_reference: SpeedReference | None = _f(_speed)  # guard.measure.speedref, around the timing pass
     server: dict[str, Any] | None = _f(_reading)  # server mode: the command, URL and whether guard started it
     worker: dict[str, Any] | None = _f(_reading)  # a worker side: its python, versions, op-count cache
     injected_sleep_s: float | None = _f(_seconds)  # --inject slow-encoder: the sleep actually added
@@ -199,7 +277,7 @@ class Environment:
         for key in _PARSERS:
             value = getattr(self, key)
             if value is not None:
-                out[key] = value.as_dict() if isinstance(value, HardwareMatch) else \
+                out[key] = value.as_dict() if isinstance(value, (HardwareMatch, ContentionReading, SpeedReference)) else \
                     list(value) if isinstance(value, tuple) else value
         return {**out, **self.other}
 

@@ -14,9 +14,8 @@ import math
 from functools import singledispatch
 
 from collections.abc import Mapping
-from typing import Any
 
-from guard.model.environment import SPEED_WORKLOADS, ContentionReading
+from guard.model.environment import ContentionReading, SpeedReference
 from guard.model.readings import size  # noqa: F401 - the one writing of an image size, a census key's too
 from guard.model.results import (TOTAL_OPS, CensusCheck, Check, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
@@ -106,11 +105,10 @@ def op_excess(c: OpCheck) -> str:
     return text
 
 
-def contention(reading: ContentionReading | Mapping[str, Any], ab: bool = False) -> str:
-    """A contention reading (or its recorded dict, ``environment.cpu_contention``):
+def contention(r: ContentionReading, ab: bool = False) -> str:
+    """A contention reading (``environment.cpu_contention``):
     "other processes used 1.70 of 2 cores during measurement (36 s; guard's engine used 0.30)".
     ``ab``: the process tree held both A/B engines."""
-    r = reading if isinstance(reading, ContentionReading) else ContentionReading.from_dict(reading)
     text = f"other processes used {r.other_cores:.2f} of {r.cpus} cores"
     if r.steal_cores >= 0.005:
         text += f" and the hypervisor took {r.steal_cores:.2f} (steal)"
@@ -125,13 +123,14 @@ def busy_machine(reading: ContentionReading, max_other_cpu_pct: float) -> str:
             f"({max_other_cpu_pct:g} % of {reading.cpus} cores, validity.max_other_cpu_pct), so its TTFT is not judged")
 
 
-def speed_reference(recorded: Mapping[str, Any], reference_ms: float | None) -> str:
+def speed_reference(speed: SpeedReference, reference_ms: float | None) -> str:
     """A run's speed reference (``environment.speed_reference``, guard.measure.speedref): "79 ms (before and
     after the measured requests: 81, 77); the budget's machine: 76 ms, this one +4.2 %"."""
-    parts = [f"{(recorded.get(side) or {}).get('ms'):.0f}" for side in ("before", "after") if recorded.get(side)]
-    text = f"{recorded['ms']:.0f} ms" + (f" (before and after the measured requests: {', '.join(parts)})" if len(parts) == 2 else "")
-    if reference_ms and recorded.get("workload") in SPEED_WORKLOADS:
-        text += f"; the budget's machine: {reference_ms:.0f} ms, this one {(recorded['ms'] / reference_ms - 1) * 100:+.1f} %"
+    parts = [f"{r.ms:.0f}" for r in (speed.before, speed.after) if r is not None]
+    text = f"{speed.ms:.0f} ms" + (f" (before and after the measured requests: {', '.join(parts)})" if len(parts) == 2 else "")
+    pct = speed.slowdown_pct(reference_ms)
+    if pct is not None:
+        text += f"; the budget's machine: {reference_ms:.0f} ms, this one {pct:+.1f} %"
     elif not reference_ms:
         text += "; the budget records none to compare with"
     return text
