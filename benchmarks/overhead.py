@@ -26,7 +26,7 @@ def bare(thresholds: str, profile_name: str, measured: int | None = None) -> Non
     """The baseline: plain vLLM, the same requests, nothing else. ``measured``: as many measured
     requests as guard actually sent in the paired run (its resampling rounds included)."""
     from guard.config.budgets import load_thresholds, resolve_model
-    from guard.measure.inprocess import synthetic_image
+    from guard.measure.inprocess import model_construction, synthetic_image
 
     from guard.measure.hardware import detect
 
@@ -41,13 +41,7 @@ def bare(thresholds: str, profile_name: str, measured: int | None = None) -> Non
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(e.cpu_kvcache_space_gb))
     from vllm import LLM, SamplingParams
 
-    import contextlib
-
-    from guard import compat
-
-    # built as guard builds it (dummy weights: no random fill they overwrite), so the start is the same
-    construct = compat.weights_left_uninitialised if e.load_format == "dummy" else contextlib.nullcontext
-    with construct():
+    with model_construction(e.load_format):  # built as guard builds it, so the start is the same
         llm = LLM(model=resolve_model(e.model), load_format=e.load_format, dtype=e.dtype, max_model_len=e.max_model_len,
                   enforce_eager=e.enforce_eager, enable_prefix_caching=e.enable_prefix_caching,
                   mm_processor_cache_gb=e.mm_processor_cache_gb, limit_mm_per_prompt={"image": 1}, seed=w.seed)

@@ -27,7 +27,6 @@ from typing import Any, TextIO
 from guard import files
 from guard.files import find_recorded, person_path, repository_root
 from guard.judge import gates
-from guard.measure import speedref
 from guard.config import yamledit
 from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
 from guard.config.census import CensusPlan, plan_census, write_census_atomic
@@ -255,7 +254,7 @@ def _speed_reference(profile: Profile, env: Environment) -> float | None:
     """The run's speed reference (guard.measure.speedref), to bind the new TTFT budgets to this machine's
     speed as well as its CPU; None on a GPU profile or for a run that recorded none."""
     speed = env.speed_reference
-    if profile.match.cuda or speed is None or speed.workload not in speedref.WORKLOADS or not speed.ms:
+    if profile.match.cuda or speed is None or not speed.comparable:
         return None
     return round(speed.ms, 1)
 

@@ -974,7 +974,6 @@ def _kind(node: yaml.Node) -> str:
     return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
 
 
-
 # ----------------------------------------------------------------------------- loader
 def load_thresholds(path: str | Path, text: str | None = None, *, require_decidable: bool = True) -> Thresholds:
     """Load and validate a thresholds file; ``text``: its content, already read (``path`` then

@@ -64,6 +64,12 @@ def retain_freed_memory() -> None:
         raise InvalidRunError("engine.retain_freed_memory: glibc's mallopt() refused the setting")
 
 
+def model_construction(load_format: str) -> contextlib.AbstractContextManager:
+    """How guard has vLLM build the model: dummy weights overwrite whatever initialisation the
+    construction does, so it is skipped (guard.compat.weights_left_uninitialised); real ones as vLLM does."""
+    return compat.weights_left_uninitialised() if load_format == "dummy" else contextlib.nullcontext()
+
+
 def start_engine(engine: EngineArgs, seed: int):
     """Build the vLLM engine; any failure is an invalid run (exit 3), with the reason."""
     prepare_environment(engine)
@@ -95,11 +101,9 @@ def start_engine(engine: EngineArgs, seed: int):
         kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
     if engine.skip_mm_profiling:
         kwargs["skip_mm_profiling"] = True
-    # dummy weights overwrite whatever initialisation the model's construction does: skip it
-    construct = compat.weights_left_uninitialised if engine.load_format == "dummy" else contextlib.nullcontext
     t = time.perf_counter()
     try:
-        with construct():
+        with model_construction(engine.load_format):
             llm = LLM(**kwargs)
     except Exception as exc:  # noqa: BLE001
         enginelog.note("start", mode="in-process", ok=False, s=round(time.perf_counter() - t, 2))

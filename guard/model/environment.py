@@ -62,10 +62,15 @@ class SpeedReference:
             return None
         return cls(workload=got[0].workload, ms=round(sum(r.ms for r in got) / len(got), 2), before=before, after=after)
 
+    @property
+    def comparable(self) -> bool:
+        """A reading of a workload guard still compares (a budget's reference is of the same one)."""
+        return self.workload in SPEED_WORKLOADS and bool(self.ms)
+
     def slowdown_pct(self, reference_ms: float | None) -> float | None:
         """How much slower (+) or faster (-) this machine ran the reference than the budget's, in
         percent; None without a reference or for a workload guard no longer compares."""
-        if not reference_ms or self.workload not in SPEED_WORKLOADS or not self.ms:
+        if not reference_ms or not self.comparable:
             return None
         return (self.ms / reference_ms - 1.0) * 100.0
 
@@ -277,7 +282,7 @@ class Environment:
         for key in _PARSERS:
             value = getattr(self, key)
             if value is not None:
-                out[key] = value.as_dict() if isinstance(value, (HardwareMatch, ContentionReading, SpeedReference)) else \
+                out[key] = value.as_dict() if hasattr(value, "as_dict") else \
                     list(value) if isinstance(value, tuple) else value
         return {**out, **self.other}
 
