@@ -1,11 +1,13 @@
-"""What an engine start costs with dummy weights, and that skipping the random initialisation the
-dummy loader overwrites changes no weight.
+"""What an engine start costs with dummy weights, and that guard's two shortcuts for them change no
+weight.
 
-For each guarded model (default: all), two fresh processes each start the CPU profile's engine,
-one building the model with torch's and transformers' initialisers on, one with them off
-(``guard.compat.weights_left_uninitialised``, what guard does for ``load_format: dummy``). Each
-prints its start time and a SHA-256 over every parameter and buffer of the live model (non-persistent
-buffers included); the two digests must be equal.
+For each guarded model (default: all), two fresh processes each start the CPU profile's engine:
+one as vLLM builds it on its own (torch's and transformers' initialisers on, every tensor drawn
+from its own seeded generator), one as guard builds it for ``load_format: dummy`` (initialisers
+off, ``guard.compat.weights_left_uninitialised``; the dummy values drawn once and copied,
+``guard.compat.dummy_weights_from_one_stream``). Each prints its start time and a SHA-256 over every
+parameter and buffer of the live model (non-persistent buffers included); the two digests must be
+equal.
 
     uv run --extra cpu python benchmarks/start_cost.py [model ...]
 
@@ -33,6 +35,7 @@ if not skip:
     import contextlib
     from guard import compat
     compat.weights_left_uninitialised = contextlib.nullcontext
+    compat.dummy_weights_from_one_stream = contextlib.nullcontext
 import vllm.entrypoints.llm  # imports outside the timed start, as in a run
 t = time.perf_counter()
 llm = inprocess.start_engine(profile.engine, seed=profile.workload.seed)
@@ -52,7 +55,6 @@ print("RESULT " + json.dumps({"start_s": round(start_s, 2), "sha256": digest.hex
 def one(budget: Path, skip: bool) -> dict:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": ""}
     env.pop("PYTHONDONTWRITEBYTECODE")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     done = subprocess.run([sys.executable, "-c", CHILD, str(budget), "1" if skip else "0"], cwd=ROOT,
                           env=env, capture_output=True, text=True)
     for line in done.stdout.splitlines():
@@ -65,7 +67,7 @@ def main(argv: list[str]) -> int:
     from guard.config.models import resolve
 
     models = [m for name in (argv or ["all"]) for m in resolve(name)]
-    print(f"{'model':<18} {'start s (init on)':>18} {'start s (skipped)':>18} {'saved':>7}  weights")
+    print(f"{'model':<18} {'start s (vLLM)':>18} {'start s (guard)':>18} {'saved':>7}  weights")
     differ = 0
     for name, budget in models:
         full, skipped = one(budget, skip=False), one(budget, skip=True)

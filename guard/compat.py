@@ -209,6 +209,71 @@ def weights_left_uninitialised() -> Iterator[None]:
         yield
 
 
+_PREFIX_CHECK = (1 << 20) + 3  # elements: above any chunk size a generator could switch at
+_prefix_fill_holds: dict[Any, bool] = {}
+
+
+def _uniform(n: int, dtype: Any, low: float, high: float, seed: int) -> Any:
+    import torch
+
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
+    return torch.empty(n, dtype=dtype).uniform_(low, high, generator=generator)
+
+
+def _fills_in_order(dtype: Any) -> bool:
+    """Whether this torch fills a contiguous CPU tensor from a seeded generator in element order,
+    so that a shorter fill is a prefix of a longer one (checked once per dtype, ~10 ms)."""
+    import torch
+
+    if dtype not in _prefix_fill_holds:
+        short = _uniform(_PREFIX_CHECK, dtype, -1e-3, 1e-3, 1234)
+        long = _uniform(3 * _PREFIX_CHECK, dtype, -1e-3, 1e-3, 1234)
+        _prefix_fill_holds[dtype] = bool(torch.equal(short, long[:_PREFIX_CHECK]))
+    return _prefix_fill_holds[dtype]
+
+
+@contextlib.contextmanager
+def dummy_weights_from_one_stream() -> Iterator[None]:
+    """vLLM's dummy loader fills every tensor from a fresh generator seeded alike
+    (``initialize_single_dummy_weight``), so every tensor of a dtype holds the start of one and the
+    same random stream. Drawn once, as long as the largest tensor, and copied from, the stream gives
+    the same bits for a fraction of the time (DeepSeek-OCR-2's ~600M values: 2.6 s of a 6.3 s start;
+    benchmarks/start_cost.py compares every tensor of each guarded model). What it cannot vouch for
+    goes to vLLM's own fill: another device, a non-contiguous or 8-bit tensor, a constant dummy
+    value, a torch whose generator does not fill in order. A vLLM without that function is left as is."""
+    try:
+        import torch
+        from vllm.model_executor.model_loader import dummy_loader
+    except Exception:  # noqa: BLE001 - no vLLM here, or another loader layout: vLLM fills as it does
+        yield
+        return
+    original = getattr(dummy_loader, "initialize_single_dummy_weight", None)
+    if original is None:
+        yield
+        return
+    streams: dict[tuple[Any, float, float, int], Any] = {}
+
+    def fill(param: Any, low: float = -1e-3, high: float = 1e-3, seed: int = 1234) -> None:
+        if (param.device.type != "cpu" or not param.is_contiguous() or not torch.is_floating_point(param)
+                or torch.finfo(param.dtype).bits < 16 or getattr(param, "dummy_weight_value", None) is not None
+                or not _fills_in_order(param.dtype)):
+            original(param, low, high, seed)
+            return
+        key, n = (param.dtype, low, high, seed), param.numel()
+        if key not in streams or streams[key].numel() < n:
+            streams[key] = _uniform(n, param.dtype, low, high, seed)
+        with torch.no_grad():
+            param.view(-1).copy_(streams[key][:n])
+
+    dummy_loader.initialize_single_dummy_weight = fill
+    try:
+        yield
+    finally:
+        dummy_loader.initialize_single_dummy_weight = original
+        streams.clear()
+
+
 def first_token_latency_s(output: Any) -> float | None:
     """The engine's own TTFT of a finished request (from its arrival, after input processing)."""
     metrics = getattr(output, "metrics", None)

@@ -123,3 +123,24 @@ def test_dummy_weight_construction_skips_the_random_fill_and_restores_it():
     torch.nn.init.uniform_(filled, 1.0, 2.0)  # restored on the way out
     assert bool((filled >= 1.0).all())
     assert layer.weight.shape == (64, 64)
+
+
+def test_dummy_weights_from_one_stream_are_vllms_own_bits_and_vllm_is_restored():
+    from vllm.model_executor.model_loader import dummy_loader, weight_utils
+
+    def tensors():  # sizes out of order, two dtypes, 0-d, a non-contiguous view, an int buffer
+        return [torch.empty(3000, 7), torch.empty(5), torch.empty(2 * (1 << 20) + 11, dtype=torch.bfloat16),
+                torch.empty(()), torch.empty(64, 64).t(), torch.empty(17, dtype=torch.bfloat16),
+                torch.zeros(9, dtype=torch.int64)]
+
+    vllms = tensors()
+    for t in vllms:
+        weight_utils.initialize_single_dummy_weight(t)
+    ours = tensors()
+    with compat.dummy_weights_from_one_stream():
+        assert dummy_loader.initialize_single_dummy_weight is not weight_utils.initialize_single_dummy_weight
+        for t in ours:
+            dummy_loader.initialize_single_dummy_weight(t)
+    assert dummy_loader.initialize_single_dummy_weight is weight_utils.initialize_single_dummy_weight
+    assert all(torch.equal(a, b) for a, b in zip(vllms, ours))
+    assert float(ours[0].abs().max()) > 0  # filled, not left as allocated

@@ -16,7 +16,7 @@ import platform
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from guard import compat
@@ -64,10 +64,17 @@ def retain_freed_memory() -> None:
         raise InvalidRunError("engine.retain_freed_memory: glibc's mallopt() refused the setting")
 
 
-def model_construction(load_format: str) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def model_construction(load_format: str) -> Iterator[None]:
     """How guard has vLLM build the model: dummy weights overwrite whatever initialisation the
-    construction does, so it is skipped (guard.compat.weights_left_uninitialised); real ones as vLLM does."""
-    return compat.weights_left_uninitialised() if load_format == "dummy" else contextlib.nullcontext()
+    construction does, so it is skipped (guard.compat.weights_left_uninitialised), and they are
+    drawn once and copied, to the same bits (guard.compat.dummy_weights_from_one_stream); real
+    weights load as vLLM loads them."""
+    if load_format != "dummy":
+        yield
+        return
+    with compat.weights_left_uninitialised(), compat.dummy_weights_from_one_stream():
+        yield
 
 
 def start_engine(engine: EngineArgs, seed: int):
