@@ -77,6 +77,23 @@ def clear_github_context(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
 
+def engine_as_recorded(thresholds_file: Path, results_file: Path) -> None:
+    """Set the engine keys a recorded run's ``profile_config`` names back to what it ran with, in a
+    copy of a shipped thresholds file: the fixtures were recorded before later engine settings
+    (``cpu_kvcache_space_gb`` 2 -> 1), and update-thresholds rightly refuses a run made under
+    another engine. Edits each differing ``key: value`` line in place, keeping the comments."""
+    import json
+    import re
+
+    engine = json.loads(results_file.read_text())["profile_config"]["engine"]
+    text = thresholds_file.read_text()
+    for key, value in engine.items():
+        line = re.compile(rf"^(\s+{re.escape(key)}: )(\S+)$", re.M)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and len(line.findall(text)) == 1:
+            text = line.sub(lambda m: f"{m.group(1)}{value}", text)
+    thresholds_file.write_text(text)
+
+
 def run_guard(*args: str, cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """The real `guard` console entry point, in a child process, as a person would run it."""
     exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"

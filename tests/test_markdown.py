@@ -223,11 +223,12 @@ def test_the_accept_these_numbers_recipe_works_off_the_runner(tmp_path):
     import shutil
 
     from guard.model.results import load_results
-    from tests.conftest import REPO, run_guard
+    from tests.conftest import REPO, engine_as_recorded, run_guard
 
     source = REPO / "tests" / "fixtures" / "runs" / "cpu-float32-clean.json"
     recorded_at = load_results(source).run.thresholds_path  # the runner's path, not this machine's
     shutil.copytree(REPO / "thresholds", tmp_path / "thresholds")
+    engine_as_recorded(tmp_path / "thresholds" / "deepseek-ocr-2.yaml", source)
     (tmp_path / "guard-results").mkdir()
     shutil.copyfile(source, tmp_path / "guard-results" / "results.json")
     body = render_markdown(load_results(source), thresholds="thresholds/deepseek-ocr-2.yaml")

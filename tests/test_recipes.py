@@ -34,7 +34,7 @@ from guard.judge.rejudge import rejudge
 from guard.report.output import write_report
 from guard.model.results import load_results
 from guard.report.terminal import render_terminal
-from tests.conftest import REPO
+from tests.conftest import REPO, engine_as_recorded
 
 FIXTURES = REPO / "tests" / "fixtures"
 BUDGETS = "thresholds/deepseek-ocr-2.yaml"
@@ -206,6 +206,7 @@ def test_an_older_record_of_the_runners_absolute_path_is_found_by_its_tail(tmp_p
     """Artifacts written before paths were recorded from the root name the runner's absolute path:
     the command still finds the file in this checkout, and says which one it used."""
     person = checkout(tmp_path / "laptop" / "guard", REPO / "thresholds")
+    engine_as_recorded(person / "thresholds" / "deepseek-ocr-2.yaml", FIXTURES / "runs" / "cpu-float32-clean.json")
     (person / "guard-results").mkdir()
     data = json.loads((FIXTURES / "runs" / "cpu-float32-clean.json").read_text())
     data["run"]["thresholds_path"] = "/home/runner/_work/guard/guard/thresholds/deepseek-ocr-2.yaml"

@@ -117,7 +117,7 @@ def test_server_command_carries_the_engine_arguments():
     assert "--skip-mm-profiling" in cpu
     assert cpu[4].endswith("guard/models/tiny-deepseek-ocr2")  # resolved like the in-process engine
     env = server_environment(t.profile("cpu").engine, base={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
 
 
 def test_port_in_use_is_an_invalid_run_before_anything_starts(tmp_path):
