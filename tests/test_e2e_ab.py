@@ -95,6 +95,6 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
     base2 = res2["ab"]["baseline"]
     assert base2["environment"]["worker"]["op_counts_cache"]["status"] == "hit"
     assert base2["op_counts"] == ab["baseline"]["op_counts"] and base2["census"] == ab["baseline"]["census"]
-    assert [o["warmup"] for o in base2["outcomes"]] == [True]  # the warm-up only: nothing profiled on that side
+    assert base2["outcomes"] == []  # no TTFT pairs and its counts cached: that side sent no request
     assert len(res2["run"]["op_counts"]) == 1 and res2["ab"]["op_diff"] == []  # the candidate was profiled
     assert "from guard's cache" in proc.stdout and res2["checks"]["census"] == []

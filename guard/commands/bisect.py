@@ -20,7 +20,7 @@ from pathlib import Path
 from guard import __version__
 from guard.model import format as fmt
 from guard.model.results import ABRecord
-from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.model.readings import folded
 from guard.files import prepare_output
 from guard.report.terminal import added_lines
@@ -31,7 +31,7 @@ from guard.judge.opnames import check_op_names
 from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)
 from guard.revisions import bisect, git, inrepo, overlay
-from guard.revisions.sides import function_changes, profile_side, side_modules
+from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +108,14 @@ def differs(results: Results, function: str | None, op: str | None) -> str | Non
     return None
 
 
+def check_imports_unless_counted(env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds,
+                                 modules: list[str]) -> None:
+    """A revision whose op counts are cached imported fine when they were counted (same tree, same
+    engine stack, as ``guard pr`` reasons); any other is import-checked before its pass."""
+    if not cached_pass(env, profile, thresholds).is_file():
+        overlay.check_imports([env], modules)
+
+
 def judge(profile: Profile, candidate: RunRecord, baseline: RunRecord, base: RevisionInfo, head: RevisionInfo,
           repo: Path) -> Results:
     pr = PullRequestDiff(repository=str(repo), base=base, head=head)
@@ -137,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         good_env = overlay.prepare(repo, good, cache_dir, stack, progress=say)
-        overlay.check_imports([good_env], modules)
+        check_imports_unless_counted(good_env, profile, thresholds, modules)
     except InvalidRunError as exc:
         say(f"good {good.sha[:12]} cannot be measured: {exc}")
         return int(ExitCode.INVALID)
@@ -163,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 env = overlay.prepare(repo, rev, cache_dir, stack, progress=say)
                 envs.append(env)
-                overlay.check_imports([env], modules)
+                check_imports_unless_counted(env, profile, thresholds, modules)
             except InvalidRunError as exc:
                 step = bisect.Step(i, c, bisect.State.SKIP, f"does not import: {exc.args[0]}", measured=False)
             else:

@@ -620,9 +620,11 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                candidate_python, rule=rule) as run:  # the workers end even on an unexpected error
         try:
             run.start()
-            run.warm_up()
             if profile.ttft_vs_baseline_pct or profile.ttft_ms:
+                run.warm_up()
                 run.measure_until_decided()
+            # an op-count pass warms each size it profiles, and only on the sides it profiles: a
+            # baseline whose counts are cached sends no request at all
             if profile.has_op_count_pass:
                 run.profile_ops()
         except InvalidRunError:
