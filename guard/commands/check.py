@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from guard import __version__
+from guard.model import format as fmt
 from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, Profile, Thresholds, load_thresholds
 from guard.measure.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
@@ -128,7 +129,7 @@ def _run_one(args: argparse.Namespace) -> int:
         if not profile.has_op_count_pass:
             raise UsageError(f"profile '{profile.name}' has no op budgets and no census: --only ops would judge nothing")
         print(f"guard check: op counts only: one profiled request per image size "
-              f"({', '.join(f'{w}x{h}' for w, h in profile.workload.profile_image_sizes)}), no TTFT", flush=True)
+              f"({', '.join(map(fmt.size, profile.workload.profile_image_sizes))}), no TTFT", flush=True)
     else:
         print(f"guard check: {profile.workload.warmup_requests} warm-up + {profile.workload.requests} measured "
               f"requests at concurrency {profile.workload.concurrency} through {how}, then "

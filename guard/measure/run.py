@@ -393,7 +393,7 @@ class RunStage:
                 if name == self.names[0]:
                     found.extend(got.counts)
             if self.checkpoints:
-                self.checkpoint(f"profiling {size[0]}x{size[1]}")
+                self.checkpoint(f"profiling {fmt.size(size)}")
         if self.paired and cached is None and BASELINE in profiled:
             self._remember_baseline_pass()
         return found
@@ -408,7 +408,7 @@ class RunStage:
             if census_s is not None:
                 calls = sum(n for ops in census.values() for n in ops.values())
                 roots = ", ".join(self.profile.census.roots) if self.profile.census else ""
-                self.progress(f"{prefix}  census [{size[0]}x{size[1]}]: {len(census)} functions under {roots}, "
+                self.progress(f"{prefix}  census [{fmt.size(size)}]: {len(census)} functions under {roots}, "
                               f"{calls} op calls ({census_s:.2f} s)")
         for c in counts:
             ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
