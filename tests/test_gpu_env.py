@@ -15,6 +15,7 @@ from guard.judge import gates
 from guard.measure import hardware
 from guard.config.budgets import load_thresholds
 from guard.errors import InvalidRunError
+from guard.model.environment import GpuProcess, GpuState
 from tests.conftest import SHIPPED_THRESHOLDS
 
 NV = Path(__file__).parent / "fixtures" / "nvidia"
@@ -102,14 +103,14 @@ class RecordedNvml(types.SimpleNamespace):
 
 def test_a_snapshot_of_the_device_found_by_uuid():
     snap = hardware.read_gpu_state(frozenset({1}), nvml=RecordedNvml(), identity={"uuid": "1111", "pci_bus_id": None})
-    assert snap["device"] == "uuid GPU-1111" and snap["name"] == "NVIDIA A10G"
-    assert snap["throttle_reasons"] == ["sw_power_cap"] and snap["cuda_driver_version"] == "13.0"
-    assert snap["processes"] == [{"pid": 4242, "used_memory_mib": 2048}] and snap["unavailable"] == []
+    assert snap.device == "uuid GPU-1111" and snap.name == "NVIDIA A10G"
+    assert snap.throttle_reasons == ("sw_power_cap",) and snap.cuda_driver_version == "13.0"
+    assert snap.processes == (GpuProcess(4242, 2048),) and snap.unavailable == ()
 
 
 def test_the_device_is_found_by_pci_bus_id_when_there_is_no_uuid():
     snap = hardware.read_gpu_state(nvml=RecordedNvml(), identity={"uuid": None, "pci_bus_id": "0000:65:00.0"})
-    assert snap["device"] == "pci 00000000:65:00.0" and snap["name"] == "NVIDIA A10G"
+    assert snap.device == "pci 00000000:65:00.0" and snap.name == "NVIDIA A10G"
 
 
 def test_never_by_index():
@@ -119,29 +120,29 @@ def test_never_by_index():
 
 
 @pytest.mark.parametrize("missing, refuse, field, value", [
-    (("nvmlDeviceGetCurrentClocksEventReasons",), (), "throttle_reasons", ["sw_power_cap"]),  # older NVML: old name
+    (("nvmlDeviceGetCurrentClocksEventReasons",), (), "throttle_reasons", ("sw_power_cap",)),  # older NVML: old name
     (("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), (), "throttle_reasons", None),
     (("nvmlSystemGetCudaDriverVersion_v2",), (), "cuda_driver_version", None),
-    ((), ("nvmlDeviceGetComputeRunningProcesses",), "processes", []),
+    ((), ("nvmlDeviceGetComputeRunningProcesses",), "processes", ()),
     ((), ("nvmlDeviceGetTemperature",), "temperature_c", None),
     (("nvmlDeviceGetName",), (), "name", None),
 ])
 def test_a_missing_or_refused_nvml_field_loses_only_that_field(missing, refuse, field, value):
     snap = hardware.read_gpu_state(nvml=RecordedNvml(missing=missing, refuse=refuse),
                                    identity={"uuid": "GPU-1111", "pci_bus_id": None})
-    assert snap is not None and snap[field] == value
-    assert snap["clocks_mhz"]["sm"] == 1200  # the rest of the snapshot is still there
-    assert set(snap["unavailable"]) <= set(missing)
+    assert snap is not None and getattr(snap, field) == value
+    assert snap.clocks_mhz["sm"] == 1200  # the rest of the snapshot is still there
+    assert set(snap.unavailable) <= set(missing)
 
 
 def test_sampling_during_the_requests_catches_throttling_only_under_load():
     idle = {"throttle_reasons": ["gpu_idle"], "processes": [], "own_pids": [1]}
     loaded = {"throttle_reasons": ["sw_thermal_slowdown"], "processes": [], "own_pids": [1],
               "clocks_mhz": {"sm": 900, "sm_max": 1710}}
-    problems = gates.gpu_state_problems({"start": idle, "during": [idle, loaded, loaded], "end": idle})
+    problems = gates.gpu_state_problems(GpuState.from_dict({"start": idle, "during": [idle, loaded, loaded], "end": idle}))
     assert problems == ["GPU clocks were throttled during the measured requests (sample 2 of 3): "
                         "sw_thermal_slowdown (SM clock 900 of 1710 MHz)"]  # once, not once per sample
-    assert gates.gpu_state_problems({"start": idle, "end": idle}) == []
+    assert gates.gpu_state_problems(GpuState.from_dict({"start": idle, "end": idle})) == []
 
 
 def test_the_sampler_thread_collects_snapshots_and_stops():

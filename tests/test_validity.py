@@ -16,6 +16,7 @@ from guard.judge.evaluate import evaluate
 from guard.judge.gates import gpu_state_problems, other_gpu_processes
 from guard.judge.rules import stopping_rule
 from guard.measure.hardware import Hardware, fingerprint, read_gpu_state
+from guard.model.environment import GpuProcess, GpuSnapshot, GpuState
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.measure.contention import ContentionSampler
 from guard.measure.run import GuardRun
@@ -31,7 +32,7 @@ def env_for(profile: str, gpu: str | None, gpu_state=None) -> dict:
 
 
 def snap(reasons=("gpu_idle",), processes=(), own=(OWN_PID,)) -> dict:
-    """A gpu_state snapshot as read_gpu_state records it."""
+    """A gpu_state snapshot as results.json records it (read_gpu_state's GpuSnapshot, written)."""
     return {"name": "NVIDIA A10", "driver_version": "550.54.15", "cuda_driver_version": "12.4",
             "clocks_mhz": {"sm": 1695, "sm_max": 1695, "mem": 6251, "mem_max": 6251}, "temperature_c": 60,
             "throttle_mask": 1, "throttle_reasons": list(reasons),
@@ -170,26 +171,26 @@ def test_thermal_throttling(a10):
 
 @pytest.mark.parametrize("reasons", [["gpu_idle"], ["applications_clocks_setting"], ["display_clock_setting", "sync_boost"], []])
 def test_settings_are_not_throttling(reasons):
-    assert gpu_state_problems({"start": snap(reasons=reasons), "end": snap(reasons=reasons)}) == []
+    assert gpu_state_problems(GpuState.from_dict({"start": snap(reasons=reasons), "end": snap(reasons=reasons)})) == []
 
 
 def test_power_cap_is_throttling():
-    assert gpu_state_problems({"start": None, "end": snap(reasons=["sw_power_cap"])}) == [
+    assert gpu_state_problems(GpuState.from_dict({"start": None, "end": snap(reasons=["sw_power_cap"])})) == [
         "GPU clocks were throttled at the end of the run: sw_power_cap (SM clock 1695 of 1695 MHz)"]
 
 
 def test_own_processes_are_not_others():
-    assert gpu_state_problems({"start": snap(processes=[(OWN_PID, 10), (OWN_PID + 1, 10)], own=(OWN_PID, OWN_PID + 1)),
-                               "end": None}) == []
+    assert gpu_state_problems(GpuState.from_dict({"start": snap(processes=[(OWN_PID, 10), (OWN_PID + 1, 10)], own=(OWN_PID, OWN_PID + 1)),
+                               "end": None})) == []
 
 
 def test_in_a_container_the_largest_unknown_pid_at_the_end_is_this_run():
     # NVML reports host PIDs inside a PID namespace: our own process shows up under a foreign pid
-    end = snap(processes=[(87654, 20000)])
+    end = GpuSnapshot.from_dict(snap(processes=[(87654, 20000)]))
     assert other_gpu_processes(end, holding_device=True) == []
-    assert other_gpu_processes(end, holding_device=False) == [{"pid": 87654, "used_memory_mib": 20000}]
-    two = snap(processes=[(87654, 20000), (99999, 512)])
-    assert other_gpu_processes(two, holding_device=True) == [{"pid": 99999, "used_memory_mib": 512}]
+    assert other_gpu_processes(end, holding_device=False) == [GpuProcess(87654, 20000)]
+    two = GpuSnapshot.from_dict(snap(processes=[(87654, 20000), (99999, 512)]))
+    assert other_gpu_processes(two, holding_device=True) == [GpuProcess(99999, 512)]
 
 
 def test_no_gpu_state_on_a_gpu_profile_is_a_notice_not_invalid(a10):
@@ -248,13 +249,14 @@ def test_read_gpu_state_through_nvml(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234abcd,GPU-5678")
     state = read_gpu_state(own_pids=frozenset({OWN_PID}))
     assert nvml.calls == [("uuid", "GPU-1234abcd")]  # torch's cuda:0 is the first visible device
-    assert state["name"] == "NVIDIA A10" and state["driver_version"] == "550.54.15"
-    assert state["cuda_driver_version"] == "12.4"
-    assert state["clocks_mhz"] == {"sm": 1410, "sm_max": 1695, "mem": 6251, "mem_max": 6251}
-    assert state["temperature_c"] is None
-    assert state["throttle_reasons"] == ["gpu_idle", "sw_thermal_slowdown"]
-    assert state["processes"] == [{"pid": OWN_PID, "used_memory_mib": 20000}, {"pid": 777, "used_memory_mib": None}]
-    assert gpu_state_problems({"start": state, "end": None}) == [
+    assert state.name == "NVIDIA A10" and state.driver_version == "550.54.15"
+    assert state.cuda_driver_version == "12.4"
+    assert state.clocks_mhz == {"sm": 1410, "sm_max": 1695, "mem": 6251, "mem_max": 6251}
+    assert state.temperature_c is None
+    assert state.throttle_reasons == ("gpu_idle", "sw_thermal_slowdown")
+    assert state.processes == (GpuProcess(OWN_PID, 20000), GpuProcess(777, None))
+    assert GpuSnapshot.from_dict(state.as_dict()) == state  # as results.json writes and reads it back
+    assert gpu_state_problems(GpuState(start=state)) == [
         "another process was using the GPU at the start of the run: pid 777",
         "GPU clocks were throttled at the start of the run: sw_thermal_slowdown (SM clock 1410 of 1695 MHz)",
     ]
@@ -268,7 +270,7 @@ def test_read_gpu_state_never_maps_the_device_by_index(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     assert read_gpu_state(identity={"uuid": None, "pci_bus_id": None}) is None
     assert nvml.calls == []
-    assert read_gpu_state(identity={"uuid": "abcd-ef", "pci_bus_id": None})["device"] == "uuid GPU-abcd-ef"
+    assert read_gpu_state(identity={"uuid": "abcd-ef", "pci_bus_id": None}).device == "uuid GPU-abcd-ef"
     assert nvml.calls == [("uuid", "GPU-abcd-ef")]
 
 
@@ -280,7 +282,7 @@ def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):
 def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monkeypatch, tmp_path):
     start = snap()
     monkeypatch.setattr("guard.measure.run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
-    monkeypatch.setattr("guard.measure.hardware.read_gpu_state", lambda: snap(reasons=["hw_slowdown"]))
+    monkeypatch.setattr("guard.measure.hardware.read_gpu_state", lambda: GpuSnapshot.from_dict(snap(reasons=["hw_slowdown"])))
 
     from tests.test_runner import ScriptedSide
 
@@ -290,7 +292,7 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
                    rule=stopping_rule(a10))
     run.measure_until_decided()
     state = run.record.environment.gpu_state
-    assert state["start"] is start and state["end"]["throttle_reasons"] == ["hw_slowdown"]
+    assert state.start == GpuSnapshot.from_dict(start) and state.end.throttle_reasons == ("hw_slowdown",)
     assert_invalid(evaluate(a10, run.finish()), "throttled at the end of the run: hw_slowdown")
 
 

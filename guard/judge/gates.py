@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from guard.config.budgets import Profile
 from guard.measure.hardware import Hardware, mismatch
-from guard.model.environment import Environment, SpeedReference
+from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState, SpeedReference
 from guard.model.results import Status, TtftCheck
 
 
@@ -112,43 +111,41 @@ def recorded_hardware_problems(profile: Profile, env: Environment) -> list[str]:
 BENIGN_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting", "sync_boost"})
 
 
-def other_gpu_processes(snapshot: dict[str, Any], holding_device: bool) -> list[dict[str, Any]]:
+def other_gpu_processes(snapshot: GpuSnapshot, holding_device: bool) -> list[GpuProcess]:
     """Processes on the device that are not this run. ``holding_device``: the engine had the device
     when the snapshot was taken, so this process must be listed; if none of the listed pids is
     ours, NVML is reporting another PID namespace (a container) and one entry, the largest, is us."""
-    procs = list(snapshot.get("processes") or [])
-    own = set(snapshot.get("own_pids") or [])
-    others = [p for p in procs if p.get("pid") not in own]
-    if holding_device and others and len(others) == len(procs):
-        others.sort(key=lambda p: p.get("used_memory_mib") or 0)
+    others = [p for p in snapshot.processes if p.pid not in snapshot.own_pids]
+    if holding_device and others and len(others) == len(snapshot.processes):
+        others.sort(key=lambda p: p.used_memory_mib or 0)
         others = others[:-1]
     return others
 
 
-def gpu_state_problems(gpu_state: dict[str, Any] | None) -> list[str]:
+def gpu_state_problems(gpu_state: GpuState | None) -> list[str]:
     """Why the recorded GPU state makes the timing untrustworthy; empty: nothing seen (or nothing recorded)."""
-    if not gpu_state:
+    if gpu_state is None:
         return []
     out: list[str] = []
-    during = gpu_state.get("during") or []
+    during = gpu_state.during or ()
     seen_during: set[str] = set()  # one line per kind of problem for the samples under load
-    samples = [("at the start of the run", gpu_state.get("start"), False, None)]
+    samples = [("at the start of the run", gpu_state.start, False, None)]
     samples += [(f"during the measured requests (sample {i + 1} of {len(during)})", snap, True, "during")
                 for i, snap in enumerate(during)]
-    samples.append(("at the end of the run", gpu_state.get("end"), True, None))
+    samples.append(("at the end of the run", gpu_state.end, True, None))
     for when, snap, holding, group in samples:
-        if not isinstance(snap, dict):
+        if snap is None:
             continue
         others = other_gpu_processes(snap, holding_device=holding)
         if others and not (group and "procs" in seen_during):
-            who = ", ".join(f"pid {p.get('pid')}" + (f" ({p['used_memory_mib']} MiB)" if p.get("used_memory_mib") else "")
+            who = ", ".join(f"pid {p.pid}" + (f" ({p.used_memory_mib} MiB)" if p.used_memory_mib else "")
                             for p in others)
             out.append(f"another process was using the GPU {when}: {who}")
             if group:
                 seen_during.add("procs")
-        slow = [r for r in (snap.get("throttle_reasons") or []) if r not in BENIGN_THROTTLE_REASONS]
+        slow = [r for r in (snap.throttle_reasons or ()) if r not in BENIGN_THROTTLE_REASONS]
         if slow and not (group and "slow" in seen_during):
-            clocks = snap.get("clocks_mhz") or {}
+            clocks = snap.clocks_mhz
             at = f" (SM clock {clocks['sm']} of {clocks['sm_max']} MHz)" if clocks.get("sm") and clocks.get("sm_max") else ""
             out.append(f"GPU clocks were throttled {when}: {', '.join(slow)}{at}")
             if group:

@@ -23,7 +23,7 @@ from guard import __version__
 from guard.config.budgets import (CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa,
                                   ttft_hardware_problem)
 from guard.errors import InvalidRunError
-from guard.model.environment import Environment, has_amx
+from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState, has_amx
 
 
 @dataclass(frozen=True)
@@ -299,7 +299,7 @@ def fingerprint(hw: Hardware, profile: Profile) -> Environment:
         fp["cuda_runtime"] = None
     # None: no GPU, or NVML unreadable (evaluation then adds a notice on GPU profiles)
     start = read_gpu_state() if hw.cuda else None
-    fp["gpu_state"] = {"start": start, "end": None} if start is not None else None
+    fp["gpu_state"] = GpuState(start=start) if start is not None else None
     return Environment.from_dict(fp)
 
 
@@ -368,7 +368,7 @@ def _text(value: Any) -> str:
 
 
 def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
-                   identity: dict[str, str | None] | None = None) -> dict[str, Any] | None:
+                   identity: dict[str, str | None] | None = None) -> GpuSnapshot | None:
     """One NVML snapshot of torch's device, or None when NVML is unavailable (no pynvml, no driver)
     or the device cannot be identified. Each field is read on its own: a function this NVML lacks
     (renamed, too old) or refuses (no permission, unsupported) makes that field None, never the
@@ -425,27 +425,27 @@ def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
             pid = getattr(p, "pid", None)
             m = getattr(p, "usedGpuMemory", None)  # None (or NVML's "not available" sentinel) without permission
             if isinstance(pid, int):
-                processes.append({"pid": pid, "used_memory_mib": m // 2**20 if isinstance(m, int) and m < 2**63 else None})
-        return {
-            "sampled_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "device": matched,
-            "name": None if name is None else _text(name),
-            "driver_version": None if driver is None else _text(driver),
-            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
-            "clocks_mhz": {
+                processes.append(GpuProcess(pid, m // 2**20 if isinstance(m, int) and m < 2**63 else None))
+        return GpuSnapshot(
+            sampled_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            device=matched,
+            name=None if name is None else _text(name),
+            driver_version=None if driver is None else _text(driver),
+            cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
+            clocks_mhz={
                 "sm": clock("nvmlDeviceGetClockInfo", "NVML_CLOCK_SM"),
                 "sm_max": clock("nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_SM"),
                 "mem": clock("nvmlDeviceGetClockInfo", "NVML_CLOCK_MEM"),
                 "mem_max": clock("nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_MEM"),
             },
-            "temperature_c": None if temp_sensor is None else get("nvmlDeviceGetTemperature", handle, temp_sensor),
-            "throttle_mask": mask if isinstance(mask, int) else None,
-            "throttle_reasons": throttle_reason_names(mask) if isinstance(mask, int) else None,
-            "processes": processes,
+            temperature_c=None if temp_sensor is None else get("nvmlDeviceGetTemperature", handle, temp_sensor),
+            throttle_mask=mask if isinstance(mask, int) else None,
+            throttle_reasons=tuple(throttle_reason_names(mask)) if isinstance(mask, int) else None,
+            processes=tuple(processes),
             # this process, and `guard check` that started it: neither competes with the timing
-            "own_pids": sorted(own_pids if own_pids is not None else {os.getpid(), os.getppid()}),
-            "unavailable": sorted(set(missing)),  # NVML functions this version lacks
-        }
+            own_pids=tuple(sorted(own_pids if own_pids is not None else {os.getpid(), os.getppid()})),
+            unavailable=tuple(sorted(set(missing))),  # NVML functions this version lacks
+        )
     except Exception:  # noqa: BLE001 - a half-readable NVML must not fail the run; the notice says so
         return None
     finally:
@@ -464,7 +464,7 @@ class GpuStateSampler:
 
         self.interval_s, self.max_snapshots = interval_s, max_snapshots
         self.read = read or read_gpu_state
-        self.snapshots: list[dict[str, Any]] = []
+        self.snapshots: list[GpuSnapshot] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="guard-nvml-sampler", daemon=True)
 

@@ -344,8 +344,8 @@ class RunStage:
             self.progress(f"CPU during measurement: {fmt.contention(reading, ab=self.paired)}")
         if gpu_state is not None:  # the end of the timing pass, while the engines hold the device
             pids = frozenset().union(*(side.process_ids() for side in self.sides.values()))
-            gpu_state["during"] = sampler.snapshots
-            gpu_state["end"] = read_gpu_state(own_pids=frozenset({os.getpid(), *pids})) if pids else read_gpu_state()
+            end = read_gpu_state(own_pids=frozenset({os.getpid(), *pids})) if pids else read_gpu_state()
+            env.gpu_state = dataclasses.replace(gpu_state, during=tuple(sampler.snapshots), end=end)
         speed = SpeedReference.of(before, reference.speed_reading())
         if speed is not None:
             env.speed_reference = speed

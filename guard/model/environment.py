@@ -6,7 +6,7 @@ server). Evaluation, the reports, ``update-thresholds`` and history read its fie
 A file is checked against results.schema.json at the edge (``guard.model.results.read_json``), which
 names the line and field of a bad value; ``from_dict`` types what passed. The readings the validity
 gates judge are records (``cpu_contention``: ``ContentionReading``, ``speed_reference``:
-``SpeedReference``); the other nested readings (``gpu_state``, ``server``, ``worker``,
+``SpeedReference``, ``gpu_state``: ``GpuState``); the other nested readings (``server``, ``worker``,
 ``engine_args``) stay mappings: each has its own reader where it is measured and its own
 definition in the schema.
 """
@@ -179,6 +179,98 @@ class HardwareMatch:
         return cls(ok=bool(d["ok"]), reason=d.get("reason"), rule=d.get("rule"))
 
 
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process NVML lists on the device; ``used_memory_mib`` None without permission to see it."""
+
+    pid: int
+    used_memory_mib: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "used_memory_mib": self.used_memory_mib}
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One NVML reading of the engine's device (guard.measure.hardware.read_gpu_state). A field this
+    NVML lacks or refuses is None and its function named in ``unavailable``; keys a newer guard
+    wrote are kept in ``other`` and written back."""
+
+    sampled_at: str | None = None
+    device: str | None = None  # how the device was found: "uuid GPU-..." or "pci 0000:..."
+    name: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    clocks_mhz: Mapping[str, int | None] = field(default_factory=dict)  # sm, sm_max, mem, mem_max
+    temperature_c: int | None = None
+    throttle_mask: int | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    own_pids: tuple[int, ...] = ()  # this run's processes: never "another process"
+    unavailable: tuple[str, ...] = ()
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sampled_at": self.sampled_at, "device": self.device, "name": self.name,
+                "driver_version": self.driver_version, "cuda_driver_version": self.cuda_driver_version,
+                "clocks_mhz": dict(self.clocks_mhz), "temperature_c": self.temperature_c,
+                "throttle_mask": self.throttle_mask,
+                "throttle_reasons": None if self.throttle_reasons is None else list(self.throttle_reasons),
+                "processes": [p.as_dict() for p in self.processes], "own_pids": list(self.own_pids),
+                "unavailable": list(self.unavailable), **self.other}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuSnapshot:
+        known = {f.name for f in fields(cls)} - {"other"}
+        reasons = d.get("throttle_reasons")
+        clocks = d.get("clocks_mhz")
+        return cls(
+            sampled_at=_str_or_none(d.get("sampled_at")), device=_str_or_none(d.get("device")),
+            name=_str_or_none(d.get("name")), driver_version=_str_or_none(d.get("driver_version")),
+            cuda_driver_version=_str_or_none(d.get("cuda_driver_version")),
+            clocks_mhz={str(k): _int_or_none(v) for k, v in clocks.items()} if isinstance(clocks, Mapping) else {},
+            temperature_c=_int_or_none(d.get("temperature_c")), throttle_mask=_int_or_none(d.get("throttle_mask")),
+            throttle_reasons=tuple(str(r) for r in reasons) if isinstance(reasons, (list, tuple)) else None,
+            processes=tuple(GpuProcess(p["pid"], _int_or_none(p.get("used_memory_mib")))
+                            for p in d.get("processes") or () if isinstance(p, Mapping) and _int_or_none(p.get("pid")) is not None),
+            own_pids=tuple(p for p in d.get("own_pids") or () if _int_or_none(p) is not None),
+            unavailable=tuple(str(u) for u in d.get("unavailable") or ()),
+            other={k: v for k, v in d.items() if k not in known})
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """The device before the timing pass, sampled during it, and at its end (``during`` None: not
+    sampled, as in a record written before sampling existed)."""
+
+    start: GpuSnapshot | None = None
+    end: GpuSnapshot | None = None
+    during: tuple[GpuSnapshot, ...] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"start": self.start and self.start.as_dict(), "end": self.end and self.end.as_dict()}
+        if self.during is not None:
+            d["during"] = [s.as_dict() for s in self.during]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuState:
+        def snap(value: Any) -> GpuSnapshot | None:
+            return GpuSnapshot.from_dict(value) if isinstance(value, Mapping) else None
+
+        during = d.get("during")
+        return cls(start=snap(d.get("start")), end=snap(d.get("end")),
+                   during=None if during is None else tuple(s for s in map(snap, during) if s is not None))
+
+
 class EnvironmentTypeError(TypeError):
     """A value of the wrong type given for an environment field (a bug in the writer, not bad input:
     files are checked against the schema first)."""
@@ -212,6 +304,10 @@ def _match(value: Any, key: str) -> HardwareMatch:
 
 def _contention(value: Any, key: str) -> ContentionReading:
     return value if isinstance(value, ContentionReading) else ContentionReading.from_dict(_reading(value, key))
+
+
+def _gpu(value: Any, key: str) -> GpuState:
+    return value if isinstance(value, GpuState) else GpuState.from_dict(_reading(value, key))
 
 
 def _speed(value: Any, key: str) -> SpeedReference:
@@ -252,7 +348,7 @@ class Environment:
     git_commit: str | None = _f(_text)  # the checkout guard ran from
     # what the run stage and its engine side add as they run
     engine_mode: str | None = _f(_text)  # "in-process" or "server" (server.managed false: --server-url)
-    gpu_state: dict[str, Any] | None = _f(_reading)  # clocks/throttling at start and end (guard.measure.hardware)
+    gpu_state: GpuState | None = _f(_gpu)  # NVML around and during the timing pass (guard.measure.hardware)
     cpu_contention: ContentionReading | None = _f(_contention)  # the rest of the machine (guard.measure.contention)
     speed_reference: SpeedReference | None = _f(_speed)  # guard.measure.speedref, around the timing pass
     server: dict[str, Any] | None = _f(_reading)  # server mode: the command, URL and whether guard started it
