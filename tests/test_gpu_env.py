@@ -175,3 +175,17 @@ def test_a_cuda_sync_inherits_a_stack_only_from_its_own_thread():
 
 def test_cuda_device_identity_without_cuda():
     assert compat.cuda_device_identity(0) == {"uuid": None, "pci_bus_id": None}
+
+
+def test_a_recorded_gpu_state_reads_back_typed_and_writes_back_as_it_was():
+    from guard.model.environment import Environment
+
+    snapshot = hardware.read_gpu_state(frozenset({1}), nvml=RecordedNvml(), identity={"uuid": "1111", "pci_bus_id": None})
+    written = {"start": {**snapshot.as_dict(), "fan_pct": 40},  # a key a newer guard wrote: kept
+               "end": None, "during": [snapshot.as_dict()]}
+    env = Environment.from_dict({"gpu_state": written})
+    assert env.gpu_state.start.processes == (GpuProcess(4242, 2048),) and env.gpu_state.start.other == {"fan_pct": 40}
+    assert env.gpu_state.during == (snapshot,) and env.gpu_state.end is None
+    assert env.as_dict()["gpu_state"] == written
+    older = {"start": snapshot.as_dict(), "end": snapshot.as_dict()}  # written before sampling during the requests
+    assert Environment.from_dict({"gpu_state": older}).as_dict()["gpu_state"] == older
