@@ -331,7 +331,8 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     assert why.startswith("baseline worker: ModuleNotFoundError") and "yaml" in why
     assert f"hint: {bare_python} is the baseline environment's python" in why and "uv sync" not in why
     assert not any("engine ready" in m for m in said), said  # neither engine was waited for
-    assert all("init_s" not in (rec.side(side).environment.worker or {}) for side in (CANDIDATE, BASELINE))
+    assert all(rec.side(side).environment.worker is None or rec.side(side).environment.worker.init_s is None
+               for side in (CANDIDATE, BASELINE))
     assert rec.baseline.environment.vllm is None and rec.baseline.environment.torch is None
     assert rec.candidate.environment.vllm is not None  # guard's own environment is the candidate's
     assert rec.candidate.outcomes == [] and rec.baseline.outcomes == []

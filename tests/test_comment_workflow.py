@@ -302,7 +302,7 @@ def test_a_server_run_is_posted_against_the_server_modes_ttft_budget(name, githu
     assert "p50 budget 13900 ms" in body and "budget 7000 ms" not in body
     if name.endswith("-url"):  # a server guard did not start: TTFT only
         assert "not measured in this mode" in body
-        assert load_results(fixture(name)).run.environment.server["managed"] is False
+        assert load_results(fixture(name)).run.environment.server.managed is False
 
 
 # ----------------------------------------------------------------------------- perf-guard -> perf-guard-comment

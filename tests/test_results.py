@@ -316,13 +316,25 @@ def test_unknown_environment_keys_are_kept_and_a_wrong_type_from_code_names_its_
         env.update({"cpu_isa": ["avx2", 3]})
 
 
-def test_a_side_keeps_updating_its_nested_reading_after_it_is_recorded():
-    """A worker side sets ``worker.stopped_s`` on its own dict when it stops: the record holds that dict."""
-    side_adds = {"worker": {"executable": "/x/python"}}
+def test_a_sides_own_reading_is_recorded_typed_as_of_each_merge():
+    """A worker side writes its reading as a plain dict and adds ``stopped_s`` when it stops; the
+    record types what it was given at each merge (the run stage merges at start and at the end),
+    and writes it back as given, keys a newer guard wrote included."""
+    side_adds = {"worker": {"executable": "/x/python", "init_s": 3, "vllm_file": "/v/vllm/__init__.py", "gpu_count": 0}}
     env = Environment.from_dict({"cpu": "c"})
     env.update(side_adds)
     side_adds["worker"]["stopped_s"] = 1.5
-    assert env.worker == {"executable": "/x/python", "stopped_s": 1.5}
+    assert env.worker.executable == "/x/python" and env.worker.init_s == 3.0 and env.worker.stopped_s is None
+    env.update(side_adds)  # the merge at the end
+    assert env.worker.stopped_s == 1.5 and env.worker.other == {"gpu_count": 0}
+    assert env.as_dict()["worker"] == side_adds["worker"]
+    side_adds["worker"]["op_counts_cache"] = {"key": "k1", "status": "hit", "recorded_at": "2026-12-05T10:00:00+00:00"}
+    env.update(side_adds)
+    assert env.op_counts_cache.status == "hit" and env.op_counts_cache.key == "k1"
+    assert Environment.from_dict(env.as_dict()).as_dict() == env.as_dict()
+    server = Environment.from_dict({"server": {"managed": False, "url": "http://h:8000", "served_model": "m"}}).server
+    assert server.remote and server.url == "http://h:8000" and server.command is None
+    assert Environment.from_dict({}).op_counts_cache is None
 
 
 def test_guard_reads_the_environment_by_field_not_by_string_key():

@@ -4,6 +4,7 @@ TTFT client against a real local HTTP server, and how a --server-url run is judg
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import threading
@@ -297,7 +298,7 @@ def test_server_url_op_budgets_are_not_measured_never_passed():
 def test_a_managed_server_run_without_op_counts_is_still_invalid():
     profile = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").with_engine_mode("server")
     run = remote_run([12.0] * 6)
-    run.environment.server["managed"] = True  # guard started it: the in-process pass must have counted
+    run.environment.server = dataclasses.replace(run.environment.server, managed=True)  # guard started it: the in-process pass must have counted
     res = evaluate(profile, run)
     assert res.verdict == Verdict.INVALID and res.unmeasured_op_checks == ()
     assert any("budgeted but not measured" in r.text for r in res.invalid_reasons)
@@ -357,7 +358,7 @@ def test_update_thresholds_from_a_server_run_writes_the_server_budget(tmp_path, 
 def test_report_keeps_the_server_log_tail_line_by_line():
     profile = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").with_engine_mode("server")
     run = remote_run([12.0] * 6)
-    run.environment.server["managed"] = True
+    run.environment.server = dataclasses.replace(run.environment.server, managed=True)
     run.invalid_reasons.append(InvalidReason(ReasonKind.ENGINE, "vllm serve died during round 1 (exit status -9); last lines of out/server.log:\n"
                                                "INFO engine ready\nERROR ```boom``` @someone"))
     md = render_markdown(evaluate(profile, run))
@@ -385,8 +386,8 @@ def test_runner_measures_a_running_server_ttft_only(tmp_path):
     assert {b["model"] for b in srv.bodies} == {"served-name"} and len(srv.bodies) == 4
     assert len(record.ttft_client_s()) == 3 and all(0.1 <= s < 0.5 for s in record.ttft_client_s())
     env = record.environment
-    assert env.engine_mode == "server" and env.server["managed"] is False and env.server["url"] == srv.url
-    assert "vllm.benchmarks" in env.server["request_function"]
+    assert env.engine_mode == "server" and env.server.managed is False and env.server.url == srv.url
+    assert "vllm.benchmarks" in env.server.request_function
     res = evaluate(profile, record)
     assert res.verdict == Verdict.PASS and len(res.unmeasured_op_checks) == 2
 

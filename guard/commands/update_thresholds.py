@@ -359,10 +359,10 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     if thresholds_path is None:
         thresholds_path = recorded_thresholds(results, results_path, out)
     thresholds: Thresholds = load_thresholds(thresholds_path)
-    server = results.run.environment.server or {}
-    if server.get("managed") is False:
+    server = results.run.environment.server
+    if server is not None and server.remote:
         raise _refuse(results_path, "run.environment.server", "the run measured a server guard did not start "
-                      f"({server.get('url')}); its engine arguments are unknown, so it is no baseline",
+                      f"({server.url}); its engine arguments are unknown, so it is no baseline",
                       hint="re-run `guard check --engine-mode server` so guard starts the server itself")
     # Budgets of the engine mode the run measured in (budgets.modes.<mode>.ttft_ms for the other mode)
     prof = thresholds.profile(profile or results.run.profile).with_engine_mode(results.run.environment.engine_mode)

@@ -127,7 +127,8 @@ def op_checks(profile: Profile, op_counts: list[ScopeCounts]) -> list[OpCheck]:
 
 def ops_measurable(run: RunRecord) -> bool:
     """False for ``--server-url``: guard profiles only engines it runs (docs/server-mode.md)."""
-    return (run.environment.server or {}).get("managed", True) is not False
+    server = run.environment.server
+    return server is None or not server.remote
 
 
 NOT_MEASURED_REMOTE = ("not measured in this mode: op counts need the model's Python frames, and a server "
@@ -313,9 +314,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     census = ab_census_judgement(profile, rec) if not stopped else None
     notices = cand.notices
     cache = rec.baseline.environment.op_counts_cache
-    if cache.get("status") == "hit":
-        notices += (f"op counts: the baseline side's come from guard's cache, profiled {cache.get('recorded_at')} in this "
-                    f"same baseline environment (key {cache.get('key')}); `--fresh-baseline` profiles them again",)
+    if cache is not None and cache.status == "hit":
+        notices += (f"op counts: the baseline side's come from guard's cache, profiled {cache.recorded_at} in this "
+                    f"same baseline environment (key {cache.key}); `--fresh-baseline` profiles them again",)
     if census is not None:
         reasons += census.invalid
         notices += tuple(ab_census_notices(census))

@@ -47,7 +47,7 @@ from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.measure.stopping import StoppingRule, measure_until_decided
-from guard.model.environment import Environment, SpeedReference, busy
+from guard.model.environment import Environment, OpCountsCacheNote, SpeedReference, WorkerReading, busy
 from guard.model.readings import size as size_key
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
                                   RequestOutcome, RunRecord, ScopeCounts, pairs, scope_counts_from_dict)
@@ -104,8 +104,12 @@ class RunStage:
 
     # -------------------------------------------------------------- sides
     def _merge(self, name: str) -> None:
-        """What the side says about its environment, into its record (nested dicts are shared)."""
-        self.records[name].environment.update(self.sides[name].environment)
+        """What the side says about its environment, into its record, typed: a side keeps writing its
+        own dict (a worker's stopped time when it stops), so this runs at its start and at the end."""
+        env = self.records[name].environment
+        env.update(self.sides[name].environment)
+        if name == BASELINE and self.cache_note is not None:
+            env.worker = dataclasses.replace(env.worker or WorkerReading(), op_counts_cache=self.cache_note)
 
     def _fail(self, exc: Exception) -> InvalidRunError:
         """``exc``'s reason, recorded as the run's; the InvalidRunError to raise for it."""
@@ -420,11 +424,11 @@ class RunStage:
     cache_covers: str = ""
     fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
 
+    cache_note: OpCountsCacheNote | None = None  # what the cache did for the baseline side, on its worker reading
+
     def _cache_note(self, **fields: Any) -> None:
-        env = self.records[BASELINE].environment
-        if env.worker is None:
-            env.worker = {}
-        env.worker["op_counts_cache"] = {"key": self.cache_key, **fields}  # in place: the side's own dict
+        self.cache_note = OpCountsCacheNote(key=self.cache_key, **fields)
+        self._merge(BASELINE)
 
     def _cached_baseline_pass(self) -> abcache.CachedPass | None:
         """The baseline side's remembered pass, taken into its record; None: profile it now."""

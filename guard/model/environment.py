@@ -6,9 +6,10 @@ server). Evaluation, the reports, ``update-thresholds`` and history read its fie
 A file is checked against results.schema.json at the edge (``guard.model.results.read_json``), which
 names the line and field of a bad value; ``from_dict`` types what passed. The readings the validity
 gates judge are records (``cpu_contention``: ``ContentionReading``, ``speed_reference``:
-``SpeedReference``, ``gpu_state``: ``GpuState``); the other nested readings (``server``, ``worker``,
-``engine_args``) stay mappings: each has its own reader where it is measured and its own
-definition in the schema.
+``SpeedReference``, ``gpu_state``: ``GpuState``, ``worker``: ``WorkerReading``, ``server``:
+``ServerReading``); ``engine_args`` stays the profile's engine as a mapping (config owns its type). An
+engine side writes its own reading as a plain dict (``side.environment``); the run stage merges it
+into the record, typed, when the side starts and when it stops.
 """
 from __future__ import annotations
 
@@ -271,6 +272,109 @@ class GpuState:
                    during=None if during is None else tuple(s for s in map(snap, during) if s is not None))
 
 
+def _known_and_other(cls: type, d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    names = {f.name for f in fields(cls)} - {"other"}
+    return {k: v for k, v in d.items() if k in names}, {k: v for k, v in d.items() if k not in names}
+
+
+def _written(record: Any) -> dict[str, Any]:
+    """A nested reading as results.json stores it: the fields it has (None: not known, not written),
+    nested readings as theirs, then the keys a newer guard wrote."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if f.name == "other" or value is None:
+            continue
+        out[f.name] = value.as_dict() if hasattr(value, "as_dict") else list(value) if isinstance(value, tuple) else value
+    return {**out, **record.other}
+
+
+@dataclass(frozen=True)
+class OpCountsCacheNote:
+    """A/B baseline: what guard's op-count cache did for this side (guard.measure.abcache)."""
+
+    key: str | None = None
+    status: str | None = None  # "hit", "miss", "stored" or "not used"
+    reason: str | None = None  # "not used": why
+    recorded_at: str | None = None  # "hit": when the cached pass was profiled
+    path: str | None = None
+    covers: str | None = None  # what the key is made of, in words
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return _written(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> OpCountsCacheNote:
+        known, other = _known_and_other(cls, d)
+        return cls(**{k: None if v is None else str(v) for k, v in known.items()}, other=other)
+
+
+@dataclass(frozen=True)
+class WorkerReading:
+    """A side run by a worker process (guard.measure.worker): its interpreter and versions as it
+    reported them, its engine's start, how long it was stopped while the other side was timed."""
+
+    python: str | None = None
+    executable: str | None = None
+    vllm: str | None = None
+    vllm_file: str | None = None
+    vllm_dist: str | None = None
+    torch: str | None = None
+    transformers: str | None = None
+    cuda_runtime: str | None = None
+    guard_file: str | None = None  # where the worker imported guard from
+    init_s: float | None = None
+    stopped_s: float | None = None
+    op_counts_cache: OpCountsCacheNote | None = None
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return _written(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WorkerReading:
+        known, other = _known_and_other(cls, d)
+        note = known.pop("op_counts_cache", None)
+        seconds = {k: float(known.pop(k)) for k in ("init_s", "stopped_s") if isinstance(known.get(k), (int, float))}
+        known.pop("init_s", None), known.pop("stopped_s", None)
+        return cls(**{k: None if v is None else str(v) for k, v in known.items()}, **seconds,
+                   op_counts_cache=OpCountsCacheNote.from_dict(note) if isinstance(note, Mapping) else None, other=other)
+
+
+@dataclass(frozen=True)
+class ServerReading:
+    """Server mode: the ``vllm serve`` guard started (``managed``, its command and log) or the one
+    it was pointed at (``--server-url``), and how requests reached it."""
+
+    managed: bool | None = None
+    url: str | None = None
+    served_model: str | None = None
+    command: tuple[str, ...] | None = None
+    log: str | None = None
+    exit_status: int | None = None
+    request_function: str | None = None
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return _written(self)
+
+    @property
+    def remote(self) -> bool:
+        """A server guard did not start: what it loaded is not guard's to say."""
+        return self.managed is False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ServerReading:
+        known, other = _known_and_other(cls, d)
+        command = known.get("command")
+        return cls(managed=known["managed"] if isinstance(known.get("managed"), bool) else None,
+                   url=_str_or_none(known.get("url")), served_model=_str_or_none(known.get("served_model")),
+                   command=tuple(str(c) for c in command) if isinstance(command, (list, tuple)) else None,
+                   log=_str_or_none(known.get("log")), exit_status=_int_or_none(known.get("exit_status")),
+                   request_function=_str_or_none(known.get("request_function")), other=other)
+
+
 class EnvironmentTypeError(TypeError):
     """A value of the wrong type given for an environment field (a bug in the writer, not bad input:
     files are checked against the schema first)."""
@@ -287,7 +391,7 @@ def _check(kind: type | tuple[type, ...], name: str) -> Callable[[Any, str], Any
 _text = _check(str, "a string")
 _count = _check(int, "an integer")
 _flag = _check(bool, "true or false")
-_reading = _check(dict, "an object")  # kept as given: a side updates its own nested reading (worker.stopped_s) later
+_reading = _check(dict, "an object")
 
 
 def _seconds(value: Any, key: str) -> float:
@@ -308,6 +412,14 @@ def _contention(value: Any, key: str) -> ContentionReading:
 
 def _gpu(value: Any, key: str) -> GpuState:
     return value if isinstance(value, GpuState) else GpuState.from_dict(_reading(value, key))
+
+
+def _worker(value: Any, key: str) -> WorkerReading:
+    return value if isinstance(value, WorkerReading) else WorkerReading.from_dict(_reading(value, key))
+
+
+def _server(value: Any, key: str) -> ServerReading:
+    return value if isinstance(value, ServerReading) else ServerReading.from_dict(_reading(value, key))
 
 
 def _speed(value: Any, key: str) -> SpeedReference:
@@ -351,8 +463,8 @@ class Environment:
     gpu_state: GpuState | None = _f(_gpu)  # NVML around and during the timing pass (guard.measure.hardware)
     cpu_contention: ContentionReading | None = _f(_contention)  # the rest of the machine (guard.measure.contention)
     speed_reference: SpeedReference | None = _f(_speed)  # guard.measure.speedref, around the timing pass
-    server: dict[str, Any] | None = _f(_reading)  # server mode: the command, URL and whether guard started it
-    worker: dict[str, Any] | None = _f(_reading)  # a worker side: its python, versions, op-count cache
+    server: ServerReading | None = _f(_server)  # server mode: the command, URL and whether guard started it
+    worker: WorkerReading | None = _f(_worker)  # a worker side: its python, versions, op-count cache
     injected_sleep_s: float | None = _f(_seconds)  # --inject slow-encoder: the sleep actually added
     # keys this guard does not know (written by a newer one), kept and written back as read
     other: dict[str, Any] = field(default_factory=dict)
@@ -405,9 +517,9 @@ class Environment:
         return (self.engine_args or {}).get("dtype")
 
     @property
-    def op_counts_cache(self) -> dict[str, Any]:
-        """A/B baseline: whether its op counts came from the cache (guard.measure.abcache); {} if not asked."""
-        return (self.worker or {}).get("op_counts_cache") or {}
+    def op_counts_cache(self) -> OpCountsCacheNote | None:
+        """A/B baseline: whether its op counts came from the cache (guard.measure.abcache); None if not asked."""
+        return self.worker.op_counts_cache if self.worker is not None else None
 
 
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {

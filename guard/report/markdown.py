@@ -298,7 +298,7 @@ def _ab_section(results: Results) -> list[str]:
              "went first (ABBA), so drift and contention fall on both.", "",
              "| | candidate | baseline | candidate / baseline |", "|---|---|---|---:|"]
     envs = (results.run.environment, ab.baseline.environment)
-    lines.append("| vLLM | " + " | ".join(code(f"{e.vllm or '?'} {(e.worker or {}).get('vllm_file') or ''}",
+    lines.append("| vLLM | " + " | ".join(code(f"{e.vllm or '?'} {(e.worker and e.worker.vllm_file) or ''}",
                                                    in_table=True) for e in envs) + " | |")
     cand, base = [p.candidate_s for p in ab.pairs], [p.baseline_s for p in ab.pairs]
     if ab.pairs:

@@ -49,7 +49,7 @@ def sites_lines(results: Results) -> list[str]:
 
 
 def _vllm(env: Environment) -> str:
-    return f"{env.vllm or '?'} ({(env.worker or {}).get('vllm_file') or '?'})"
+    return f"{env.vllm or '?'} ({(env.worker and env.worker.vllm_file) or '?'})"
 
 
 def ab_lines(results: Results) -> list[str]:
@@ -60,7 +60,8 @@ def ab_lines(results: Results) -> list[str]:
     lines = ([f"A/B: candidate vs baseline on this machine, {len(ab.pairs)} pairs, each block on both sides "
               f"back to back, alternating which goes first (ABBA)", ""] if ab.pairs or results.ab_checks else
              ["op counts: the two sides profiled one after the other (no TTFT pairs)", ""])
-    rows = [["python", str((results.run.environment.worker or {}).get("executable", "")), ab.baseline_python, ""],
+    worker = results.run.environment.worker
+    rows = [["python", (worker and worker.executable) or "", ab.baseline_python, ""],
             ["vllm", _vllm(results.run.environment), _vllm(ab.baseline.environment), ""]]
     if ab.pairs:
         cand, base = [p.candidate_s for p in ab.pairs], [p.baseline_s for p in ab.pairs]
