@@ -8,7 +8,9 @@ first in reading order, and prints:
 - climbs: steps in that reading order from a module to one on a higher import layer (a module's
   layer is the length of the longest chain of guard imports below it, late imports included):
   the reader goes back up against the direction of the imports;
-- the modules entered most often from another module.
+- the modules entered most often from another module;
+- where ``args`` itself goes (the object passed on by name, not values computed from it), and
+  whether any of those functions lies below the commands.
 
 Static and approximate by design: calls are resolved through imports, ``module.attr`` calls,
 same-module names and ``self.method``; calls through variables, callbacks and subprocesses (the
@@ -28,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "guard"
+EDGE = ("guard.commands", "guard.cli")  # where an argparse Namespace belongs
 
 
 def module_name(path: Path) -> str:
@@ -121,9 +124,11 @@ def tainted_names(node, seeds: set[str]) -> set[str]:
     return names
 
 
-def follow(modules, entry: tuple[str, str], seed: str) -> list[tuple[str, str]]:
+def follow(modules, entry: tuple[str, str], seed: str, itself: bool = False) -> list[tuple[str, str]]:
     """The functions the argument ``seed`` of ``entry`` reaches, in reading order (depth first):
-    a call is followed when one of its arguments is computed from a tainted name."""
+    a call is followed when one of its arguments is computed from a tainted name. ``itself``: only
+    when an argument is the object itself, passed on by name (where the Namespace goes, not the
+    values read from it)."""
     order: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
 
@@ -134,11 +139,16 @@ def follow(modules, entry: tuple[str, str], seed: str) -> list[tuple[str, str]]:
         order.append(node_id)
         mod = modules[node_id[0]]
         fn = mod.functions[node_id[1]]
-        names = tainted_names(fn, seeds)
+        names = set(seeds) if itself else tainted_names(fn, seeds)
         cls = node_id[1].split(".")[0] if "." in node_id[1] else None
         for call in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda c: (c.lineno, c.col_offset)):
-            hits = [i for i, a in enumerate(call.args) if any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(a))]
-            kw = [k.arg for k in call.keywords if k.arg and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(k.value))]
+            def carries(a) -> bool:
+                if itself:
+                    return isinstance(a, ast.Name) and a.id in names
+                return any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(a))
+
+            hits = [i for i, a in enumerate(call.args) if carries(a)]
+            kw = [k.arg for k in call.keywords if k.arg and carries(k.value)]
             if not hits and not kw:
                 continue
             target = resolve(modules, mod, cls, call.func)
@@ -189,6 +199,10 @@ def main(entry: str = "guard.commands.check:run", seed: str = "args") -> int:
           f"{climbs} climbs back up a layer (reading order)")
     print("modules entered most often: " + ", ".join(f"{m} {n}" for m, n in
                                                  sorted(entered.items(), key=lambda kv: (-kv[1], kv[0]))[:6]))
+    itself = follow(modules, tuple(entry.split(":")), seed, itself=True)
+    below = sorted({f"{m}:{fn}" for m, fn in itself if not m.startswith(EDGE)})
+    print(f"`{seed}` itself, passed on by name: {len(itself)} functions, "
+          + (f"{len(below)} below the commands: {', '.join(below)}" if below else "none below the commands"))
     for m, fn in order:
         print(f"  L{layer[m]:<2} {m}:{fn}")
     return 0

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 GUARD = Path(__file__).resolve().parent.parent / "guard"
 
 # Cycles that are known and not yet broken, each as the sorted tuple of its modules, with why.
@@ -167,3 +169,18 @@ def test_imports_follow_the_stage_order():
     assert not new, "imports against config -> measure -> judge -> report -> publish:\n  " + "\n  ".join(map(str, new))
     gone = sorted(set(KNOWN_BACK_IMPORTS) - edges)
     assert not gone, f"no longer imported, drop them from KNOWN_BACK_IMPORTS: {gone}"
+
+
+@pytest.mark.parametrize("command", ["bisect", "check", "comment", "history", "pr", "record", "selftest",
+                                     "update_thresholds", "weights"])
+def test_an_argparse_namespace_stops_at_the_commands(command):
+    """Each command turns its Namespace into typed values: the Namespace itself, passed on by name,
+    reaches no function below guard/commands (benchmarks/call_trace.py reads the same)."""
+    from tests.conftest import benchmark_script
+
+    with benchmark_script("call_trace") as trace:
+        modules = trace.graph(trace.load())
+        reached = trace.follow(modules, (f"guard.commands.{command}", "run"), "args", itself=True)
+    assert reached[0] == (f"guard.commands.{command}", "run")
+    below = [f"{m}:{fn}" for m, fn in reached if not m.startswith(trace.EDGE)]
+    assert below == [], below
