@@ -144,3 +144,17 @@ def test_dummy_weights_from_one_stream_are_vllms_own_bits_and_vllm_is_restored()
     assert dummy_loader.initialize_single_dummy_weight is weight_utils.initialize_single_dummy_weight
     assert all(torch.equal(a, b) for a, b in zip(vllms, ours))
     assert float(ours[0].abs().max()) > 0  # filled, not left as allocated
+
+
+def test_what_the_stream_cannot_vouch_for_goes_to_vllms_own_fill(monkeypatch):
+    from vllm.model_executor.model_loader import dummy_loader
+
+    seen = []
+    vllms = dummy_loader.initialize_single_dummy_weight
+    monkeypatch.setattr(dummy_loader, "initialize_single_dummy_weight",
+                        lambda param, *a, **k: (seen.append(param.dtype), vllms(param, *a, **k)))
+    monkeypatch.setitem(compat._prefix_fill_holds, torch.bfloat16, False)  # a torch that fills out of order
+    with compat.dummy_weights_from_one_stream():
+        for t in (torch.empty(64, dtype=torch.bfloat16), torch.empty(8, 8).t(), torch.empty(64)):
+            dummy_loader.initialize_single_dummy_weight(t)
+    assert seen == [torch.bfloat16, torch.float32]  # the bf16 tensor and the transposed view; not the last
