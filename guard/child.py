@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard.measure.harness import INTERRUPTED, RunSpec
-from guard.model.results import RunRecord, run_file_dict, write_json_atomic
+from guard.model.results import InvalidReason, ReasonKind, RunRecord, run_file_dict, write_json_atomic
 
 
 def open_run(spec: RunSpec, progress: Callable[[str], None]):
@@ -55,6 +55,14 @@ def run_child(argv: list[str]):
     spec = RunSpec.read(Path(argv[0]))
     run = open_run(spec, say)
     code = 0
+    if spec.imports:  # a revision's side: it imports, or nothing is measured (no second process asks)
+        from guard.revisions.overlay import import_problem
+
+        problem = import_problem(spec.imports, spec.vllm_under)
+        if problem is not None:
+            run.record.invalid_reasons.append(InvalidReason(ReasonKind.REVISION, problem))
+            write_json_atomic(run.output / "run.json", run_file_dict(run.finish()))
+            return code, run
     try:
         record: RunRecord = run_side(run, spec.measures)
     except KeyboardInterrupt:  # the parent's grace: finish the record, then stop

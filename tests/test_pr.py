@@ -355,3 +355,26 @@ def test_differing_environments_are_named_beside_the_census_and_never_change_the
     md, plain = render_markdown(fresh), render_markdown(same)
     assert md.count("- context: environments differ: torch 2.12.0 → ") >= 1  # beside each census finding
     assert "- context:" not in plain
+
+
+def test_a_side_that_checks_its_own_imports_stops_before_its_engine(tmp_path: Path) -> None:
+    """The run stage's child imports a revision's modules before anything else (guard pr's first
+    side, every bisect revision): one that does not import is the revision's reason, and no request
+    and no engine start follow."""
+    from guard.measure.harness import record_suite
+    from guard.model.results import Measures, ReasonKind
+
+    thresholds = load_thresholds(SHIPPED_THRESHOLDS)
+    record = record_suite(thresholds, thresholds.profile("cpu"), tmp_path, measures=Measures.OPS,
+                          imports=("vllm._custom_ops", "vllm.no_such_module"), vllm_under=None)
+    assert [r.kind for r in record.invalid_reasons] == [ReasonKind.REVISION]
+    text = record.invalid_reasons[0].text
+    assert "does not import against the installed engine stack" in text
+    assert "ModuleNotFoundError: No module named 'vllm.no_such_module'" in text
+    assert record.outcomes == [] and record.op_counts == []
+
+
+def test_an_import_from_elsewhere_than_the_revisions_folder_is_named(tmp_path: Path) -> None:
+    assert overlay.import_problem(["vllm._custom_ops"], None) is None
+    shadowed = overlay.import_problem(["vllm._custom_ops"], str(tmp_path))
+    assert shadowed is not None and f"not from {tmp_path}" in shadowed

@@ -20,7 +20,7 @@ from pathlib import Path
 from guard import __version__
 from guard.model import format as fmt
 from guard.model.results import ABRecord
-from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.model.readings import folded
 from guard.files import prepare_output
 from guard.report.terminal import added_lines
@@ -31,7 +31,7 @@ from guard.judge.opnames import check_op_names
 from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)
 from guard.revisions import bisect, git, inrepo, overlay
-from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
+from guard.revisions.sides import function_changes, profile_side, side_modules
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,14 +108,6 @@ def differs(results: Results, function: str | None, op: str | None) -> str | Non
     return None
 
 
-def check_imports_unless_counted(env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds,
-                                 modules: list[str]) -> None:
-    """A revision whose op counts are cached imported fine when they were counted (same tree, same
-    engine stack, as ``guard pr`` reasons); any other is import-checked before its pass."""
-    if not cached_pass(env, profile, thresholds).is_file():
-        overlay.check_imports([env], modules)
-
-
 def judge(profile: Profile, candidate: RunRecord, baseline: RunRecord, base: RevisionInfo, head: RevisionInfo,
           repo: Path) -> Results:
     pr = PullRequestDiff(repository=str(repo), base=base, head=head)
@@ -143,13 +135,12 @@ def run(args: argparse.Namespace) -> int:
         f"after good, one profile pass each")
 
     t0 = time.perf_counter()
-    try:
+    try:  # each revision imports its modules in its own run before its engine (a cached one did)
         good_env = overlay.prepare(repo, good, cache_dir, stack, progress=say)
-        check_imports_unless_counted(good_env, profile, thresholds, modules)
+        good_record, cached = profile_side("good", good_env, profile, thresholds, output, say=say, imports=modules)
     except InvalidRunError as exc:
         say(f"good {good.sha[:12]} cannot be measured: {exc}")
         return int(ExitCode.INVALID)
-    good_record, cached = profile_side("good", good_env, profile, thresholds, output, say=say)
     if good_record.invalid_reasons:
         say(f"good {good.sha[:12]} cannot be measured: {reasons_text(good_record.invalid_reasons)}")
         return int(ExitCode.INVALID)
@@ -171,11 +162,10 @@ def run(args: argparse.Namespace) -> int:
             try:
                 env = overlay.prepare(repo, rev, cache_dir, stack, progress=say)
                 envs.append(env)
-                check_imports_unless_counted(env, profile, thresholds, modules)
+                record, hit = profile_side(f"commit-{i + 1}", env, profile, thresholds, output, say=say, imports=modules)
             except InvalidRunError as exc:
                 step = bisect.Step(i, c, bisect.State.SKIP, f"does not import: {exc.args[0]}", measured=False)
             else:
-                record, hit = profile_side(f"commit-{i + 1}", env, profile, thresholds, output, say=say)
                 measured += 0 if hit else 1
                 if record.invalid_reasons:
                     step = bisect.Step(i, c, bisect.State.SKIP, f"invalid run: {record.invalid_reasons[0]}", measured=not hit)

@@ -2,7 +2,8 @@
 
 Stages: budgets and revisions (validated before a minute is spent) -> one environment per side
 (guard.revisions.overlay: the revision's ``vllm/`` over the installed engine stack, cached by tree
-hash) -> an import check per side -> run (``--only ops``: each side's profile pass, one after the
+hash) -> an import check per side, before anything is measured (``--only ops``: the first side
+profiled checks its own, in its run) -> run (``--only ops``: each side's profile pass, one after the
 other; else A/B, head as the candidate and base as the baseline) -> guard.judge.evaluate.evaluate_pr ->
 the lines the pull request added inside each function that moved -> report (terminal,
 results.json, report.md), as ``guard check`` writes them.
@@ -145,11 +146,15 @@ def _run_one(args: argparse.Namespace) -> int:
             say(f"{name} environment {envs[name].root} ({state})")
         # a side whose op counts are cached imported fine when they were counted: same tree, same stack;
         # a side in its own environment was imported by installed.inspect
-        to_check = [envs[n] for n in SIDES if n not in own and not (ops_only and not args.fresh
-                                                   and cached_pass(envs[n], profile, thresholds).is_file())]
-        if to_check:
-            say(f"checking that {' and '.join(e.revision.rev for e in to_check)} import against the engine stack ...")
-            overlay.check_imports(to_check, side_modules(profile))
+        to_check = [n for n in SIDES if n not in own and not (ops_only and not args.fresh
+                                                  and cached_pass(envs[n], profile, thresholds).is_file())]
+        # --only ops: the first side profiled imports its modules in its own run, before its engine
+        # (one process, not two); a later side is checked here, so a broken head costs no pass of base
+        self_checked = set(to_check[:1]) if ops_only else set()
+        upfront = [envs[n] for n in to_check if n not in self_checked]
+        if upfront:
+            say(f"checking that {' and '.join(e.revision.rev for e in upfront)} import against the engine stack ...")
+            overlay.check_imports(upfront, side_modules(profile))
     except InvalidRunError as exc:
         return finish(unjudged(profile, thresholds, pr,
                                       [InvalidReason(ReasonKind.REVISION, exc.args[0])]), output, t0,
@@ -162,8 +167,13 @@ def _run_one(args: argparse.Namespace) -> int:
 
     say_dtype(profile, "guard pr")
     if ops_only:
-        records = {name: profile_side(name, envs[name], profile, thresholds, output, args.fresh, say=say)[0]
-                   for name in SIDES}
+        try:
+            records = {name: profile_side(name, envs[name], profile, thresholds, output, args.fresh, say=say,
+                                          imports=side_modules(profile) if name in self_checked else None)[0]
+                       for name in SIDES}
+        except InvalidRunError as exc:  # the self-checked side did not import: nothing was measured
+            return finish(unjudged(profile, thresholds, pr, [InvalidReason(ReasonKind.REVISION, exc.args[0])]),
+                          output, t0, hint=exc.hint, thresholds=_named(args))
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
         from guard.judge.ab import stopping_rule

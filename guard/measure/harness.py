@@ -40,14 +40,18 @@ class RunSpec:
     traces: str = "on-failure"
     engine_mode: str | None = None
     server_url: str | None = None
+    # a revision's side (guard pr, guard bisect): import these first, from ``vllm_under``, and stop
+    # before the engine if they do not (guard.revisions.overlay.import_problem)
+    imports: tuple[str, ...] = ()
+    vllm_under: str | None = None
 
     def write(self, path: Path) -> None:
-        write_json_atomic(path, {**asdict(self), "measures": str(self.measures)})
+        write_json_atomic(path, {**asdict(self), "measures": str(self.measures), "imports": list(self.imports)})
 
     @classmethod
     def read(cls, path: Path) -> RunSpec:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return cls(**{**data, "measures": Measures(data["measures"])})
+        return cls(**{**data, "measures": Measures(data["measures"]), "imports": tuple(data.get("imports") or ())})
 
 
 class Interrupted(InvalidRunError):
@@ -65,7 +69,8 @@ def suite_dir() -> Path:
 
 def run_suite(profile_name: str, thresholds: Path, output: Path, *, measures: Measures = Measures.BOTH,
               inject: str | None = None, traces: str = "on-failure", engine_mode: str | None = None,
-              server_url: str | None = None, python: str | None = None) -> tuple[int, str | None]:
+              server_url: str | None = None, python: str | None = None, imports: tuple[str, ...] = (),
+              vllm_under: str | None = None) -> tuple[int, str | None]:
     """The run stage in a child process (guard.child), which writes ``output/run.json``
     (checkpoints during the run, the full record at the end). Returns (its exit status, why it
     was interrupted or None). ``python``: the interpreter to run it with (default: guard's own;
@@ -77,7 +82,8 @@ def run_suite(profile_name: str, thresholds: Path, output: Path, *, measures: Me
     second Ctrl-C kills it. The engine is never left running behind guard."""
     spec = output / SPEC_FILE
     RunSpec(profile=profile_name, thresholds=str(thresholds), output=str(output), measures=measures, inject=inject,
-            traces=traces, engine_mode=engine_mode, server_url=server_url).write(spec)
+            traces=traces, engine_mode=engine_mode, server_url=server_url, imports=imports,
+            vllm_under=vllm_under).write(spec)
     cmd = [python or sys.executable, "-m", CHILD, str(spec)]
 
     def stop(signum, frame):

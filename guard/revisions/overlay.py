@@ -184,6 +184,33 @@ def _import_failure(stderr: str) -> str:
     return f"{error} ({frames[-1]})" if frames else error
 
 
+IMPORT_HINT = ("a pull request whose Python needs compiled code the installed wheel lacks cannot "
+               "be measured on this runner; otherwise its Python is broken")
+
+
+def import_problem(modules: tuple[str, ...] | list[str], under: str | None) -> str | None:
+    """In this process, a side's own run before its engine starts: why its vLLM does not import
+    (the exception and its innermost frame), or imports from elsewhere than ``under``; None: it does.
+    The same words as ``check_imports``, which asks the same of a python from outside."""
+    import importlib
+    import traceback
+
+    try:
+        import vllm
+
+        for name in modules:
+            importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - whatever stops the import is the revision's problem
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f' (File "{frames[-1].filename}", line {frames[-1].lineno}, in {frames[-1].name})' if frames else ""
+        return (f"its vLLM does not import against the installed engine stack ({', '.join(modules)}): "
+                f"{type(exc).__name__}: {exc}{at}")
+    where = Path(vllm.__file__).resolve()
+    if under is not None and Path(under).resolve() not in where.parents:
+        return f"python imported vllm from {where}, not from {under}: something on PYTHONPATH shadows it"
+    return None
+
+
 def check_imports(envs: list[SideEnvironment], modules: list[str]) -> None:
     """Each revision's vLLM imports against the borrowed compiled extensions, from its own folder;
     InvalidRunError (exit 3) naming the side and the import error when one does not (ABI drift, a
@@ -216,9 +243,7 @@ def check_imports(envs: list[SideEnvironment], modules: list[str]) -> None:
             problems.append(f"{side}: python imported vllm from {where}, not from {env.root}: something on "
                             "PYTHONPATH shadows it")
     if problems:
-        raise InvalidRunError("; ".join(problems),
-                              hint="a pull request whose Python needs compiled code the installed wheel lacks cannot "
-                                   "be measured on this runner; otherwise its Python is broken")
+        raise InvalidRunError("; ".join(problems), hint=IMPORT_HINT)
 
 
 def entry_size(path: Path) -> int:

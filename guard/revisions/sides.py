@@ -15,7 +15,9 @@ from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.harness import record_suite
-from guard.model.results import FunctionChange, Measures, Results, RunRecord, Status, load_run, run_file_dict, write_json_atomic
+from guard.errors import InvalidRunError
+from guard.model.results import (FunctionChange, Measures, ReasonKind, Results, RunRecord, Status, load_run, run_file_dict,
+                                 write_json_atomic)
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
 from guard.revisions.installed import InstalledEnvironment
@@ -60,10 +62,13 @@ def cached_pass(env: overlay.SideEnvironment, profile: Profile, thresholds: Thre
 
 
 def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds, output: Path,
-                 fresh: bool = False, say: Callable[[str], None] = print) -> tuple[RunRecord, bool]:
+                 fresh: bool = False, say: Callable[[str], None] = print,
+                 imports: list[str] | None = None) -> tuple[RunRecord, bool]:
     """One side's op-count pass in a child process (guard.child) with the side's python, into ``output/name``; from
     the side's cache entry when the same pass ran before (op counts are exact: the same inputs give
-    the same counts). Returns (the record, whether it came from the cache)."""
+    the same counts). Returns (the record, whether it came from the cache). ``imports``: the
+    child imports these first and stops before its engine when they do not import (InvalidRunError,
+    as ``overlay.check_imports`` raises it): the import check without a process of its own."""
     cached = cached_pass(env, profile, thresholds)
     rev = env.revision
     if cached.is_file() and not fresh:
@@ -77,7 +82,11 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     if isinstance(env, InstalledEnvironment):
         record = own_environment_pass(name, env, profile, thresholds, side_out, say)
     else:
-        record = record_suite(thresholds, profile, side_out, measures=Measures.OPS, python=str(env.python))
+        record = record_suite(thresholds, profile, side_out, measures=Measures.OPS, python=str(env.python),
+                              imports=tuple(imports or ()), vllm_under=str(env.root) if imports else None)
+        broken = [r.text for r in record.invalid_reasons if r.kind == ReasonKind.REVISION]
+        if broken:
+            raise InvalidRunError(f"{rev.rev} ({rev.sha[:12]}): {broken[0]}", hint=overlay.IMPORT_HINT)
     say(f"{name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s")
     if not record.invalid_reasons:  # a stopped or broken run says why there, and is never kept
         cached.parent.mkdir(parents=True, exist_ok=True)
