@@ -55,24 +55,21 @@ def run_child(argv: list[str]):
     spec = RunSpec.read(Path(argv[0]))
     run = open_run(spec, say)
     code = 0
+    problem = None
     if spec.imports:  # a revision's side: it imports, or nothing is measured (no second process asks)
         from guard.revisions.overlay import import_problem
 
         problem = import_problem(spec.imports, spec.vllm_under)
-        if problem is not None:
-            run.record.invalid_reasons.append(InvalidReason(ReasonKind.REVISION, problem))
-            write_json_atomic(run.output / "run.json", run_file_dict(run.finish()))
-            return code, run
-    try:
-        record: RunRecord = run_side(run, spec.measures)
-    except KeyboardInterrupt:  # the parent's grace: finish the record, then stop
-        record, code = run.finish(), INTERRUPTED
+    if problem is not None:
+        run.record.invalid_reasons.append(InvalidReason(ReasonKind.REVISION, problem))
+        record: RunRecord = run.finish()
+    else:
+        try:
+            record = run_side(run, spec.measures)
+        except KeyboardInterrupt:  # the parent's grace: finish the record, then stop
+            record, code = run.finish(), INTERRUPTED
     write_json_atomic(run.output / "run.json", run_file_dict(record))
     return code, run
-
-
-def main(argv: list[str]) -> int:
-    return run_child(argv)[0]
 
 
 def leave(code: int) -> None:

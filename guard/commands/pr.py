@@ -127,8 +127,7 @@ def _run_one(args: argparse.Namespace) -> int:
         say(f"{name} {rev.sha[:12]} {rev.subject[:70]}")
         say(f"     {info.version or 'no version tag'}; runs in {info.environment}")
     if broken is not None:
-        return finish(unjudged(profile, thresholds, pr, [InvalidReason(ReasonKind.REVISION, broken.args[0])]),
-                      output, time.perf_counter(), hint=broken.hint, thresholds=_named(args))
+        return _unmeasurable_revision(broken, profile, thresholds, pr, output, time.perf_counter(), args)
     say(f"{len(changed)} file(s) changed, {len(git.runtime_files(changed))} under {git.PACKAGE}/, "
         f"{len(unmeasured)} not measurable here (compiled code, dependencies)")
     t0 = time.perf_counter()
@@ -152,13 +151,12 @@ def _run_one(args: argparse.Namespace) -> int:
         # (one process, not two); a later side is checked here, so a broken head costs no pass of base
         self_checked = set(to_check[:1]) if ops_only else set()
         upfront = [envs[n] for n in to_check if n not in self_checked]
+        modules = side_modules(profile)
         if upfront:
             say(f"checking that {' and '.join(e.revision.rev for e in upfront)} import against the engine stack ...")
-            overlay.check_imports(upfront, side_modules(profile))
+            overlay.check_imports(upfront, modules)
     except InvalidRunError as exc:
-        return finish(unjudged(profile, thresholds, pr,
-                                      [InvalidReason(ReasonKind.REVISION, exc.args[0])]), output, t0,
-                      hint=exc.hint, thresholds=_named(args))
+        return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, args)
     finally:
         dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3),
                                 keep={e.root for n, e in envs.items() if n not in own})
@@ -169,11 +167,10 @@ def _run_one(args: argparse.Namespace) -> int:
     if ops_only:
         try:
             records = {name: profile_side(name, envs[name], profile, thresholds, output, args.fresh, say=say,
-                                          imports=side_modules(profile) if name in self_checked else None)[0]
+                                          imports=modules if name in self_checked else None)[0]
                        for name in SIDES}
         except InvalidRunError as exc:  # the self-checked side did not import: nothing was measured
-            return finish(unjudged(profile, thresholds, pr, [InvalidReason(ReasonKind.REVISION, exc.args[0])]),
-                          output, t0, hint=exc.hint, thresholds=_named(args))
+            return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, args)
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
         from guard.judge.ab import stopping_rule
@@ -187,6 +184,14 @@ def _run_one(args: argparse.Namespace) -> int:
     results = _with_function_changes(results, repo, base, head)
     results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
     return finish(results, output, t0, thresholds=_named(args))
+
+
+def _unmeasurable_revision(exc: InvalidRunError, profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
+                           output: Path, t0: float, args: argparse.Namespace) -> int:
+    """A side's revision cannot be measured here (it does not import against the engine stack, or
+    its environment cannot be built): an invalid run with the reason and its hint, nothing judged."""
+    return finish(unjudged(profile, thresholds, pr, [InvalidReason(ReasonKind.REVISION, exc.args[0])]),
+                  output, t0, hint=exc.hint, thresholds=_named(args))
 
 
 def _run_auto(args: argparse.Namespace) -> int:

@@ -277,15 +277,16 @@ def _known_and_other(cls: type, d: Mapping[str, Any]) -> tuple[dict[str, Any], d
     return {k: v for k, v in d.items() if k in names}, {k: v for k, v in d.items() if k not in names}
 
 
+def _json(value: Any) -> Any:
+    """A field's value as results.json stores it: a record as its dict, a tuple as a list."""
+    return value.as_dict() if hasattr(value, "as_dict") else list(value) if isinstance(value, tuple) else value
+
+
 def _written(record: Any) -> dict[str, Any]:
     """A nested reading as results.json stores it: the fields it has (None: not known, not written),
     nested readings as theirs, then the keys a newer guard wrote."""
-    out: dict[str, Any] = {}
-    for f in fields(record):
-        value = getattr(record, f.name)
-        if f.name == "other" or value is None:
-            continue
-        out[f.name] = value.as_dict() if hasattr(value, "as_dict") else list(value) if isinstance(value, tuple) else value
+    out = {f.name: _json(getattr(record, f.name)) for f in fields(record)
+           if f.name != "other" and getattr(record, f.name) is not None}
     return {**out, **record.other}
 
 
@@ -336,9 +337,9 @@ class WorkerReading:
     def from_dict(cls, d: Mapping[str, Any]) -> WorkerReading:
         known, other = _known_and_other(cls, d)
         note = known.pop("op_counts_cache", None)
-        seconds = {k: float(known.pop(k)) for k in ("init_s", "stopped_s") if isinstance(known.get(k), (int, float))}
-        known.pop("init_s", None), known.pop("stopped_s", None)
-        return cls(**{k: None if v is None else str(v) for k, v in known.items()}, **seconds,
+        seconds = {k: known.pop(k, None) for k in ("init_s", "stopped_s")}
+        return cls(**{k: None if v is None else str(v) for k, v in known.items()},
+                   **{k: float(v) if isinstance(v, (int, float)) else None for k, v in seconds.items()},
                    op_counts_cache=OpCountsCacheNote.from_dict(note) if isinstance(note, Mapping) else None, other=other)
 
 
@@ -402,28 +403,11 @@ def _names(value: Any, key: str) -> tuple[str, ...]:
     return tuple(_text(v, f"{key}[]") for v in _check((list, tuple), "a list")(value, key))
 
 
-def _match(value: Any, key: str) -> HardwareMatch:
-    return value if isinstance(value, HardwareMatch) else HardwareMatch.from_dict(_reading(value, key))
-
-
-def _contention(value: Any, key: str) -> ContentionReading:
-    return value if isinstance(value, ContentionReading) else ContentionReading.from_dict(_reading(value, key))
-
-
-def _gpu(value: Any, key: str) -> GpuState:
-    return value if isinstance(value, GpuState) else GpuState.from_dict(_reading(value, key))
-
-
-def _worker(value: Any, key: str) -> WorkerReading:
-    return value if isinstance(value, WorkerReading) else WorkerReading.from_dict(_reading(value, key))
-
-
-def _server(value: Any, key: str) -> ServerReading:
-    return value if isinstance(value, ServerReading) else ServerReading.from_dict(_reading(value, key))
-
-
-def _speed(value: Any, key: str) -> SpeedReference:
-    return value if isinstance(value, SpeedReference) else SpeedReference.from_dict(_reading(value, key))
+def _record(cls: type) -> Callable[[Any, str], Any]:
+    """The parser of a nested reading typed as ``cls``: kept when already one, else read from its dict."""
+    def parse(value: Any, key: str) -> Any:
+        return value if isinstance(value, cls) else cls.from_dict(_reading(value, key))
+    return parse
 
 
 def _f(parse: Callable[[Any, str], Any]) -> Any:
@@ -437,8 +421,8 @@ class Environment:
 
     # the machine, and the profile it was checked against
     hardware_profile: str | None = _f(_text)
-    hardware_match: HardwareMatch | None = _f(_match)  # the profile's ``match`` rule
-    ttft_hardware_match: HardwareMatch | None = _f(_match)  # the CPU the TTFT budgets were measured on
+    hardware_match: HardwareMatch | None = _f(_record(HardwareMatch))  # the profile's ``match`` rule
+    ttft_hardware_match: HardwareMatch | None = _f(_record(HardwareMatch))  # the CPU the TTFT budgets were measured on
     cuda: bool | None = _f(_flag)
     cuda_runtime: str | None = _f(_text)  # the CUDA version torch was built with
     gpu: str | None = _f(_text)
@@ -460,11 +444,11 @@ class Environment:
     git_commit: str | None = _f(_text)  # the checkout guard ran from
     # what the run stage and its engine side add as they run
     engine_mode: str | None = _f(_text)  # "in-process" or "server" (server.managed false: --server-url)
-    gpu_state: GpuState | None = _f(_gpu)  # NVML around and during the timing pass (guard.measure.hardware)
-    cpu_contention: ContentionReading | None = _f(_contention)  # the rest of the machine (guard.measure.contention)
-    speed_reference: SpeedReference | None = _f(_speed)  # guard.measure.speedref, around the timing pass
-    server: ServerReading | None = _f(_server)  # server mode: the command, URL and whether guard started it
-    worker: WorkerReading | None = _f(_worker)  # a worker side: its python, versions, op-count cache
+    gpu_state: GpuState | None = _f(_record(GpuState))  # NVML around and during the timing pass (guard.measure.hardware)
+    cpu_contention: ContentionReading | None = _f(_record(ContentionReading))  # the rest of the machine (guard.measure.contention)
+    speed_reference: SpeedReference | None = _f(_record(SpeedReference))  # guard.measure.speedref, around the timing pass
+    server: ServerReading | None = _f(_record(ServerReading))  # server mode: the command, URL and whether guard started it
+    worker: WorkerReading | None = _f(_record(WorkerReading))  # a worker side: its python, versions, op-count cache
     injected_sleep_s: float | None = _f(_seconds)  # --inject slow-encoder: the sleep actually added
     # keys this guard does not know (written by a newer one), kept and written back as read
     other: dict[str, Any] = field(default_factory=dict)
@@ -490,8 +474,7 @@ class Environment:
         for key in _PARSERS:
             value = getattr(self, key)
             if value is not None:
-                out[key] = value.as_dict() if hasattr(value, "as_dict") else \
-                    list(value) if isinstance(value, tuple) else value
+                out[key] = _json(value)
         return {**out, **self.other}
 
     @property
