@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from guard.measure import opcache
+
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
 
 pytestmark = pytest.mark.engine
@@ -77,9 +79,10 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
     note = ab["baseline"]["environment"]["worker"]["op_counts_cache"]
     assert note["status"] == "stored", note
     entry = json.loads(Path(note["path"]).read_text())
-    assert Path(note["path"]).parent == tmp_path / "cache" and entry["key"] == note["key"]
-    assert entry["sizes"]["640x480"]["counts"] == ab["baseline"]["op_counts"]
-    assert entry["sizes"]["640x480"]["census"] == ab["baseline"]["census"]["640x480"]
+    assert Path(note["path"]) == opcache.entry_path(tmp_path / "cache", note["key"])
+    assert entry["schema"] == "guard/run" and entry["run"]["measures"] == "ops"  # a run record of the pass alone
+    assert entry["run"]["op_counts"] == ab["baseline"]["op_counts"]
+    assert entry["run"]["census"] == ab["baseline"]["census"] and entry["run"]["outcomes"] == []
 
     # ... so a second check against it profiles the candidate only and reads the baseline's back
     data = yaml.safe_load(small_ab_yaml(tmp_path).read_text())

@@ -146,7 +146,7 @@ def _run_one(args: argparse.Namespace) -> int:
         # a side whose op counts are cached imported fine when they were counted: same tree, same stack;
         # a side in its own environment was imported by installed.inspect
         to_check = [n for n in SIDES if n not in own and not (ops_only and not args.fresh
-                                                  and cached_pass(envs[n], profile, thresholds).is_file())]
+                                                  and cached_pass(envs[n], profile) is not None)]
         # --only ops: the first side profiled imports its modules in its own run, before its engine
         # (one process, not two); a later side is checked here, so a broken head costs no pass of base
         self_checked = set(to_check[:1]) if ops_only else set()

@@ -15,7 +15,7 @@ reference, GPU state), the profile pass per side and checkpoints. Two shapes of 
   process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
   measured by the same loop as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
   pairs; the rule: guard.judge.ab.stopping_rule). The baseline side's profile pass is read from
-  guard.measure.abcache when this baseline environment was profiled before.
+  guard.measure.opcache when this baseline environment was profiled before.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
 run on both sides at once they take longer than one after the other, because two OpenMP teams
@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from guard.measure import abcache
+from guard.measure import opcache
 from guard.model import format as fmt
 from guard.config.budgets import Profile, Thresholds
 from guard.measure.contention import ContentionSampler
@@ -50,7 +50,7 @@ from guard.measure.stopping import StoppingRule, measure_until_decided
 from guard.model.environment import Environment, OpCountsCacheNote, SpeedReference, WorkerReading, busy
 from guard.model.readings import size as size_key
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
-                                  RequestOutcome, RunRecord, ScopeCounts, pairs, scope_counts_from_dict)
+                                  RequestOutcome, RunRecord, ScopeCounts, pairs)
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
@@ -419,7 +419,7 @@ class RunStage:
             self.progress(f"{prefix}  scope {c.scope} [{fmt.size(size)}]: entered {c.entries}x, "
                           f"{fmt.calls(c.total_calls)} ({ops})")
 
-    # The baseline side's op-count cache (guard.measure.abcache): a baseline environment profiled before.
+    # The baseline side's op-count cache (guard.measure.opcache): a baseline environment profiled before.
     cache_key: str | None = None
     cache_covers: str = ""
     fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
@@ -430,7 +430,7 @@ class RunStage:
         self.cache_note = OpCountsCacheNote(key=self.cache_key, **fields)
         self._merge(BASELINE)
 
-    def _cached_baseline_pass(self) -> abcache.CachedPass | None:
+    def _cached_baseline_pass(self) -> RunRecord | None:
         """The baseline side's remembered pass, taken into its record; None: profile it now."""
         info = self.infos.get(BASELINE)
         if info is not None:
@@ -441,31 +441,42 @@ class RunStage:
                    else "the baseline environment has no key: " + (self.cache_covers or "unknown"))
             self._cache_note(status="not used", reason=why)
             return None
-        cached = abcache.load(root, self.cache_key)
-        sizes = [size_key(s) for s in self.profile.workload.profile_image_sizes]
-        if cached is None or not all(k in cached.sizes for k in sizes):
+        cached = opcache.load(root, self.cache_key)
+        if cached is None or not self._complete_pass(cached):
             self._cache_note(status="miss")
             return None
-        self._cache_note(status="hit", recorded_at=cached.recorded_at, path=str(cached.path), covers=self.cache_covers)
+        path = opcache.entry_path(root, self.cache_key)
+        self._cache_note(status="hit", recorded_at=cached.started_at, path=str(path), covers=self.cache_covers)
         self.progress(f"{BASELINE:9} op counts{' and census' if self.profile.census else ''} from guard's cache: this "
-                      f"baseline environment was profiled {cached.recorded_at} (key {self.cache_key}); "
+                      f"baseline environment was profiled {cached.started_at} (key {self.cache_key}); "
                       "`--fresh-baseline` profiles it again")
-        for size, key in zip(self.profile.workload.profile_image_sizes, sizes):
-            counts = [scope_counts_from_dict(c) for c in cached.sizes[key]["counts"]]
-            self._take_counts(BASELINE, size, counts, cached.sizes[key]["census"])
+        for size in self.profile.workload.profile_image_sizes:
+            counts = [c for c in cached.op_counts if tuple(c.image_size) == tuple(size)]
+            self._take_counts(BASELINE, size, counts, cached.census.get(size_key(size)))
         return cached
+
+    def _complete_pass(self, rec: RunRecord) -> bool:
+        """Every profiled size counted, every scope entered, the census of every size there."""
+        for size in self.profile.workload.profile_image_sizes:
+            counts = [c for c in rec.op_counts if tuple(c.image_size) == tuple(size)]
+            if (self.profile.ops and not counts) or any(c.entries == 0 for c in counts):
+                return False
+            if self.profile.census is not None and size_key(size) not in rec.census:
+                return False
+        return True
 
     def _remember_baseline_pass(self) -> None:
         """Remember the baseline side's pass when it was measured in full and every scope was entered."""
         rec = self.records[BASELINE]
-        sizes = {}
-        for size in self.profile.workload.profile_image_sizes:
-            key = size_key(size)
-            counts = [c for c in rec.op_counts if tuple(c.image_size) == tuple(size)]
-            if any(c.entries == 0 for c in counts) or (self.profile.census is not None and key not in rec.census):
-                return  # an invalid pass is reported, never remembered
-            sizes[key] = {"counts": [dataclasses.asdict(c) for c in counts], "census": rec.census.get(key)}
-        path = abcache.store(cache_root(), self.cache_key, sizes, covers=self.cache_covers)
+        if not self._complete_pass(rec):
+            return  # an invalid pass is reported, never remembered
+        profiled = [size_key(s) for s in self.profile.workload.profile_image_sizes]
+        op_pass = RunRecord(profile=rec.profile, thresholds_path=rec.thresholds_path, model=rec.model,
+                            environment=copy.deepcopy(rec.environment), measures=Measures.OPS,
+                            op_counts=list(rec.op_counts), census={k: v for k, v in rec.census.items() if k in profiled},
+                            census_s=rec.census_s,
+                            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        path = opcache.store(cache_root(), self.cache_key, op_pass)
         if path is not None:
             self._cache_note(status="stored", path=str(path))
 

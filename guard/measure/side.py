@@ -55,7 +55,7 @@ class SideInfo:
 
     init_s: float  # engine start, seconds
     versions: dict[str, Any] = field(default_factory=dict)  # a worker's own environment (guard.measure.worker.versions)
-    cache_key: str | None = None  # the environment's op-count cache key (guard.measure.abcache), when asked for
+    cache_key: str | None = None  # the environment's op-count cache key (guard.measure.opcache), when asked for
     cache_key_covers: str = ""
 
 

@@ -398,7 +398,7 @@ class Worker:
               inject: str | None = None, cache_key: bool = False, dtype: str | None = None,
               revision: str | None = None) -> None:
         """``inject``: as ``guard check --inject`` (guard.measure.inprocess.Injection);
-        ``cache_key``: also say which environment this is (guard.measure.abcache), for the baseline side;
+        ``cache_key``: also say which environment this is (guard.measure.opcache), for the baseline side;
         ``dtype``: the engine's dtype as guard check resolved it for this machine (Profile.on_cpu);
         ``revision``: the model commit guard resolved a moving engine.revision to (guard.config.weights)."""
         import dataclasses
@@ -416,10 +416,10 @@ class Worker:
         info = self.side.start()
         key, covers = (None, "")
         if cache_key:
-            from guard.measure.abcache import environment_key
+            from guard.measure import opcache
 
             try:
-                key, covers = environment_key(prof, gpu_memory_utilization, environ)
+                key, covers = opcache.pass_key(*opcache.stack_material(), prof, gpu_memory_utilization, environ)
             except Exception as exc:  # noqa: BLE001 - no key means no cache, never a failed start
                 key, covers = None, f"the environment could not be keyed ({type(exc).__name__}: {exc})"
         self.send("ready", init_s=info.init_s, versions=versions(), cache_key=key, cache_key_covers=covers)

@@ -292,7 +292,7 @@ def _written(record: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class OpCountsCacheNote:
-    """A/B baseline: what guard's op-count cache did for this side (guard.measure.abcache)."""
+    """A/B baseline: what guard's op-count cache did for this side (guard.measure.opcache)."""
 
     key: str | None = None
     status: str | None = None  # "hit", "miss", "stored" or "not used"
@@ -501,7 +501,7 @@ class Environment:
 
     @property
     def op_counts_cache(self) -> OpCountsCacheNote | None:
-        """A/B baseline: whether its op counts came from the cache (guard.measure.abcache); None if not asked."""
+        """A/B baseline: whether its op counts came from the cache (guard.measure.opcache); None if not asked."""
         return self.worker.op_counts_cache if self.worker is not None else None
 
 

@@ -6,23 +6,22 @@ commits; both go through here, so a revision measured by one is a cache hit for 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
+from guard.measure import opcache
 from guard.measure.harness import record_suite
-from guard.errors import InvalidRunError
-from guard.model.results import (FunctionChange, Measures, ReasonKind, Results, RunRecord, Status, load_run, run_file_dict,
+from guard.errors import GuardError, InvalidRunError
+from guard.model.results import (FunctionChange, Measures, ReasonKind, Results, RunRecord, Status, run_file_dict,
                                  write_json_atomic)
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
 from guard.revisions.installed import InstalledEnvironment
 
 MAX_LINES_PER_FUNCTION = 40
+CACHE_FOLDER = "runs"  # inside the side's environment: restored, kept and evicted with it
 
 
 def side_modules(profile: Profile) -> list[str]:
@@ -36,29 +35,25 @@ def side_modules(profile: Profile) -> list[str]:
     return list(dict.fromkeys(modules))
 
 
-def _guard_code_hash() -> str:
-    """guard's own code and perf suite: they decide what is counted and how."""
-    root = Path(__file__).resolve().parents[1]
-    suite = root.parent / "tests" / "perf"
-    files = [*root.rglob("*.py"), *(suite.glob("*") if suite.is_dir() else ())]
-    h = hashlib.sha256()
-    for p in sorted(files):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(root.parent)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
+def op_pass_key(env: overlay.SideEnvironment, profile: Profile) -> tuple[str | None, str]:
+    """This side's key in the op-count cache (guard.measure.opcache): its environment's own key
+    names its vLLM and engine stack. ``profile``: as the side runs it (dtype resolved for this
+    machine)."""
+    from guard.config.weights import hub_resolver, needs_resolution, pin
+
+    if needs_resolution(profile):  # the side's run loads the commit a moving revision points to now
+        try:
+            profile = pin(profile, hub_resolver(download=False))
+        except GuardError as exc:
+            return None, f"the model's revision could not be pinned ({exc})"
+    # the environment's key names its vLLM tree and engine stack; the side runs guard's interpreter
+    stack = {"side environment": env.key, "distributions": opcache.distributions()}
+    return opcache.pass_key(stack, f"the side's environment {env.key}, guard's installed distributions", profile)
 
 
-def ops_cache_key(env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds) -> str:
-    """What an ops-only pass of this side depends on: its vLLM and engine stack, the profile as
-    written (engine, workload, scopes, census roots; dtype as this machine runs it), guard's code."""
-    material = {"env": env.key, "profile": profile.name, "thresholds": thresholds.path.read_text(encoding="utf-8"),
-                "dtype": profile.engine.dtype, "python": sys.version, "guard": _guard_code_hash()}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def cached_pass(env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds) -> Path:
-    """Where this side's op-count pass is kept once it ran (it may not exist yet)."""
-    return env.root / "runs" / f"{ops_cache_key(env, profile, thresholds)}.json"
+def cached_pass(env: overlay.SideEnvironment, profile: Profile) -> RunRecord | None:
+    """This side's op-count pass when it ran before, else None."""
+    return opcache.load(env.root / CACHE_FOLDER, op_pass_key(env, profile)[0])
 
 
 def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds, output: Path,
@@ -69,11 +64,15 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     the same counts). Returns (the record, whether it came from the cache). ``imports``: the
     child imports these first and stops before its engine when they do not import (InvalidRunError,
     as ``overlay.check_imports`` raises it): the import check without a process of its own."""
-    cached = cached_pass(env, profile, thresholds)
+    key, covers = op_pass_key(env, profile)
+    cached = None if fresh else opcache.load(env.root / CACHE_FOLDER, key)
     rev = env.revision
-    if cached.is_file() and not fresh:
-        say(f"{name} {rev.sha[:12]}: op counts from the cache ({cached})")
-        return load_run(cached), True
+    if cached is not None:
+        say(f"{name} {rev.sha[:12]}: op counts from the cache ({opcache.entry_path(env.root / CACHE_FOLDER, key)})")
+        cached.profile, cached.thresholds_path = profile.name, thresholds.recorded_path  # as named here
+        return cached, True
+    if key is None:
+        say(f"{name} {rev.sha[:12]}: op counts not cached: {covers}")
     say(f"{name} {rev.sha[:12]} ({rev.subject[:60]}): profiling one request per image size ...")
     side_out = output / name
     side_out.mkdir(parents=True, exist_ok=True)
@@ -89,8 +88,7 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
             raise InvalidRunError(f"{rev.rev} ({rev.sha[:12]}): {broken[0]}", hint=overlay.IMPORT_HINT)
     say(f"{name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s")
     if not record.invalid_reasons:  # a stopped or broken run says why there, and is never kept
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(cached, run_file_dict(record))
+        opcache.store(env.root / CACHE_FOLDER, key, record)
     return record, False
 
 

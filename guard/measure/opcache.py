@@ -1,0 +1,192 @@
+"""The op-count cache: one engine stack's op-count pass, remembered under a key of what it depends on.
+
+Op counts and the census are exact and deterministic (``benchmarks/census_stability.py``): the same
+engine stack running the same profiled workload on the same kind of machine counts the same calls.
+So a pass measured once is read back instead of profiled again. Two callers, one cache:
+- ``guard check --baseline`` (guard.measure.run.ABRun): the baseline side's half of the op-count
+  pass (on the CPU default ~40 s of an A/B check), once per baseline environment. Its entries live
+  in ``GUARD_CACHE_DIR``; the engine stack is identified by its files, read in the baseline worker
+  (``stack_material``), since that is where the baseline's packages are.
+- ``guard pr`` and ``guard bisect`` (guard.revisions.sides): each revision's pass, inside that
+  revision's environment folder, so that it is restored, kept and evicted with it; the engine stack
+  is identified by that environment's own key (its vLLM tree and engine stack).
+
+Either way the key also covers what is counted (engine arguments, profiled workload, op scopes,
+census roots, not the limits), the model's files, the environment variables vLLM and torch read,
+this machine's CPU/GPU and guard's own code (it attributes and counts the ops). A model named by a
+moving revision (``main``) cannot be keyed: no cache then. An entry is the pass's run record in
+run.json's format, read back through the same schema; an entry that does not read back is a miss
+(measured again and rewritten: a damaged cache costs a profile pass, never a wrong count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from guard.errors import GuardError
+from guard.model.results import RunRecord, load_run, run_file_dict, write_json_atomic
+
+# what else vLLM and torch read from the environment that changes which ops run
+ENV_PREFIXES = ("VLLM_", "TORCH_", "OMP_", "KMP_", "MKL_", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "LD_PRELOAD")
+PINNED_REVISION = re.compile(r"^[0-9a-f]{40}$")
+LIBRARY_SAMPLE = 1 << 16  # bytes read from each end of a large non-source file
+GUARD_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _tree(path: Path, suffixes: tuple[str, ...] | None) -> list[str]:
+    """Every file under ``path`` (with one of ``suffixes``, or a versioned ``.so.N``) by content,
+    so that the same files checked out or installed again (new mtimes) are the same environment:
+    a source file's whole content; a large other file (a compiled library, model weights) by its
+    size, head and tail: a full hash of torch's ~1.4 GB of libraries would take seconds on every
+    check, and a library's head holds its ELF build-id and its tail the section headers, which a
+    rebuild changes (docs/ab.md, "The baseline's op counts")."""
+    out = []
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if suffixes is not None and not name.endswith(suffixes) and ".so." not in name:
+                continue
+            full = os.path.join(folder, name)
+            h = hashlib.sha256()
+            with open(full, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size <= 2 * LIBRARY_SAMPLE or name.endswith(".py"):
+                    h.update(f.read())
+                else:
+                    h.update(f.read(LIBRARY_SAMPLE))
+                    f.seek(-LIBRARY_SAMPLE, os.SEEK_END)
+                    h.update(f.read())
+            out.append(f"{os.path.relpath(full, path)}:{size}:{h.hexdigest()[:16]}")
+    return out
+
+
+def _gpu_names() -> list[str]:
+    """The NVIDIA driver's names for this machine's GPUs, read without torch (guard pr's own process
+    has none imported); else torch's, when the worker's engine has imported it."""
+    names = []
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            for line in Path(info).read_text(errors="replace").splitlines():
+                if line.startswith("Model:"):
+                    names.append(line.split(":", 1)[1].strip())
+        except OSError:
+            pass
+    torch = sys.modules.get("torch")  # never imported for this
+    if not names and torch is not None:
+        try:
+            if torch.cuda.is_available():
+                names.append(torch.cuda.get_device_name(0))
+        except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
+            pass
+    return names
+
+
+def _hardware() -> dict[str, Any]:
+    from guard.measure.hardware import cpu_isa, cpu_name, read_cpu_features
+
+    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+            "cpu_isa": cpu_isa(read_cpu_features()), "gpus": _gpu_names()}
+
+
+def distributions() -> list[str]:
+    """This interpreter's installed distributions, name==version (torch upgraded in place is another stack)."""
+    from importlib import metadata
+
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"])
+
+
+def stack_material() -> tuple[dict[str, Any], str]:
+    """(what identifies this interpreter's engine stack, in words): its Python, its installed
+    distributions, and vLLM's, torch's and transformers' files by content (an edited checkout is
+    another stack, a fresh install of the same files is not). For a stack guard did not build."""
+    import importlib.util
+
+    dists = distributions()
+    packages = {}
+    for name in ("vllm", "torch", "transformers"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            packages[name] = None
+            continue
+        where = Path(list(spec.submodule_search_locations)[0])
+        # every source file and compiled library
+        packages[name] = {"where": str(where), "files": _tree(where, (".py", ".so"))}
+    n_files = sum(len(p["files"]) for p in packages.values() if p)
+    material = {"python": sys.version, "prefix": os.path.realpath(sys.prefix), "distributions": dists,
+                "packages": packages}
+    return material, f"{len(dists)} installed distributions, {n_files} vLLM/torch/transformers files"
+
+
+def pass_key(stack: Mapping[str, Any], stack_covers: str, profile, gpu_memory_utilization: float | None = None,
+             environ: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+    """(key, what it covers) for ``profile``'s op-count pass on the engine stack ``stack`` names;
+    key None (with the reason) when the pass cannot be pinned down. ``environ``: the environment
+    variables the engine runs with (default this process's; an A/B worker passes them as it was
+    given them, before vLLM adds per-run ones)."""
+    from guard.config.budgets import resolve_model
+
+    engine = profile.engine
+    model = resolve_model(engine.model)
+    if os.path.isdir(model):
+        model_files = _tree(Path(model), None)
+    elif engine.revision and PINNED_REVISION.match(engine.revision):
+        model_files = [f"{engine.model}@{engine.revision}"]
+    else:
+        return None, f"model {engine.model} is named by revision {engine.revision!r}, not a pinned commit"
+    counted = {
+        "engine": dataclasses.asdict(engine), "gpu_memory_utilization": gpu_memory_utilization,
+        "workload": {k: getattr(profile.workload, k) for k in ("prompt", "max_tokens", "seed", "profile_image_sizes")},
+        # what is counted (scope, op names), not the limits or where they sit in the YAML
+        "ops": [{"name": s.name, "scope": s.scope.as_dict(), "ops": sorted(s.ops)} for s in profile.ops],
+        "census_roots": list(profile.census.roots) if profile.census is not None else None,
+    }
+    env = {k: v for k, v in sorted((os.environ if environ is None else environ).items()) if k.startswith(ENV_PREFIXES)}
+    material = {"stack": dict(stack), "model": model_files, "counted": counted, "env": env, "hardware": _hardware(),
+                "guard": _tree(GUARD_PACKAGE, None)}
+    text = json.dumps(material, sort_keys=True, default=str)
+    return (hashlib.sha256(text.encode()).hexdigest()[:24],
+            f"{stack_covers}, the model's files, the profile's engine/workload/op scopes/census roots, "
+            f"{len(env)} environment variables, this machine's CPU/GPU and guard's own code")
+
+
+def entry_path(folder: Path, key: str) -> Path:
+    return folder / f"op-counts-{key}.json"
+
+
+def load(folder: Path | None, key: str | None) -> RunRecord | None:
+    """The pass remembered under ``key``; None when there is none or it does not read back."""
+    if folder is None or key is None:
+        return None
+    path = entry_path(folder, key)
+    if not path.is_file():
+        return None
+    try:
+        return load_run(path)
+    except (GuardError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(folder: Path | None, key: str | None, record: RunRecord) -> Path | None:
+    """Remember a measured pass (best effort: a cache that cannot be written is not an error)."""
+    if folder is None or key is None:
+        return None
+    path = entry_path(folder, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, run_file_dict(record))
+    except OSError:
+        return None
+    return path
