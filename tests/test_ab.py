@@ -312,6 +312,28 @@ def test_worker_that_cannot_start(tmp_path):
         WorkerClient("baseline", "/bin/false", tmp_path / "w2.log", cwd=tmp_path)
 
 
+def test_a_worker_says_which_environment_it_is_without_starting_an_engine(tmp_path):
+    """The "key" command (an op-only A/B run whose baseline pass is cached starts no baseline engine):
+    a real worker in guard's own interpreter answers with its versions and its op-count cache key,
+    and then still takes commands; no engine was started, so none can serve a request."""
+    from guard.measure.worker import WorkerSide
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    side = WorkerSide("baseline", sys.executable, tmp_path, thresholds=SHIPPED_THRESHOLDS, profile=cpu)
+    try:
+        info = side.environment_key()
+        assert info.cache_key and len(info.cache_key) == 24 and "installed distributions" in info.cache_key_covers
+        assert info.versions["vllm"] and info.versions["torch"]
+        assert side.environment["worker"]["vllm"] == info.versions["vllm"] and "init_s" not in side.environment["worker"]
+        assert side.environment_key().cache_key == info.cache_key  # computed once per worker
+        with pytest.raises(WorkerError, match="no engine started here"):
+            side.client.call("run", "done", jobs=[[0, [640, 480], True]])
+    finally:
+        side.close()
+    assert side.client.proc.returncode == 0
+
+
 def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(bare_python, tmp_path, ab_profile):
     """A baseline environment without the engine's packages (the bare venv has no yaml, let alone
     vllm): the real candidate worker is killed mid engine start instead of finishing a 25-55 s
@@ -932,7 +954,15 @@ class _ScriptedSide:
         from guard.measure.side import SideInfo
 
         self.log.append(("start", self.name))
-        return SideInfo(init_s=0.0)
+        return SideInfo(init_s=0.0, cache_key=self.cache_key)
+
+    cache_key = None  # the op-count cache key its environment would have (guard.measure.opcache)
+
+    def environment_key(self):
+        from guard.measure.side import SideInfo
+
+        self.log.append(("key", self.name))
+        return SideInfo(init_s=0.0, cache_key=self.cache_key, cache_key_covers="a scripted environment")
 
     def run(self, jobs, label, on_outcome):
         others_paused = all(v for k, v in self.paused.items() if k != self.name)
@@ -1023,3 +1053,45 @@ def test_two_sides_run_through_the_one_stage_abba_with_the_idle_side_stopped(tmp
     assert vacuous and all("can never fail" in t for t in vacuous)
     assert any(t.startswith("baseline: op budget") for t in vacuous)
     assert res.verdict == Verdict.INVALID
+
+
+def test_an_op_only_run_whose_baseline_pass_is_cached_never_starts_the_baseline_engine(tmp_path, ab_profile, monkeypatch):
+    """Op counts only (no TTFT budgets) and the baseline environment's pass in guard's cache: the
+    baseline is asked which environment it is while the candidate starts, and never started or
+    profiled; its counts come from the cache. With the entry gone, the same run starts it."""
+    from guard.measure import opcache
+    from guard.measure.hardware import detect
+    from guard.measure.run import ABRun
+    from guard.model.results import RunRecord
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    monkeypatch.setenv("GUARD_CACHE_DIR", str(tmp_path / "cache"))
+    profile = dataclasses.replace(ab_profile, ttft_ms={}, ttft_vs_baseline_pct={}, census=None,
+                                  workload=dataclasses.replace(ab_profile.workload, profile_image_sizes=((640, 480),)))
+
+    def op_only_run():
+        log, paused = [], {CANDIDATE: False, BASELINE: False}
+        sides = {name: _ScriptedSide(name, log, paused, 6.0) for name in (CANDIDATE, BASELINE)}
+        sides[BASELINE].cache_key = "k1"
+        run = ABRun(load_thresholds(SHIPPED_THRESHOLDS), profile, detect(quick=True), tmp_path / "out", sys.executable,
+                    progress=lambda m: None, sides=sides)
+        for side in sides.values():
+            side._profile = run.profile
+        run.start()
+        run.profile_ops()
+        return run.finish(), log
+
+    (mask,) = profile.ops
+    counted = ScopeCounts(mask.name, (640, 480), 1, {"aten::copy_": 7}, 7)
+    opcache.store(tmp_path / "cache", "k1", RunRecord(profile="cpu", thresholds_path="t.yaml", model="m",
+                                                     environment={}, op_counts=[counted]))
+    rec, log = op_only_run()
+    assert ("key", BASELINE) in log and ("start", BASELINE) not in log and ("launch", BASELINE) not in log
+    assert [e[1] for e in log if e[0] == "profile"] == [CANDIDATE]
+    assert rec.baseline.op_counts == [counted] and rec.baseline.environment.worker.op_counts_cache.status == "hit"
+    assert log.index(("launch", CANDIDATE)) < log.index(("key", BASELINE))  # the candidate starts meanwhile
+
+    opcache.entry_path(tmp_path / "cache", "k1").unlink()
+    rec, log = op_only_run()
+    assert ("start", BASELINE) in log and {e[1] for e in log if e[0] == "profile"} == {CANDIDATE, BASELINE}
+    assert rec.baseline.environment.worker.op_counts_cache.status == "stored"

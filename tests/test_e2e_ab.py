@@ -99,5 +99,9 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
     assert base2["environment"]["worker"]["op_counts_cache"]["status"] == "hit"
     assert base2["op_counts"] == ab["baseline"]["op_counts"] and base2["census"] == ab["baseline"]["census"]
     assert base2["outcomes"] == []  # no TTFT pairs and its counts cached: that side sent no request
+    # ... and started no engine: its worker only said which environment it is
+    assert "init_s" not in base2["environment"]["worker"] and base2["environment"]["worker"]["vllm"]
+    assert "starting the candidate side's vLLM engine alone" in proc.stdout
+    assert "baseline  engine ready" not in proc.stdout
     assert len(res2["run"]["op_counts"]) == 1 and res2["ab"]["op_diff"] == []  # the candidate was profiled
     assert "from guard's cache" in proc.stdout and res2["checks"]["census"] == []

@@ -41,6 +41,20 @@ def key(profile, gpu=None, stack=STACK):
     return k
 
 
+def test_installed_distributions_do_not_change_with_what_was_imported(tmp_path, monkeypatch):
+    """Importing setuptools (vLLM's engine start does) puts its vendored packages on sys.path; an
+    A/B baseline keyed before its engine starts must key as one keyed after. A folder of
+    distributions put on sys.path stands in for setuptools/_vendor (synthetic)."""
+    from importlib import metadata
+
+    before = opcache.distributions()
+    (tmp_path / "vendored_thing-1.0.dist-info").mkdir()
+    (tmp_path / "vendored_thing-1.0.dist-info" / "METADATA").write_text("Name: vendored_thing\nVersion: 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert any(d.metadata["Name"] == "vendored_thing" for d in metadata.distributions())  # what made the key move
+    assert opcache.distributions() == before and any(d.startswith("torch==") for d in before)
+
+
 def test_the_same_stack_and_profile_give_the_same_key(cpu):
     first, covers = opcache.pass_key(*STACK, cpu)
     assert first == key(cpu) and len(first) == 24 and int(first, 16) >= 0

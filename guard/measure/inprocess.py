@@ -355,6 +355,9 @@ class InProcessSide:
     def launch(self) -> None:
         pass  # nothing to spawn ahead of start
 
+    def environment_key(self) -> None:
+        return None  # only a worker says which environment it is without an engine (guard.measure.worker)
+
     def start(self) -> SideInfo:
         e = self.profile.engine
         self.injection.before_start()

@@ -99,10 +99,16 @@ def _hardware() -> dict[str, Any]:
 
 
 def distributions() -> list[str]:
-    """This interpreter's installed distributions, name==version (torch upgraded in place is another stack)."""
+    """This interpreter's installed distributions, name==version (torch upgraded in place is another
+    stack). Read from its site-packages, not sys.path: importing setuptools (vLLM's engine start
+    does) puts its vendored copies on sys.path, and the same stack would key differently before and
+    after an engine start."""
+    import sysconfig
     from importlib import metadata
 
-    return sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"])
+    paths = sysconfig.get_paths()
+    found = metadata.distributions(path=list(dict.fromkeys([paths["purelib"], paths["platlib"]])))
+    return sorted({f"{d.metadata['Name']}=={d.version}" for d in found if d.metadata["Name"]})
 
 
 def stack_material() -> tuple[dict[str, Any], str]:

@@ -94,6 +94,7 @@ class RunStage:
         self._started = False
         self._start_failed: str | None = None
         self._started_extra: set[int] = set()
+        self._skipped: set[str] = set()  # run sides whose engine was not started (_needless)
         self._next_index = 0
         self._blocks = 0
         self._warm: dict[int, set[tuple[int, int]]] = {}  # id(side) -> image sizes it has run
@@ -133,11 +134,18 @@ class RunStage:
                 return
             e = self.profile.engine
             try:
-                for side in self.sides.values():  # spawned from this thread, which outlives the run
-                    side.launch()
-                self.progress(f"starting both vLLM engines: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
-                with ThreadPoolExecutor(max_workers=len(self.sides)) as pool:
-                    waits = {pool.submit(side.start): name for name, side in self.sides.items()}
+                maybe = self._maybe_needless()
+                for name, side in self.sides.items():  # spawned from this thread, which outlives the run
+                    if name not in maybe:
+                        side.launch()
+                self._skipped = {name for name in maybe if self._needless(name)}  # while the others start
+                needed = {name: side for name, side in self.sides.items() if name not in self._skipped}
+                for name in maybe - self._skipped:
+                    self.sides[name].launch()
+                which = "both vLLM engines" if len(needed) > 1 else f"the {', '.join(needed)} side's vLLM engine alone"
+                self.progress(f"starting {which}: {e.model} ({e.dtype}, load_format={e.load_format}) ...")
+                with ThreadPoolExecutor(max_workers=len(needed)) as pool:
+                    waits = {pool.submit(side.start): name for name, side in needed.items()}
                     try:
                         for done in as_completed(waits):
                             self.infos[waits[done]] = done.result()
@@ -158,6 +166,14 @@ class RunStage:
         finally:
             for name in self.names:
                 self._merge(name)
+
+    def _maybe_needless(self) -> set[str]:
+        """Sides of a two-sided run whose engine the run may never use: each is asked (``_needless``)
+        while the others start."""
+        return set()
+
+    def _needless(self, name: str) -> bool:
+        return False
 
     def close(self) -> None:
         for side in self.sides.values():
@@ -191,17 +207,25 @@ class RunStage:
     def _ensure_started(self, side: EngineSide) -> None:
         """Sides start at their first request: the run's own sides all together, a side that only
         profiles (server mode's in-process engine) on its own."""
-        if any(side is s for s in self.sides.values()):
+        own = [name for name, s in self.sides.items() if s is side]
+        if own:
             self.start()
-        elif id(side) not in self._started_extra:
+        if own and own[0] in self._skipped:  # its engine was thought needless (its cache entry went since)
+            self._skipped.discard(own[0])
+            self.infos[own[0]] = self._start_alone(side)
+            self._merge(own[0])
+        elif not own and id(side) not in self._started_extra:
             self._started_extra.add(id(side))
-            try:
-                side.start()
-            except (InvalidRunError, EngineDied) as exc:
-                err = self._fail(exc)
-                if err is exc:
-                    raise
-                raise err from exc
+            self._start_alone(side)
+
+    def _start_alone(self, side: EngineSide) -> SideInfo:
+        try:
+            return side.start()
+        except (InvalidRunError, EngineDied) as exc:
+            err = self._fail(exc)
+            if err is exc:
+                raise
+            raise err from exc
 
     def _run(self, name: str, jobs: list[Job], side: EngineSide | None = None) -> list[RequestOutcome]:
         """``jobs`` on one side (``side``: the one its profile pass runs on), into its record."""
@@ -580,6 +604,26 @@ class ABRun(RunStage):
         self.order = self.record.order  # the record's own list: blocks append to it
         self.fresh_baseline = fresh_baseline
 
+    @property
+    def timed(self) -> bool:
+        """Whether the run measures TTFT pairs (else it only counts ops on both sides)."""
+        return bool(self.profile.ttft_vs_baseline_pct or self.profile.ttft_ms)
+
+    def _maybe_needless(self) -> set[str]:
+        """The baseline's engine, when the run only counts ops and may find the baseline's pass cached."""
+        usable = not self.fresh_baseline and cache_root() is not None
+        return {BASELINE} if usable and not self.timed and self.profile.has_op_count_pass else set()
+
+    def _needless(self, name: str) -> bool:
+        """Whether the baseline's pass is cached: its worker says which environment it is without an
+        engine (a start and a model load less)."""
+        info = self.sides[name].environment_key()
+        if info is None:
+            return False
+        self.infos[name] = info
+        cached = opcache.load(cache_root(), info.cache_key)
+        return cached is not None and self._complete_pass(cached)
+
     def finish(self) -> ABRecord:
         self.record.duration_s = self.finish_records()
         return self.record
@@ -635,7 +679,7 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                candidate_python, rule=rule) as run:  # the workers end even on an unexpected error
         try:
             run.start()
-            if profile.ttft_vs_baseline_pct or profile.ttft_ms:
+            if run.timed:
                 run.warm_up()
                 run.measure_until_decided()
             # an op-count pass warms each size it profiles, and only on the sides it profiles: a

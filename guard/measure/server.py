@@ -390,6 +390,9 @@ class ServerSide:
     def launch(self) -> None:
         pass  # nothing to spawn ahead of start
 
+    def environment_key(self) -> None:
+        return None  # only a worker says which environment it is without an engine (guard.measure.worker)
+
     def start(self) -> SideInfo:
         self.info["request_function"] = request_function()[0]
         t = time.perf_counter()

@@ -94,6 +94,11 @@ class EngineSide(Protocol):
 
     def start(self) -> SideInfo: ...
 
+    def environment_key(self) -> SideInfo | None:
+        """What ``start`` says about the side's environment (versions, op-count cache key), without
+        starting its engine; None where only a start can tell."""
+        return None
+
     def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome) -> list[RequestOutcome]: ...
 
     def failed_requests_context(self, label: str, failed: int) -> str | None:

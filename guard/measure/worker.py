@@ -20,6 +20,8 @@ file (``worker-<side>.log``) whose tail explains a worker that died.
      "seed", "gpu_memory_utilization", "inject",       {"type": "ready", "init_s", "versions",
      "cache_key", "dtype",                             "cache_key", "cache_key_covers"}
      "revision"}
+    {"cmd": "key", as "start" without "seed",         {"type": "keyed", "versions", "cache_key",
+     "inject" and "cache_key"}                          "cache_key_covers"} (no engine started)
     {"cmd": "run", "jobs": [[index, [w, h], warmup]],  {"type": "outcome", ...}* {"type": "done", "slept_s"}
      "label"}
     {"cmd": "profile", "size": [w, h], "index"}        {"type": "outcome"}* {"type": "counts", "counts",
@@ -263,6 +265,7 @@ class WorkerSide:
         self.thresholds, self.profile, self.progress, self.inject = thresholds, profile, progress, inject
         self.gpu_memory_utilization, self.cache_key = gpu_memory_utilization, cache_key
         self.client: WorkerClient | None = None
+        self._starting = False  # "start" sent
         self.environment: dict[str, Any] = {}
         self._on_outcome: OnOutcome = lambda o: None
 
@@ -284,19 +287,43 @@ class WorkerSide:
         """Spawn the worker and ask it to start its engine, without waiting. Call it from the thread
         that outlives the run: Linux's parent-death signal (die_with_parent) follows the thread that
         spawned the process, so a worker spawned from a pool thread is killed when that thread ends."""
-        if self.client is not None:
+        if self._starting:
             return
         try:
-            self.client = WorkerClient(self.side, self.python, self.output / f"worker-{self.side}.log",
-                                       cwd=self.output, on_message=self._on_message)
-            hello = self.client.hello
-            self.progress(f"worker {hello.pid}: {self.python} (guard from {hello.guard_file})")
+            self._spawn()
             e = self.profile.engine
             self.client.send("start", thresholds=str(self.thresholds), profile=self.profile.name,
                              seed=self.profile.workload.seed, gpu_memory_utilization=self.gpu_memory_utilization,
                              inject=self.inject, cache_key=self.cache_key, dtype=e.dtype, revision=e.revision)
+            self._starting = True
         except WorkerError as exc:
             raise self._invalid(exc) from exc
+
+    def _spawn(self) -> None:
+        if self.client is None:
+            self.client = WorkerClient(self.side, self.python, self.output / f"worker-{self.side}.log",
+                                       cwd=self.output, on_message=self._on_message)
+            hello = self.client.hello
+            self.progress(f"worker {hello.pid}: {self.python} (guard from {hello.guard_file})")
+
+    def _take_versions(self, versions: dict[str, Any], **more: Any) -> None:
+        self.environment["worker"] = {**versions, "guard_file": self.client.hello.guard_file, **more}
+        self.environment.update({key: versions[key] for key in WORKER_REPORTED if key in versions})
+
+    def environment_key(self) -> SideInfo:
+        """The worker's versions and op-count cache key, its engine not started (``start`` may follow).
+        Spawn it from the thread that outlives the run, as ``launch``."""
+        e = self.profile.engine
+        try:
+            self._spawn()
+            keyed = self.client.call("key", "keyed", thresholds=str(self.thresholds), profile=self.profile.name,
+                                     gpu_memory_utilization=self.gpu_memory_utilization, dtype=e.dtype,
+                                     revision=e.revision)
+        except WorkerError as exc:
+            raise self._invalid(exc) from exc
+        self._take_versions(keyed["versions"])
+        return SideInfo(init_s=0.0, versions=keyed["versions"], cache_key=keyed.get("cache_key"),
+                        cache_key_covers=keyed.get("cache_key_covers") or "")
 
     def start(self) -> SideInfo:
         self.launch()
@@ -306,8 +333,7 @@ class WorkerSide:
         except WorkerError as exc:
             raise self._invalid(exc) from exc
         versions = ready["versions"]
-        self.environment["worker"] = {**versions, "guard_file": client.hello.guard_file, "init_s": round(ready["init_s"], 3)}
-        self.environment.update({key: versions[key] for key in WORKER_REPORTED if key in versions})
+        self._take_versions(versions, init_s=round(ready["init_s"], 3))
         self.progress(f"engine ready in {ready['init_s']:.1f} s: vllm {versions.get('vllm')} ({versions.get('vllm_file')})")
         return SideInfo(init_s=ready["init_s"], versions=versions, cache_key=ready.get("cache_key"),
                         cache_key_covers=ready.get("cache_key_covers") or "")
@@ -385,6 +411,8 @@ class Worker:
     def __init__(self, out: IO[str]) -> None:
         self.out = out
         self.side = None  # guard.measure.inprocess.InProcessSide, once started
+        self.environ = dict(os.environ)  # as given: vLLM sets per-run variables (VLLM_DIST_IDENT) when it starts
+        self._keyed: tuple[str | None, str] | None = None
 
     def send(self, kind: str, **fields: Any) -> None:
         self.out.write(json.dumps({"type": kind, **fields}, allow_nan=False) + "\n")
@@ -394,6 +422,36 @@ class Worker:
         self.send("outcome", **asdict(outcome))
 
     # ---------------------------------------------------------------- commands
+    def _profile(self, thresholds: str, profile: str, gpu_memory_utilization: float | None,
+                 dtype: str | None, revision: str | None):
+        import dataclasses
+
+        from guard.config.budgets import load_thresholds
+
+        prof = load_thresholds(thresholds).profile(profile)
+        engine = {"gpu_memory_utilization": gpu_memory_utilization, "dtype": dtype, "revision": revision}
+        return dataclasses.replace(prof, engine=dataclasses.replace(
+            prof.engine, **{k: v for k, v in engine.items() if v is not None}))
+
+    def _key(self, prof, gpu_memory_utilization: float | None) -> tuple[str | None, str]:
+        """This environment's op-count cache key (guard.measure.opcache), computed once."""
+        if self._keyed is None:
+            from guard.measure import opcache
+
+            try:
+                self._keyed = opcache.pass_key(*opcache.stack_material(), prof, gpu_memory_utilization, self.environ)
+            except Exception as exc:  # noqa: BLE001 - no key means no cache, never a failed start
+                self._keyed = (None, f"the environment could not be keyed ({type(exc).__name__}: {exc})")
+        return self._keyed
+
+    def key(self, thresholds: str, profile: str, gpu_memory_utilization: float | None = None,
+            dtype: str | None = None, revision: str | None = None, **_: Any) -> None:
+        """Which environment this is, without an engine: an op-only A/B run whose baseline pass is
+        cached never starts the baseline's engine."""
+        prof = self._profile(thresholds, profile, gpu_memory_utilization, dtype, revision)
+        key, covers = self._key(prof, gpu_memory_utilization)
+        self.send("keyed", versions=versions(), cache_key=key, cache_key_covers=covers)
+
     def start(self, thresholds: str, profile: str, seed: int, gpu_memory_utilization: float | None = None,
               inject: str | None = None, cache_key: bool = False, dtype: str | None = None,
               revision: str | None = None) -> None:
@@ -401,33 +459,24 @@ class Worker:
         ``cache_key``: also say which environment this is (guard.measure.opcache), for the baseline side;
         ``dtype``: the engine's dtype as guard check resolved it for this machine (Profile.on_cpu);
         ``revision``: the model commit guard resolved a moving engine.revision to (guard.config.weights)."""
-        import dataclasses
-
-        from guard.config.budgets import load_thresholds
         from guard.measure.inprocess import InProcessSide
 
-        environ = dict(os.environ)  # as given: vLLM sets per-run variables (VLLM_DIST_IDENT) when it starts
-        prof = load_thresholds(thresholds).profile(profile)
-        engine = {"gpu_memory_utilization": gpu_memory_utilization, "dtype": dtype, "revision": revision}
-        prof = dataclasses.replace(prof, engine=dataclasses.replace(
-            prof.engine, **{k: v for k, v in engine.items() if v is not None}))
+        prof = self._profile(thresholds, profile, gpu_memory_utilization, dtype, revision)
         self.side = InProcessSide(prof, progress=lambda m: self.send("progress", message=m), inject=inject,
                                   announce_start=False)
         info = self.side.start()
-        key, covers = (None, "")
-        if cache_key:
-            from guard.measure import opcache
-
-            try:
-                key, covers = opcache.pass_key(*opcache.stack_material(), prof, gpu_memory_utilization, environ)
-            except Exception as exc:  # noqa: BLE001 - no key means no cache, never a failed start
-                key, covers = None, f"the environment could not be keyed ({type(exc).__name__}: {exc})"
+        key, covers = self._key(prof, gpu_memory_utilization) if cache_key else (None, "")
         self.send("ready", init_s=info.init_s, versions=versions(), cache_key=key, cache_key_covers=covers)
+
+    def _engine(self):
+        if self.side is None:
+            raise RuntimeError('no engine started here: send "start" first')
+        return self.side
 
     def run(self, jobs: list[list[Any]], label: str = "a run") -> None:
         planned = [Job(int(i), (int(size[0]), int(size[1])), bool(warmup)) for i, size, warmup in jobs]
         try:
-            self.side.run(planned, label, self._send_outcome)
+            self._engine().run(planned, label, self._send_outcome)
         except EngineDied as exc:
             raise _Invalid(str(exc)) from exc
         slow = self.side.injection.slow
@@ -436,7 +485,7 @@ class Worker:
     def profile_one(self, size: list[int], index: int) -> None:
         job = Job(int(index), (int(size[0]), int(size[1])), True)
         try:
-            found = self.side.count_ops(job, self._send_outcome, files=None)
+            found = self._engine().count_ops(job, self._send_outcome, files=None)
         except EngineDied as exc:
             raise _Invalid(str(exc)) from exc
         self.send("counts", counts=[asdict(c) for c in found.counts], census=found.census, census_s=found.census_s)
@@ -489,7 +538,7 @@ def main() -> int:
                 channel.flush()
                 sys.stderr.flush()
                 os._exit(0)
-            handler = {"start": worker.start, "run": worker.run, "profile": worker.profile_one}.get(cmd)
+            handler = {"key": worker.key, "start": worker.start, "run": worker.run, "profile": worker.profile_one}.get(cmd)
             if handler is None:
                 raise ValueError(f"unknown command {cmd!r}")
             handler(**msg)
