@@ -164,6 +164,20 @@ def test_a_stored_pass_reads_back_and_a_damaged_one_is_a_miss(tmp_path):
     assert opcache.load(tmp_path, None) is None and opcache.store(tmp_path, None, rec) is None
 
 
+def test_a_folder_keeps_its_most_recently_used_entries(tmp_path, monkeypatch):
+    monkeypatch.setattr(opcache, "MAX_ENTRIES", 3)
+    rec = recorded_pass()
+    for n, key in enumerate("abcd"):
+        opcache.store(tmp_path, key, rec)
+        os.utime(opcache.entry_path(tmp_path, key), (1000 + n, 1000 + n))  # stored one after the other
+    assert not opcache.entry_path(tmp_path, "a").exists()  # the oldest went when the fourth came
+    assert opcache.load(tmp_path, "b") is not None  # used again: now the newest
+    (tmp_path / "op-registry-x.json").write_text("{}")  # another cache's file in the same folder
+    opcache.store(tmp_path, "e", rec)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "op-counts-b.json", "op-counts-d.json", "op-counts-e.json", "op-registry-x.json"]
+
+
 def test_a_cache_that_cannot_be_written_is_not_an_error(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("a file where the cache folder would be")

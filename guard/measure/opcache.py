@@ -21,6 +21,7 @@ run.json's format, read back through the same schema; an entry that does not rea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -41,6 +42,7 @@ ENV_PREFIXES = ("VLLM_", "TORCH_", "OMP_", "KMP_", "MKL_", "CUDA_VISIBLE_DEVICES
 PINNED_REVISION = re.compile(r"^[0-9a-f]{40}$")
 LIBRARY_SAMPLE = 1 << 16  # bytes read from each end of a large non-source file
 GUARD_PACKAGE = Path(__file__).resolve().parents[1]
+MAX_ENTRIES = 64  # per folder, the most recently used kept (an entry is ~25 KB on the CPU default)
 
 
 def _tree(path: Path, suffixes: tuple[str, ...] | None) -> list[str]:
@@ -180,9 +182,12 @@ def load(folder: Path | None, key: str | None) -> RunRecord | None:
     if not path.is_file():
         return None
     try:
-        return load_run(path)
+        record = load_run(path)
     except (GuardError, OSError, ValueError, KeyError, TypeError):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # used now: the last to be pruned
+    return record
 
 
 def store(folder: Path | None, key: str | None, record: RunRecord) -> Path | None:
@@ -195,4 +200,19 @@ def store(folder: Path | None, key: str | None, record: RunRecord) -> Path | Non
         write_json_atomic(path, run_file_dict(record))
     except OSError:
         return None
+    prune(folder, keep=MAX_ENTRIES)
     return path
+
+
+def prune(folder: Path, keep: int) -> list[Path]:
+    """Drop all but the ``keep`` most recently used entries (each key change, a new guard or vLLM
+    included, adds one; a cache CI saves and restores would otherwise only grow). Returns those dropped."""
+    entries = []
+    for path in folder.glob(entry_path(Path(), "*").name):
+        with contextlib.suppress(OSError):
+            entries.append((path.stat().st_mtime, path))
+    dropped = [path for _, path in sorted(entries, reverse=True)[keep:]]
+    for path in dropped:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return dropped
