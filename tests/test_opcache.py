@@ -55,6 +55,17 @@ def test_installed_distributions_do_not_change_with_what_was_imported(tmp_path, 
     assert opcache.distributions() == before and any(d.startswith("torch==") for d in before)
 
 
+def test_gpu_names_come_from_the_nvidia_drivers_proc_files(tmp_path):
+    """The driver's file as published (NVIDIA's README, "Using the /proc File System Interface"; the
+    lines of an H100's), one folder per GPU by PCI address: the key names each GPU without torch."""
+    for address, model in (("0000:62:00.0", "NVIDIA H100 80GB HBM3"), ("0000:63:00.0", "NVIDIA A10")):
+        (tmp_path / address).mkdir()
+        (tmp_path / address / "information").write_text(
+            f"Model: \t\t {model}\nIRQ: \t\t 10\nGPU UUID: \t GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b\n"
+            "Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nGPU Excluded: \t No\n")
+    assert opcache._gpu_names(str(tmp_path / "*" / "information")) == ["NVIDIA H100 80GB HBM3", "NVIDIA A10"]
+
+
 def test_the_same_stack_and_profile_give_the_same_key(cpu):
     first, covers = opcache.pass_key(*STACK, cpu)
     assert first == key(cpu) and len(first) == 24 and int(first, 16) >= 0

@@ -42,6 +42,7 @@ ENV_PREFIXES = ("VLLM_", "TORCH_", "OMP_", "KMP_", "MKL_", "CUDA_VISIBLE_DEVICES
 PINNED_REVISION = re.compile(r"^[0-9a-f]{40}$")
 LIBRARY_SAMPLE = 1 << 16  # bytes read from each end of a large non-source file
 GUARD_PACKAGE = Path(__file__).resolve().parents[1]
+DRIVER_GPU_INFO = "/proc/driver/nvidia/gpus/*/information"  # one file per GPU, "Model: <name>" among its lines
 MAX_ENTRIES = 64  # per folder, the most recently used kept (an entry is ~25 KB on the CPU default)
 
 
@@ -72,11 +73,11 @@ def _tree(path: Path, suffixes: tuple[str, ...] | None) -> list[str]:
     return out
 
 
-def _gpu_names() -> list[str]:
+def _gpu_names(driver_info: str = DRIVER_GPU_INFO) -> list[str]:
     """The NVIDIA driver's names for this machine's GPUs, read without torch (guard pr's own process
     has none imported); else torch's, when the worker's engine has imported it."""
     names = []
-    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+    for info in sorted(glob.glob(driver_info)):
         try:
             for line in Path(info).read_text(errors="replace").splitlines():
                 if line.startswith("Model:"):
