@@ -107,10 +107,7 @@ class RunStage:
     def _merge(self, name: str) -> None:
         """What the side says about its environment, into its record, typed: a side keeps writing its
         own dict (a worker's stopped time when it stops), so this runs at its start and at the end."""
-        env = self.records[name].environment
-        env.update(self.sides[name].environment)
-        if name == BASELINE and self.cache_note is not None:
-            env.worker = dataclasses.replace(env.worker or WorkerReading(), op_counts_cache=self.cache_note)
+        self.records[name].environment.update(self.sides[name].environment)
 
     def _fail(self, exc: Exception) -> InvalidRunError:
         """``exc``'s reason, recorded as the run's; the InvalidRunError to raise for it."""
@@ -384,10 +381,10 @@ class RunStage:
         """One profiled request per profile image size on each side, in steady state, the same image
         on every side: op counts per scope and the census, into each side's record. Returns the
         first side's counts. A side whose engine shows no frames (a remote server) measures none."""
-        cached = self._cached_baseline_pass() if self.paired and self.profile.has_op_count_pass else None
+        from_cache = self._counts_from_cache() if self.profile.has_op_count_pass else set()
         profiled = {}
         for name in self.names:
-            if name == BASELINE and cached is not None:
+            if name in from_cache:
                 continue
             side = self.sides[name].op_count_side()
             if side is not None:
@@ -422,9 +419,15 @@ class RunStage:
                     found.extend(got.counts)
             if self.checkpoints:
                 self.checkpoint(f"profiling {fmt.size(size)}")
-        if self.paired and cached is None and BASELINE in profiled:
-            self._remember_baseline_pass()
+        self._counted(set(profiled))
         return found
+
+    def _counts_from_cache(self) -> set[str]:
+        """The sides whose op counts a cache held, taken into their records; they are not profiled."""
+        return set()
+
+    def _counted(self, names: set[str]) -> None:
+        """After the profile pass: ``names`` were profiled."""
 
     def _take_counts(self, name: str, size: tuple[int, int], counts: list[ScopeCounts], census: Any,
                      census_s: float | None = None) -> None:
@@ -442,67 +445,6 @@ class RunStage:
             ops = ", ".join(f"{op} {n}" for op, n in list(c.calls_by_op.items())[:4]) or "none"
             self.progress(f"{prefix}  scope {c.scope} [{fmt.size(size)}]: entered {c.entries}x, "
                           f"{fmt.calls(c.total_calls)} ({ops})")
-
-    # The baseline side's op-count cache (guard.measure.opcache): a baseline environment profiled before.
-    cache_key: str | None = None
-    cache_covers: str = ""
-    fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
-
-    cache_note: OpCountsCacheNote | None = None  # what the cache did for the baseline side, on its worker reading
-
-    def _cache_note(self, **fields: Any) -> None:
-        self.cache_note = OpCountsCacheNote(key=self.cache_key, **fields)
-        self._merge(BASELINE)
-
-    def _cached_baseline_pass(self) -> RunRecord | None:
-        """The baseline side's remembered pass, taken into its record; None: profile it now."""
-        info = self.infos.get(BASELINE)
-        if info is not None:
-            self.cache_key, self.cache_covers = info.cache_key, info.cache_key_covers
-        root = cache_root()
-        if root is None or self.cache_key is None or self.fresh_baseline:
-            why = ("GUARD_CACHE_DIR is empty" if root is None else "--fresh-baseline" if self.fresh_baseline
-                   else "the baseline environment has no key: " + (self.cache_covers or "unknown"))
-            self._cache_note(status="not used", reason=why)
-            return None
-        cached = opcache.load(root, self.cache_key)
-        if cached is None or not self._complete_pass(cached):
-            self._cache_note(status="miss")
-            return None
-        path = opcache.entry_path(root, self.cache_key)
-        self._cache_note(status="hit", recorded_at=cached.started_at, path=str(path), covers=self.cache_covers)
-        self.progress(f"{BASELINE:9} op counts{' and census' if self.profile.census else ''} from guard's cache: this "
-                      f"baseline environment was profiled {cached.started_at} (key {self.cache_key}); "
-                      "`--fresh-baseline` profiles it again")
-        for size in self.profile.workload.profile_image_sizes:
-            counts = [c for c in cached.op_counts if tuple(c.image_size) == tuple(size)]
-            self._take_counts(BASELINE, size, counts, cached.census.get(size_key(size)))
-        return cached
-
-    def _complete_pass(self, rec: RunRecord) -> bool:
-        """Every profiled size counted, every scope entered, the census of every size there."""
-        for size in self.profile.workload.profile_image_sizes:
-            counts = [c for c in rec.op_counts if tuple(c.image_size) == tuple(size)]
-            if (self.profile.ops and not counts) or any(c.entries == 0 for c in counts):
-                return False
-            if self.profile.census is not None and size_key(size) not in rec.census:
-                return False
-        return True
-
-    def _remember_baseline_pass(self) -> None:
-        """Remember the baseline side's pass when it was measured in full and every scope was entered."""
-        rec = self.records[BASELINE]
-        if not self._complete_pass(rec):
-            return  # an invalid pass is reported, never remembered
-        profiled = [size_key(s) for s in self.profile.workload.profile_image_sizes]
-        op_pass = RunRecord(profile=rec.profile, thresholds_path=rec.thresholds_path, model=rec.model,
-                            environment=copy.deepcopy(rec.environment), measures=Measures.OPS,
-                            op_counts=list(rec.op_counts), census={k: v for k, v in rec.census.items() if k in profiled},
-                            census_s=rec.census_s,
-                            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-        path = opcache.store(cache_root(), self.cache_key, op_pass)
-        if path is not None:
-            self._cache_note(status="stored", path=str(path))
 
     # -------------------------------------------------------------- finish
     def finish_records(self) -> float:
@@ -603,6 +545,80 @@ class ABRun(RunStage):
         super().__init__(profile, output, sides, records, progress=progress, checkpoints=False, rule=rule)
         self.order = self.record.order  # the record's own list: blocks append to it
         self.fresh_baseline = fresh_baseline
+
+    # ------------------------------------------- the baseline's op-count cache (guard.measure.opcache)
+    cache_key: str | None = None
+    cache_covers: str = ""
+    fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
+
+    cache_note: OpCountsCacheNote | None = None  # what the cache did for the baseline side, on its worker reading
+
+    def _cache_note(self, **fields: Any) -> None:
+        self.cache_note = OpCountsCacheNote(key=self.cache_key, **fields)
+        self._merge(BASELINE)
+
+    def _cached_baseline_pass(self) -> RunRecord | None:
+        """The baseline side's remembered pass, taken into its record; None: profile it now."""
+        info = self.infos.get(BASELINE)
+        if info is not None:
+            self.cache_key, self.cache_covers = info.cache_key, info.cache_key_covers
+        root = cache_root()
+        if root is None or self.cache_key is None or self.fresh_baseline:
+            why = ("GUARD_CACHE_DIR is empty" if root is None else "--fresh-baseline" if self.fresh_baseline
+                   else "the baseline environment has no key: " + (self.cache_covers or "unknown"))
+            self._cache_note(status="not used", reason=why)
+            return None
+        cached = opcache.load(root, self.cache_key)
+        if cached is None or not self._complete_pass(cached):
+            self._cache_note(status="miss")
+            return None
+        path = opcache.entry_path(root, self.cache_key)
+        self._cache_note(status="hit", recorded_at=cached.started_at, path=str(path), covers=self.cache_covers)
+        self.progress(f"{BASELINE:9} op counts{' and census' if self.profile.census else ''} from guard's cache: this "
+                      f"baseline environment was profiled {cached.started_at} (key {self.cache_key}); "
+                      "`--fresh-baseline` profiles it again")
+        for size in self.profile.workload.profile_image_sizes:
+            counts = [c for c in cached.op_counts if tuple(c.image_size) == tuple(size)]
+            self._take_counts(BASELINE, size, counts, cached.census.get(size_key(size)))
+        return cached
+
+    def _complete_pass(self, rec: RunRecord) -> bool:
+        """Every profiled size counted, every scope entered, the census of every size there."""
+        for size in self.profile.workload.profile_image_sizes:
+            counts = [c for c in rec.op_counts if tuple(c.image_size) == tuple(size)]
+            if (self.profile.ops and not counts) or any(c.entries == 0 for c in counts):
+                return False
+            if self.profile.census is not None and size_key(size) not in rec.census:
+                return False
+        return True
+
+    def _remember_baseline_pass(self) -> None:
+        """Remember the baseline side's pass when it was measured in full and every scope was entered."""
+        rec = self.records[BASELINE]
+        if not self._complete_pass(rec):
+            return  # an invalid pass is reported, never remembered
+        profiled = [size_key(s) for s in self.profile.workload.profile_image_sizes]
+        op_pass = RunRecord(profile=rec.profile, thresholds_path=rec.thresholds_path, model=rec.model,
+                            environment=copy.deepcopy(rec.environment), measures=Measures.OPS,
+                            op_counts=list(rec.op_counts), census={k: v for k, v in rec.census.items() if k in profiled},
+                            census_s=rec.census_s,
+                            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        path = opcache.store(cache_root(), self.cache_key, op_pass)
+        if path is not None:
+            self._cache_note(status="stored", path=str(path))
+
+    def _merge(self, name: str) -> None:
+        super()._merge(name)
+        if name == BASELINE and self.cache_note is not None:
+            env = self.records[name].environment
+            env.worker = dataclasses.replace(env.worker or WorkerReading(), op_counts_cache=self.cache_note)
+
+    def _counts_from_cache(self) -> set[str]:
+        return {BASELINE} if self._cached_baseline_pass() is not None else set()
+
+    def _counted(self, names: set[str]) -> None:
+        if BASELINE in names:
+            self._remember_baseline_pass()
 
     @property
     def timed(self) -> bool:
