@@ -836,7 +836,7 @@ def test_ab_resampling_fails_a_look_only_at_ab_fail_confidence(tmp_path, ab_prof
     """The same six pairs fail the first look with 80 % on both ends, and need more pairs when a
     look must fail on a 95 % lower end; the final note names both levels."""
     first = [1.045, 1.09, 1.05, 1.08, 1.025, 1.10]
-    calls, checks = {}, {}
+    calls = {}
     for fail in (None, 0.95):
         profile = dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, confidence=0.8, fail_confidence=fail))
         run, _ = _ab_run(tmp_path / str(fail), profile)

@@ -19,7 +19,6 @@ import pytest
 from guard import cli
 from guard.config.budgets import load_thresholds
 from guard.measure import harness
-from guard.commands import check
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
 from guard.judge.opnames import check_op_names, problems, vacuous_budgets
 from guard.model.results import RunRecord, ScopeCounts

@@ -218,7 +218,6 @@ def test_the_accept_these_numbers_recipe_works_off_the_runner(tmp_path):
     """The comment's "Accept these numbers" command, run as printed at a repository's root with the
     artifact unpacked into guard-results/, on a real run's results.json (recorded on another
     machine: its thresholds path does not exist here)."""
-    import re
     import shlex
     import shutil
 

@@ -15,7 +15,7 @@ import pytest
 from guard.commands import matrix
 from guard.config import models
 from guard.config.budgets import load_thresholds
-from guard.errors import ConfigError, ExitCode, UsageError
+from guard.errors import ConfigError, UsageError
 from guard.config.census import load_baseline, read_baseline
 from guard.judge.census import compare
 from guard.measure.hardware import Hardware, detect, mismatch, select_profile

@@ -123,7 +123,7 @@ def test_every_printed_command_works_where_it_is_pasted(scenario, tmp_path, monk
     # 1. the runner, as guard-cpu.yml lays it out: guard checked out into guard/ of a workspace that is
     #    no repository, run from the workspace, results in the workspace's guard-results/
     workspace = tmp_path / "runner" / "work"
-    runner = checkout(workspace / "guard", budgets)
+    checkout(workspace / "guard", budgets)
     monkeypatch.chdir(workspace)
     stored = load_results(FIXTURES / scenario.fixture)
     judged = rejudge(stored, load_thresholds(f"guard/{BUDGETS}"), source=scenario.fixture)

@@ -58,15 +58,6 @@ class Interrupted(InvalidRunError):
     """SIGTERM while the run stage ran (Ctrl-C arrives as KeyboardInterrupt)."""
 
 
-def suite_dir() -> Path:
-    """The perf suite: tests/perf in a checkout, guard/_suite in an installed wheel."""
-    here = Path(__file__).resolve().parents[1]  # the guard package
-    for candidate in (here.parent / "tests" / "perf", here / "_suite"):
-        if (candidate / "pytest.ini").is_file():
-            return candidate
-    raise InvalidRunError("the perf suite (tests/perf) is missing from this guard installation")
-
-
 def run_suite(profile_name: str, thresholds: Path, output: Path, *, measures: Measures = Measures.BOTH,
               inject: str | None = None, traces: str = "on-failure", engine_mode: str | None = None,
               server_url: str | None = None, python: str | None = None, imports: tuple[str, ...] = (),

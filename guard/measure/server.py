@@ -59,10 +59,6 @@ LOG_TAIL_LINES = 25
 SERVER_LOG = "server.log"
 
 
-class ServerDied(Exception):
-    """The managed server exited, or its requests failed so that nothing after can be trusted."""
-
-
 # ----------------------------------------------------------------------------- command line
 def server_command(engine: EngineArgs, seed: int, port: int, host: str = HOST) -> list[str]:
     """``vllm serve`` with the profile's engine arguments (the in-process engine's, as flags)."""

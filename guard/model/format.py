@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from guard.model.environment import ContentionReading, SpeedReference
 from guard.model.readings import size  # noqa: F401 - the one writing of an image size, a census key's too
-from guard.model.results import (TOTAL_OPS, CensusCheck, Check, OpCheck, OpDelta, RevisionInfo, Rule, Status, TtftCheck,
+from guard.model.results import (TOTAL_OPS, CensusCheck, Check, OpCheck, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
@@ -62,11 +62,6 @@ def pct_interval(bounds_pct: tuple[float, float]) -> str:
     lo, hi = bounds_pct
     cell = (lambda v: ("∞" if v > 0 else "-∞") if math.isinf(v) else f"{v:+.1f}")
     return f"{'(' if math.isinf(lo) else '['}{cell(lo)}, {cell(hi)}{')' if math.isinf(hi) else ']'} %"
-
-
-def op_delta(d: OpDelta) -> str:
-    """``aten::_index_put_impl_ 0 -> 513 (+513)`` (baseline -> candidate)."""
-    return f"{d.baseline_calls} -> {d.candidate_calls} ({d.delta_calls:+d})"
 
 
 def confidence(level: float) -> str:

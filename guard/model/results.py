@@ -282,10 +282,6 @@ class TtftCheck:
         """A short name for tables, status lines and messages (never parsed back)."""
         return f"ttft {self.percentile}"
 
-    @property
-    def excess_ms(self) -> float:
-        return self.measured_ms - self.budget_ms
-
 
 @dataclass(frozen=True)
 class OpCheck:
@@ -351,10 +347,6 @@ class TtftRatioCheck:
     @property
     def label(self) -> str:
         return f"ttft {self.percentile} vs baseline"
-
-    @property
-    def excess_pct(self) -> float:
-        return self.measured_pct - self.budget_pct
 
 
 @dataclass(frozen=True)
