@@ -55,6 +55,20 @@ def test_installed_distributions_do_not_change_with_what_was_imported(tmp_path, 
     assert opcache.distributions() == before and any(d.startswith("torch==") for d in before)
 
 
+def test_the_kernel_set_is_part_of_the_key_and_the_cpus_model_name_is_not(cpu, monkeypatch):
+    """Another instruction-set class runs other kernels (AMX, native bf16): another key. Another CPU
+    model of the same class (a CI runner restored onto another model) keys the same."""
+    from guard.measure import hardware
+
+    base = key(cpu)
+    monkeypatch.setattr(hardware, "cpu_name", lambda: "Another CPU model of the same class")
+    assert key(cpu) == base
+    here = hardware.read_cpu_features() or frozenset()
+    other = here ^ {"amx_bf16", "avx512_bf16"}  # gains or loses AMX and native bf16
+    monkeypatch.setattr(hardware, "read_cpu_features", lambda: frozenset(other))
+    assert key(cpu) != base
+
+
 def test_gpu_names_come_from_the_nvidia_drivers_proc_files(tmp_path):
     """The driver's file as published (NVIDIA's README, "Using the /proc File System Interface"; the
     lines of an H100's), one folder per GPU by PCI address: the key names each GPU without torch."""

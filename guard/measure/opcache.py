@@ -95,10 +95,15 @@ def _gpu_names(driver_info: str = DRIVER_GPU_INFO) -> list[str]:
 
 
 def _hardware() -> dict[str, Any]:
-    from guard.measure.hardware import cpu_isa, cpu_name, read_cpu_features
+    """What of the machine decides which ops run: the architecture, the instruction sets vLLM and
+    torch branch on (AMX, native bf16, AVX-512: the census differs across them), the core count
+    (threads) and the GPUs. Not the CPU's model name: within one kernel set the census was the same
+    on a Zen 5 and an AVX2-only Zen 3 EPYC (docs/census.md, "Determinism"), and CI restores a cache
+    onto runners of other models."""
+    from guard.measure.hardware import cpu_isa, read_cpu_features
 
-    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
-            "cpu_isa": cpu_isa(read_cpu_features()), "gpus": _gpu_names()}
+    return {"machine": platform.machine(), "cpu_count": os.cpu_count(), "cpu_isa": cpu_isa(read_cpu_features()),
+            "gpus": _gpu_names()}
 
 
 def distributions() -> list[str]:
