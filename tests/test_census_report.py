@@ -207,7 +207,7 @@ def results_on(tmp_path: Path, census: dict, yaml_path: Path, *, native_bf16: bo
     Profile.on_cpu gives it there, the engine and CPU extensions as the run records them."""
     profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=native_bf16, amx=amx)
     run = run_with(census, yaml_path)
-    run.environment.engine_args = profile.engine.as_dict()
+    run.environment.update({"engine_args": profile.engine.as_dict()})
     if amx:
         run.environment.cpu_isa = AMX_ISA
     baseline = load_baseline(profile.census.baseline) if profile.census.baseline.exists() else None

@@ -304,6 +304,11 @@ def test_a_recorded_environment_reads_typed_and_writes_back_as_it_was(path):
         if stored.get("ttft_hardware_match"):
             assert isinstance(env.ttft_hardware_match, HardwareMatch)
             assert env.ttft_hardware_match.ok is stored["ttft_hardware_match"]["ok"]
+        if stored.get("engine_args"):  # the arguments as written; dtype and the bf16 fallback read once, typed
+            engine = stored["engine_args"]
+            assert env.engine_args.arguments == engine and env.dtype == engine["dtype"]
+            assert env.engine_args.bf16_replaced is (engine["dtype"] != "bfloat16"
+                                                     and engine.get("dtype_without_native_bf16") == engine["dtype"])
 
 
 def test_unknown_environment_keys_are_kept_and_a_wrong_type_from_code_names_its_field():

@@ -28,11 +28,11 @@ from guard import files
 from guard.files import find_recorded, person_path, repository_root
 from guard.judge import gates
 from guard.config import yamledit
-from guard.config.budgets import Profile, Thresholds, bf16_replaced, load_thresholds
+from guard.config.budgets import Profile, Thresholds, load_thresholds
 from guard.config.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.measure.hardware import git_commit, ttft_hardware_for
-from guard.model.environment import Environment
+from guard.model.environment import Environment, bf16_replaced
 from guard.model.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
 
 SIGNIFICANT_FIGURES = 3

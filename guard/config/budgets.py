@@ -24,6 +24,7 @@ import yaml
 
 from guard.errors import ConfigError
 from guard.files import person_path
+from guard.model.environment import bf16_replaced  # the rule a recorded engine is read by too
 from guard.model.results import Rule  # an op check's rule, the data model's; the budgets file names it
 
 SCHEMA_VERSION = 1
@@ -91,13 +92,6 @@ CPU_ISA_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16
 NATIVE_BF16_EXTENSIONS = ("avx512_bf16", "amx_bf16", "bf16")
 # The dtypes vLLM's AMX GEMM takes (guard.model.environment.has_amx says why AMX matters).
 AMX_DTYPES = ("bfloat16", "float16")
-
-
-def bf16_replaced(engine: Mapping[str, Any]) -> bool:
-    """An engine's arguments, live (EngineArgs.as_dict) or as a results file recorded them: it runs
-    its dtype_without_native_bf16 in place of bfloat16 (the key is only allowed beside bfloat16)."""
-    fallback = engine.get("dtype_without_native_bf16")
-    return bool(fallback) and engine.get("dtype") == fallback
 
 
 def describe_isa(isa: tuple[str, ...] | None) -> str:

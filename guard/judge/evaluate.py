@@ -13,7 +13,7 @@ from pathlib import Path
 
 from guard.model import format as fmt
 from guard.config import recipes
-from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, bf16_replaced
+from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile
 from guard.config.budgets import ttft_hardware_problem
 from guard.config.census import Baseline
 from guard.files import person_path, recorded_as_person_path
@@ -52,7 +52,7 @@ def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
 
 def ran_bf16_fallback(env: Environment) -> bool:
     """The recorded engine ran its ``dtype_without_native_bf16`` in place of bfloat16 (EngineArgs.on_cpu)."""
-    return bf16_replaced(env.engine_args or {})
+    return env.engine_args is not None and env.engine_args.bf16_replaced
 
 
 def census_against_bf16(profile: Profile, env: Environment) -> bool:

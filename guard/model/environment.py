@@ -7,7 +7,7 @@ A file is checked against results.schema.json at the edge (``guard.model.results
 names the line and field of a bad value; ``from_dict`` types what passed. The readings the validity
 gates judge are records (``cpu_contention``: ``ContentionReading``, ``speed_reference``:
 ``SpeedReference``, ``gpu_state``: ``GpuState``, ``worker``: ``WorkerReading``, ``server``:
-``ServerReading``); ``engine_args`` stays the profile's engine as a mapping (config owns its type). An
+``ServerReading``, ``engine_args``: ``EngineReading``, the arguments as written with what is read of them typed). An
 engine side writes its own reading as a plain dict (``side.environment``); the run stage merges it
 into the record, typed, when the side starts and when it stops.
 """
@@ -290,6 +290,38 @@ def _written(record: Any) -> dict[str, Any]:
     return {**out, **record.other}
 
 
+def bf16_replaced(engine: Mapping[str, Any]) -> bool:
+    """An engine's arguments, live (config's EngineArgs.as_dict) or as a results file recorded them:
+    it runs its dtype_without_native_bf16 in place of bfloat16 (the key is only allowed beside bfloat16)."""
+    fallback = engine.get("dtype_without_native_bf16")
+    return bool(fallback) and engine.get("dtype") == fallback
+
+
+@dataclass(frozen=True)
+class EngineReading:
+    """The profile's engine as the run ran it (dtype after any fallback): every argument as written
+    (config's EngineArgs owns their names and types; a newer guard's are kept), what evaluation
+    reads of them typed once here."""
+
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> str | None:
+        return _str_or_none(self.arguments.get("dtype"))
+
+    @property
+    def bf16_replaced(self) -> bool:
+        """It ran its ``dtype_without_native_bf16`` in place of bfloat16 (EngineArgs.on_cpu)."""
+        return bf16_replaced(self.arguments)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.arguments)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EngineReading:
+        return cls(dict(d))
+
+
 @dataclass(frozen=True)
 class OpCountsCacheNote:
     """A/B baseline: what guard's op-count cache did for this side (guard.measure.opcache)."""
@@ -440,7 +472,7 @@ class Environment:
     model: str | None = _f(_text)
     model_revision: str | None = _f(_text)  # a commit when guard.config.weights.pin resolved a moving one
     model_revision_requested: str | None = _f(_text)
-    engine_args: dict[str, Any] | None = _f(_reading)  # the profile's engine, as run (dtype after any fallback)
+    engine_args: EngineReading | None = _f(_record(EngineReading))  # the profile's engine, as run
     git_commit: str | None = _f(_text)  # the checkout guard ran from
     # what the run stage and its engine side add as they run
     engine_mode: str | None = _f(_text)  # "in-process" or "server" (server.managed false: --server-url)
@@ -497,7 +529,7 @@ class Environment:
     @property
     def dtype(self) -> str | None:
         """The dtype the engine ran in (after a bf16 -> float32 fallback, the fallback's)."""
-        return (self.engine_args or {}).get("dtype")
+        return self.engine_args.dtype if self.engine_args is not None else None
 
     @property
     def op_counts_cache(self) -> OpCountsCacheNote | None:
