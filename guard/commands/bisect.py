@@ -112,7 +112,7 @@ def judge(profile: Profile, candidate: RunRecord, baseline: RunRecord, base: Rev
           repo: Path) -> Results:
     pr = PullRequestDiff(repository=str(repo), base=base, head=head)
     rec = ABRecord(candidate=candidate, baseline=baseline, baseline_python="")
-    return evaluate_pr(profile, rec, pr, ops_only=True, guard_version=__version__)
+    return evaluate_pr(profile, rec, pr, guard_version=__version__)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,6 @@ run stage in a child process, then guard.judge.evaluate) -> report (terminal, re
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shutil
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from guard import __version__
 from guard.model import format as fmt
-from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, Profile, Thresholds, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
 from guard.measure.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
 from guard.measure.mutants import INJECTABLE
@@ -25,8 +24,8 @@ from guard.config.census import read_baseline
 from guard.measure.harness import record_suite
 from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_names
-from guard.model.results import Measures, Results
-from guard.files import prepare_output
+from guard.model.results import Measures
+from guard.files import clear_run_files, prepare_output
 from guard.report.output import write_report
 from guard.report.terminal import render_terminal, say_dtype
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
@@ -137,8 +136,11 @@ def _run_one(args: argparse.Namespace) -> int:
                  else "the op-count profile pass"), flush=True)
 
     t0 = time.perf_counter()
-    results = run_and_judge(thresholds, profile, output, inject=args.inject, traces=args.traces,
-                            engine_mode=args.engine_mode, server_url=args.server_url, only=args.only)
+    census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
+    record = record_suite(thresholds, profile, output, measures=measures_of(args.only, args.server_url),
+                          inject=args.inject, traces=args.traces, engine_mode=args.engine_mode,
+                          server_url=args.server_url)
+    results = evaluate(profile, record, guard_version=__version__, output=output, census_baseline=census_baseline)
     write_report(results, output, args.thresholds)
     print()
     print(render_terminal(results))
@@ -146,24 +148,8 @@ def _run_one(args: argparse.Namespace) -> int:
     return results.exit_code
 
 
-def run_and_judge(thresholds: Thresholds, profile: Profile, output: Path, *, inject: str | None = None,
-                  traces: str = "on-failure", only: str | None = None, engine_mode: str | None = None,
-                  server_url: str | None = None) -> Results:
-    """Run the run stage into ``output`` (guard.measure.harness) and judge what it recorded: ``guard check``
-    and each canary of ``guard selftest``."""
-    census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
-    output.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.json", "results.json", "report.md", "benchmark.json", "server.log"):
-        (output / stale).unlink(missing_ok=True)
-    record = record_suite(thresholds, profile, output, measures=measures_of(only, server_url), inject=inject,
-                          traces=traces, engine_mode=engine_mode, server_url=server_url)
-    judged = dataclasses.replace(profile, ttft_ms={}) if not record.measures.ttft else profile
-    return evaluate(judged, record, guard_version=__version__, output=output, census_baseline=census_baseline)
-
-
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
     """A/B mode: both engines here, in alternation (guard.measure.run), judged by guard.judge.evaluate.evaluate_ab."""
-    from guard import __version__
     from guard.judge.ab import stopping_rule
     from guard.measure.run import run_ab
     from guard.judge.evaluate import evaluate_ab
@@ -173,9 +159,7 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
         raise ConfigError(str(thresholds.path), profile.line, f"profiles.{profile.name}.budgets.ttft_vs_baseline_pct",
                           "A/B mode has nothing to judge: the profile has no ratio budget and no op budgets",
                           hint="add e.g. `ttft_vs_baseline_pct: {p50: 3}` under the profile's budgets")
-    output.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.json", "results.json", "report.md", "benchmark.json"):
-        (output / stale).unlink(missing_ok=True)
+    clear_run_files(output)
     w = profile.workload
     print(f"guard check (A/B): {thresholds.model}, profile '{profile.name}'; candidate {sys.executable}, "
           f"baseline {args.baseline}", flush=True)

@@ -180,7 +180,7 @@ def _run_one(args: argparse.Namespace) -> int:
         rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
                      progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh,
                      candidate_python=str(envs["head"].python), rule=stopping_rule(profile))
-    results = evaluate_pr(profile, rec, pr, ops_only=ops_only, guard_version=__version__, output=output)
+    results = evaluate_pr(profile, rec, pr, guard_version=__version__, output=output)
     results = _with_function_changes(results, repo, base, head)
     results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
     return finish(results, output, t0, thresholds=_named(args))

@@ -13,13 +13,15 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from guard import __version__
 from guard.model import format as fmt
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError
-from guard.judge.evaluate import DEFAULT_OUTPUT
-from guard.commands.check import run_and_judge
+from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
+from guard.measure.harness import record_suite
+from guard.config.census import read_baseline
 from guard.report.output import write_report
 from guard.measure.hardware import detect, select_profile
 from guard.model.results import Measures, Results, Status, Verdict, reasons_text
@@ -75,12 +77,14 @@ def run(args: argparse.Namespace) -> int:
     if not scopes:
         raise InvalidRunError(f"profile '{profile.name}' budgets no {INDEX_PUT} in a function scope: nothing to selftest")
     output = Path(args.output).resolve()
+    census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
 
     judged = {}
     for label, inject in (("clean", None), ("canary", LEGACY_MASK)):
         print(f"guard selftest: {label} run (op counts only){' with the pre-#49531 mask injected' if inject else ''}",
               flush=True)
-        res = run_and_judge(thresholds, profile, output / label, inject=inject, only=Measures.OPS)
+        record = record_suite(thresholds, profile, output / label, measures=Measures.OPS, inject=inject)
+        res = evaluate(profile, record, guard_version=__version__, output=output / label, census_baseline=census_baseline)
         write_report(res, output / label, thresholds=args.thresholds)  # the canary's: what a caught regression reads like
         if res.verdict == Verdict.INVALID:  # e.g. the mask function was renamed: the selftest proves nothing
             print(render_terminal(res))

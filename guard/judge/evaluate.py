@@ -232,7 +232,10 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
              census_baseline: Baseline | None = None) -> Results:
     """``output``: the folder results.json is written to, for the commands notices print.
     ``census_baseline``: the profile's committed census (guard.config.census.read_baseline); None when
-    the file does not exist yet, which makes a profile with a census rule an invalid run."""
+    the file does not exist yet, which makes a profile with a census rule an invalid run. A run that
+    measured no TTFT (``run.measures``: ``--only ops``) is not judged on TTFT budgets."""
+    if not run.measures.ttft:
+        profile = dataclasses.replace(profile, ttft_ms={})
     reasons = invalid_reasons(profile, run)
     ttft = ttft_checks(profile, run)
     # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.judge.gates).
@@ -441,13 +444,14 @@ def budget_notices(source: BudgetSource) -> list[str]:
     return out
 
 
-def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, ops_only: bool, guard_version: str = "",
+def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, guard_version: str = "",
                 output: str | Path = DEFAULT_OUTPUT) -> Results:
     """``guard pr``: head is the candidate, base the baseline side (evaluate_ab), so the census and
     the op budgets are judged side against side and no committed file is needed. An op budget
     that base already exceeded by as much fails nobody's pull request: a notice. What the pull
     request changed that this engine stack cannot measure (compiled code, dependencies) turns a
     pass into ``not_measurable``; a regression it could measure stays one."""
+    ops_only = not rec.candidate.measures.ttft  # `--only ops`: the sides were profiled, no pairs timed
     judged = dataclasses.replace(profile, ttft_ms={}, ttft_vs_baseline_pct={}) if ops_only else profile
     res = evaluate_ab(judged, rec, guard_version=guard_version, output=output)
     base_calls = {(c.scope, tuple(c.image_size)): c for c in rec.baseline.op_counts}

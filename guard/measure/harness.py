@@ -18,6 +18,7 @@ from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
 from guard.errors import InvalidRunError
+from guard.files import clear_run_files
 from guard.model.environment import Environment
 from guard.model.results import InvalidReason, Measures, ReasonKind, RunRecord, load_run, write_json_atomic
 
@@ -152,7 +153,8 @@ def empty_record(profile: Profile, thresholds: Thresholds, **fields) -> RunRecor
 def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, measures: Measures = Measures.BOTH,
                  inject: str | None = None, python: str | None = None, **suite_options) -> RunRecord:
     """One side's run stage in a child process (``run_suite``), and what it recorded, with why it
-    cannot be judged added: a stop, a crash."""
+    cannot be judged added: a stop, a crash. What an earlier run left in ``output`` goes first."""
+    clear_run_files(output)
     code, interrupted = run_suite(profile.name, thresholds.path.resolve(), output, measures=measures, inject=inject,
                                   python=python, **suite_options)
     record = read_record(output / "run.json", code, interrupted,
