@@ -14,6 +14,7 @@ from guard.config.budgets import Profile, Thresholds
 from guard.measure import opcache
 from guard.measure.harness import record_suite
 from guard.errors import GuardError, InvalidRunError
+from guard.files import clear_run_files
 from guard.model.results import (FunctionChange, Measures, ReasonKind, Results, RunRecord, Status, run_file_dict,
                                  write_json_atomic)
 from guard.revisions import git, overlay
@@ -75,8 +76,7 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
         say(f"{name} {rev.sha[:12]}: op counts not cached: {covers}")
     say(f"{name} {rev.sha[:12]} ({rev.subject[:60]}): profiling one request per image size ...")
     side_out = output / name
-    side_out.mkdir(parents=True, exist_ok=True)
-    (side_out / "run.json").unlink(missing_ok=True)
+    clear_run_files(side_out)  # an own environment's pass writes its run.json itself
     t0 = time.perf_counter()
     if isinstance(env, InstalledEnvironment):
         record = own_environment_pass(name, env, profile, thresholds, side_out, say)
