@@ -1085,7 +1085,10 @@ def test_an_op_only_run_whose_baseline_pass_is_cached_never_starts_the_baseline_
     counted = ScopeCounts(mask.name, (640, 480), 1, {"aten::copy_": 7}, 7)
     opcache.store(tmp_path / "cache", "k1", RunRecord(profile="cpu", thresholds_path="t.yaml", model="m",
                                                      environment={}, op_counts=[counted]))
+    reads, read = [], opcache.load
+    monkeypatch.setattr(opcache, "load", lambda folder, key: reads.append(key) or read(folder, key))
     rec, log = op_only_run()
+    assert reads == ["k1"]  # asked whether to start the baseline, then taken: one read
     assert ("key", BASELINE) in log and ("start", BASELINE) not in log and ("launch", BASELINE) not in log
     assert [e[1] for e in log if e[0] == "profile"] == [CANDIDATE]
     assert rec.baseline.op_counts == [counted] and rec.baseline.environment.worker.op_counts_cache.status == "hit"

@@ -552,6 +552,12 @@ class ABRun(RunStage):
     fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
 
     cache_note: OpCountsCacheNote | None = None  # what the cache did for the baseline side, on its worker reading
+    _entry: tuple[str | None, RunRecord | None] | None = None  # (key, the baseline's entry): read once a run
+
+    def _cache_entry(self, key: str | None) -> RunRecord | None:
+        if self._entry is None or self._entry[0] != key:
+            self._entry = (key, opcache.load(cache_root(), key))
+        return self._entry[1]
 
     def _cache_note(self, **fields: Any) -> None:
         self.cache_note = OpCountsCacheNote(key=self.cache_key, **fields)
@@ -568,7 +574,7 @@ class ABRun(RunStage):
                    else "the baseline environment has no key: " + (self.cache_covers or "unknown"))
             self._cache_note(status="not used", reason=why)
             return None
-        cached = opcache.load(root, self.cache_key)
+        cached = self._cache_entry(self.cache_key)
         if cached is None or not self._complete_pass(cached):
             self._cache_note(status="miss")
             return None
@@ -637,7 +643,7 @@ class ABRun(RunStage):
         if info is None:
             return False
         self.infos[name] = info
-        cached = opcache.load(cache_root(), info.cache_key)
+        cached = self._cache_entry(info.cache_key)
         return cached is not None and self._complete_pass(cached)
 
     def finish(self) -> ABRecord:
