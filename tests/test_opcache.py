@@ -219,15 +219,16 @@ def test_a_revisions_pass_is_kept_in_its_own_environment_under_its_key(tmp_path,
     k_base, covers = sides.op_pass_key(base, cpu)
     assert k_base is not None and "base-stack0" in covers
     assert sides.op_pass_key(head, cpu)[0] not in (None, k_base)  # another vLLM tree or stack
-    assert sides.cached_pass(base, cpu) is None
+    assert sides.side_cache(base, cpu).entry is None
     opcache.store(base.root / sides.CACHE_FOLDER, k_base, recorded_pass())
-    got = sides.cached_pass(base, cpu)
+    got = sides.side_cache(base, cpu).entry
     assert got is not None and got.op_counts == recorded_pass().op_counts
-    assert sides.cached_pass(head, cpu) is None  # evicting base's folder takes its counts with it
+    assert sides.side_cache(base, cpu, fresh=True).entry is None  # --fresh: profiled again
+    assert sides.side_cache(head, cpu).entry is None  # evicting base's folder takes its counts with it
     looser = dataclasses.replace(cpu, ttft_ms={"p50": 1.0})  # a limit: not part of the pass
-    assert sides.cached_pass(base, looser) is not None
+    assert sides.side_cache(base, looser).entry is not None
     other = dataclasses.replace(cpu, workload=dataclasses.replace(cpu.workload, seed=cpu.workload.seed + 1))
-    assert sides.cached_pass(base, other) is None
+    assert sides.side_cache(base, other).entry is None
 
 
 def test_a_hub_model_on_a_moving_revision_is_pinned_first_or_not_cached(tmp_path, cpu, monkeypatch):

@@ -31,7 +31,7 @@ from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
 from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.revisions import git, inrepo, installed, overlay, scopes
-from guard.revisions.sides import cached_pass, function_changes, profile_side, side_modules
+from guard.revisions.sides import function_changes, profile_side, side_cache, side_modules
 from guard.report.terminal import render_terminal, say_dtype
 
 SIDES = ("base", "head")
@@ -145,8 +145,8 @@ def _run_one(args: argparse.Namespace) -> int:
             say(f"{name} environment {envs[name].root} ({state})")
         # a side whose op counts are cached imported fine when they were counted: same tree, same stack;
         # a side in its own environment was imported by installed.inspect
-        to_check = [n for n in SIDES if n not in own and not (ops_only and not args.fresh
-                                                  and cached_pass(envs[n], profile) is not None)]
+        caches = {n: side_cache(envs[n], profile, args.fresh) for n in SIDES} if ops_only else {}
+        to_check = [n for n in SIDES if n not in own and (n not in caches or caches[n].entry is None)]
         # --only ops: the first side profiled imports its modules in its own run, before its engine
         # (one process, not two); a later side is checked here, so a broken head costs no pass of base
         self_checked = set(to_check[:1]) if ops_only else set()
@@ -167,7 +167,8 @@ def _run_one(args: argparse.Namespace) -> int:
     if ops_only:
         try:
             records = {name: profile_side(name, envs[name], profile, thresholds, output, args.fresh, say=say,
-                                          imports=modules if name in self_checked else None)[0]
+                                          imports=modules if name in self_checked else None,
+                                          cache=caches[name])[0]
                        for name in SIDES}
         except InvalidRunError as exc:  # the self-checked side did not import: nothing was measured
             return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, args)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
@@ -52,28 +53,41 @@ def op_pass_key(env: overlay.SideEnvironment, profile: Profile) -> tuple[str | N
     return opcache.pass_key(stack, f"the side's environment {env.key}, guard's installed distributions", profile)
 
 
-def cached_pass(env: overlay.SideEnvironment, profile: Profile) -> RunRecord | None:
-    """This side's op-count pass when it ran before, else None."""
-    return opcache.load(env.root / CACHE_FOLDER, op_pass_key(env, profile)[0])
+@dataclass(frozen=True)
+class SideCache:
+    """Where a side's op-count pass is kept (``folder``, ``key``; no key: not cached, ``covers`` says
+    why) and the pass kept there now (``entry``; None with ``fresh``)."""
+    folder: Path
+    key: str | None
+    covers: str
+    entry: RunRecord | None
+
+
+def side_cache(env: overlay.SideEnvironment, profile: Profile, fresh: bool = False) -> SideCache:
+    """This side's place in the op-count cache, read once: ``guard pr`` decides with it which sides
+    need the import check, then profiles with it."""
+    key, covers = op_pass_key(env, profile)
+    folder = env.root / CACHE_FOLDER
+    return SideCache(folder, key, covers, None if fresh else opcache.load(folder, key))
 
 
 def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thresholds: Thresholds, output: Path,
                  fresh: bool = False, say: Callable[[str], None] = print,
-                 imports: list[str] | None = None) -> tuple[RunRecord, bool]:
+                 imports: list[str] | None = None, cache: SideCache | None = None) -> tuple[RunRecord, bool]:
     """One side's op-count pass in a child process (guard.child) with the side's python, into ``output/name``; from
     the side's cache entry when the same pass ran before (op counts are exact: the same inputs give
     the same counts). Returns (the record, whether it came from the cache). ``imports``: the
     child imports these first and stops before its engine when they do not import (InvalidRunError,
-    as ``overlay.check_imports`` raises it): the import check without a process of its own."""
-    key, covers = op_pass_key(env, profile)
-    cached = None if fresh else opcache.load(env.root / CACHE_FOLDER, key)
-    rev = env.revision
+    as ``overlay.check_imports`` raises it): the import check without a process of its own.
+    ``cache``: this side's ``side_cache``, when the caller read it already."""
+    cache = cache or side_cache(env, profile, fresh)
+    cached, rev = cache.entry, env.revision
     if cached is not None:
-        say(f"{name} {rev.sha[:12]}: op counts from the cache ({opcache.entry_path(env.root / CACHE_FOLDER, key)})")
+        say(f"{name} {rev.sha[:12]}: op counts from the cache ({opcache.entry_path(cache.folder, cache.key)})")
         cached.profile, cached.thresholds_path = profile.name, thresholds.recorded_path  # as named here
         return cached, True
-    if key is None:
-        say(f"{name} {rev.sha[:12]}: op counts not cached: {covers}")
+    if cache.key is None:
+        say(f"{name} {rev.sha[:12]}: op counts not cached: {cache.covers}")
     say(f"{name} {rev.sha[:12]} ({rev.subject[:60]}): profiling one request per image size ...")
     side_out = output / name
     clear_run_files(side_out)  # an own environment's pass writes its run.json itself
@@ -88,7 +102,7 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
             raise InvalidRunError(f"{rev.rev} ({rev.sha[:12]}): {broken[0]}", hint=overlay.IMPORT_HINT)
     say(f"{name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s")
     if not record.invalid_reasons:  # a stopped or broken run says why there, and is never kept
-        opcache.store(env.root / CACHE_FOLDER, key, record)
+        opcache.store(cache.folder, cache.key, record)
     return record, False
 
 
