@@ -10,6 +10,7 @@ failing after retries. ``--dry-run`` prints what it would post and needs neither
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
 from pathlib import Path
@@ -70,10 +71,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`success` status 'not run: REASON' on --sha, for --model and --profile")
     parser.add_argument("--model", default=None, help="with --no-results: the model of the missing results")
     parser.add_argument("--profile", default=None, help="with --no-results: the hardware profile of the missing results")
-    parser.add_argument("--max-attempts", type=int, default=publish.RetryPolicy.attempts,
+    parser.add_argument("--max-attempts", type=_attempts, default=publish.RetryPolicy.attempts,
                         help="tries per GitHub request for 5xx/429/rate limits (default: %(default)s)")
-    parser.add_argument("--backoff-base", type=float, default=publish.RetryPolicy.base_s,
+    parser.add_argument("--backoff-base", type=_seconds, default=publish.RetryPolicy.base_s,
                         help="seconds before the first retry, doubled after each (default: %(default)s)")
+
+
+def _attempts(text: str) -> int:
+    """--max-attempts: a whole number, at least 1 (the first try counts)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tries, at least 1")
+    return n
+
+
+def _seconds(text: str) -> float:
+    """--backoff-base: seconds; NaN or infinity would reach time.sleep and the retry clock."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite, non-negative number of seconds")
+    return x
 
 
 def _target(args: argparse.Namespace, env: dict[str, str]) -> tuple[int | None, str | None, str | None, bool]:
@@ -262,8 +285,6 @@ def run(args: argparse.Namespace) -> int:
     owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
     if pr is None:
         raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")
-    if args.max_attempts < 1 or args.backoff_base < 0:
-        raise UsageError("--max-attempts must be at least 1 and --backoff-base not negative")
 
     gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
                                retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
