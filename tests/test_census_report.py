@@ -308,3 +308,32 @@ def test_an_amx_census_of_its_own_is_written_and_judged_apart(tmp_path: Path, ca
     # without AMX the same profile is judged against its first baseline
     plain = load_thresholds(path).profile("cpu").on_cpu(native_bf16=True, amx=False)
     assert plain.census.baseline == tmp_path / "t.cpu.census.json"
+
+
+def test_a_thresholds_file_that_cannot_be_written_leaves_the_census_as_it_was(tmp_path: Path, capsys) -> None:
+    """The census baseline and the budgets it goes with change together or not at all: the census
+    is written first, so a YAML that then cannot be written (here read-only, which guard refuses
+    even as root) puts the census back."""
+    path = setup(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["profiles"]["cpu"]["budgets"]["ttft_ms"] = {"p50": 20000}  # 7000 ms measured: the budget moves down
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    census = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}}
+    run = run_with(census, path)
+    run.outcomes = [RequestOutcome(i, (640, 480), False, True, ttft_client_s=7.0) for i in range(6)]
+    profile = load_thresholds(path).profile("cpu")
+    res = tmp_path / "results.json"
+    write_json_atomic(res, results_to_dict(evaluate(profile, run, output=tmp_path,
+                                                    census_baseline=load_baseline(profile.census.baseline))))
+    baseline = tmp_path / "t.cpu.census.json"
+    before_census, before_yaml = baseline.read_bytes(), path.read_bytes()
+    path.chmod(0o444)
+    code, out = update(capsys, "--from", str(res))
+    assert code == 2, out
+    assert f"wrote {baseline}" in out  # it was written, then put back
+    assert "read-only" in out and f"{baseline} is back as it was" in out
+    assert baseline.read_bytes() == before_census and path.read_bytes() == before_yaml
+    path.chmod(0o644)
+    code, out = update(capsys, "--from", str(res))
+    assert code == 0, out
+    assert load_baseline(baseline).census["640x480"][OTHER]["aten::add"] == 10 and b"20000" not in path.read_bytes()

@@ -493,6 +493,40 @@ def test_real_thresholds_cpu_update_changes_only_the_cpu_profile(tmp_path, capsy
     assert cpu.provenance["samples"] == 5 and cpu.provenance["date"] == "2025-06-01T12:00:00Z"
 
 
+def test_a_budget_shared_through_a_yaml_anchor_is_refused_naming_its_line(tmp_path, capsys):
+    """The loader accepts anchors and aliases; an in-place edit would drop the anchor its aliases
+    read (or change them too), so update-thresholds says where and changes nothing."""
+    y = tmp_path / "deepseek-ocr-2.yaml"
+    text = REAL.read_text()
+    cpu_p50 = load_thresholds(REAL).profiles["cpu"].ttft_ms["p50"]
+    at = text.index(f"p50: {cpu_p50:g}", text.index("\n  cpu:"))
+    y.write_text(text[:at] + f"p50: &cpu_p50 {cpu_p50:g}" + text[at + len(f"p50: {cpu_p50:g}"):])
+    before = y.read_bytes()
+    assert load_thresholds(y).profiles["cpu"].ttft_ms["p50"] == cpu_p50  # a file guard check accepts
+    r = make_results(tmp_path / "r.json", y, ttft={"p50": 4000.0, "p90": 4300.0, "p99": 4800.0},
+                     ops={("mask_path", (640, 480)): {"aten::_index_put_impl_": 0, "total_ops": 2},
+                          ("mask_path", (1000, 700)): {"aten::_index_put_impl_": 0, "total_ops": 3}})
+    code, _, err = guard(capsys, "--from", str(r), "--thresholds", str(y))
+    line = y.read_text()[:y.read_text().index("&cpu_p50")].count("\n") + 1
+    assert code == 2 and f"{y}:{line}: profiles.cpu.budgets.ttft_ms.p50" in err and "&cpu_p50" in err, err
+    assert y.read_bytes() == before
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ("a:\n  p50: &b 7000\nb:\n  p50: *b\n", ("a", "p50")),  # the anchor itself
+    ("a:\n  p50: &b 7000\nb:\n  p50: *b\n", ("b", "p50")),  # read through the alias
+    ("a: &m\n  p50: 7000\nb: *m\n", ("b", "p50")),  # inside a shared mapping
+])
+def test_set_scalar_refuses_a_node_shared_through_an_anchor(text, path):
+    root = yamledit.compose(text)
+    with pytest.raises(yamledit.YamlEditError, match="anchor") as caught:
+        yamledit.set_scalar(text, root, path, 8000)
+    assert caught.value.line == 1 + (text.index("&") > text.index("\n")) and caught.value.key == ".".join(path)
+    plain = text.replace("&b ", "").replace("*b", "7000").replace(" &m", "").replace("b: *m", "b:\n  p50: 7000")
+    edit = yamledit.set_scalar(plain, yamledit.compose(plain), path, 8000)
+    assert yaml.safe_load(yamledit.apply(plain, [edit]))[path[0]]["p50"] == 8000  # unshared: edited as before
+
+
 # ----------------------------------------------------------------------------- yamledit
 def test_set_scalar_keeps_quote_style_and_comments():
     text = "a: 'x'  # c\nb: \"x\"\nc: x\nd:\n"

@@ -30,7 +30,7 @@ from guard.judge import gates
 from guard.config import yamledit
 from guard.config.budgets import Profile, Thresholds, load_thresholds
 from guard.config.census import CensusPlan, plan_census, write_census_atomic
-from guard.errors import ConfigError, GuardError, UsageError
+from guard.errors import ConfigError, UsageError
 from guard.measure.hardware import git_commit, ttft_hardware_for
 from guard.model.environment import Environment, bf16_replaced
 from guard.model.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
@@ -415,10 +415,10 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     try:
         new = render(old, plan)
     except yamledit.YamlEditError as exc:
-        raise GuardError(f"{thresholds_path}: could not edit in place: {exc}") from None
+        raise ConfigError(str(thresholds_path), exc.line, exc.key or "(file)",
+                          f"could not edit in place: {exc}; the file is unchanged") from None
 
-    if census is not None:
-        _write_census(census, dry_run, out)
+    census_written = census is not None and _write_census(census, dry_run, out)
     if only == "census":
         return 0
     _print_summary(plan, out)
@@ -434,7 +434,9 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     try:
         write_text_atomic(thresholds_path, new)
     except OSError as exc:
-        raise ConfigError(str(thresholds_path), None, "(file)", f"cannot write: {exc}; the file is unchanged") from None
+        undone = _undo_census(census) if census_written else ""
+        raise ConfigError(str(thresholds_path), None, "(file)",
+                          f"cannot write: {exc}; the file is unchanged{undone}") from None
     via = f" (through the symlink, to {os.path.realpath(thresholds_path)})" if thresholds_path.is_symlink() else ""
     print(f"wrote {thresholds_path}{via}", file=out)
     if plan.increases:
@@ -442,14 +444,28 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     return 0
 
 
-def _write_census(census: CensusPlan, dry_run: bool, out: TextIO) -> None:
-    """The census baseline: summary, loud warning on increases, diff, atomic write (or dry run)."""
+def _undo_census(census: CensusPlan) -> str:
+    """Put the census baseline back as it was (the budgets it goes with could not be written): both
+    files change, or neither. Returns what to add to the error."""
+    try:
+        if census.old_text is None:
+            census.path.unlink(missing_ok=True)
+        else:
+            write_census_atomic(census.path, census.old_text)
+    except OSError as exc:
+        return f"; {census.path} was written and could not be put back ({exc.strerror or exc}): restore it from git"
+    return f", and {census.path} is back as it was"
+
+
+def _write_census(census: CensusPlan, dry_run: bool, out: TextIO) -> bool:
+    """The census baseline: summary, loud warning on increases, diff, atomic write (or dry run).
+    Returns whether it wrote the file."""
     path = census.path
     for line in census.summary():
         print(line, file=out)
     if census.new_text == census.old_text:
         print(f"no changes: {path} already holds this census", file=out)
-        return
+        return False
     if census.increases:
         rule = "!" * 78
         print(rule, file=out)
@@ -464,12 +480,13 @@ def _write_census(census: CensusPlan, dry_run: bool, out: TextIO) -> None:
     out.write(unified_diff(census.old_text or "", census.new_text, path))
     if dry_run:
         print(f"dry run: {path} not written", file=out)
-        return
+        return False
     try:
         write_census_atomic(path, census.new_text)
     except OSError as exc:
         raise ConfigError(str(path), None, "(file)", f"cannot write: {exc}; the file is unchanged") from None
     print(f"wrote {path}", file=out)
+    return True
 
 
 def _num(x: float) -> int | float:

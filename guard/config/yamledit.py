@@ -32,7 +32,12 @@ _PLAIN_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/()@+\- ]*")
 
 
 class YamlEditError(ValueError):
-    """An edit could not be made or did not come out as intended (a bug, not a user error)."""
+    """An edit could not be made or did not come out as intended. ``line`` (1-based) and ``key``
+    (dotted path) say where, when known."""
+
+    def __init__(self, message: str, *, line: int | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.line, self.key = line, key
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,30 @@ def lookup(root: yaml.Node, path: Sequence[str]) -> tuple[yaml.Node | None, yaml
         else:
             raise KeyError(".".join(path[: i + 1]))
     return key_node, node
+
+
+def unshared(text: str, root: yaml.Node, path: Sequence[str]) -> None:
+    """Refuse an edit at ``path`` when a node on the way carries a YAML anchor (``&name``): the same
+    node is then read elsewhere through its aliases (``*name``), and changing it in place would
+    change those too, or drop the anchor they point to. (Nodes do not keep their anchor; the
+    parser's events do, and an anchored node starts where its event does.)"""
+    anchored = {e.start_mark.index: e.anchor for e in yaml.parse(text, Loader=yaml.SafeLoader)
+                if isinstance(e, yaml.NodeEvent) and not isinstance(e, yaml.AliasEvent) and e.anchor}
+    if not anchored:
+        return
+    node: yaml.Node | None = root
+    for depth in range(len(path) + 1):
+        if depth:
+            node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == path[depth - 1]),
+                        None) if isinstance(node, yaml.MappingNode) else None
+            if node is None:
+                return  # absent: set_mapping adds it
+        anchor = anchored.get(node.start_mark.index)
+        if anchor is not None:
+            where = "this value" if depth == len(path) else (".".join(path[:depth]) or "the document")
+            raise YamlEditError(f"{where} is shared through the YAML anchor &{anchor} (its aliases *{anchor} read the "
+                                "same node), and guard edits one place at a time: write the values out in place of the "
+                                "aliases, then update again", line=node.start_mark.line + 1, key=".".join(path))
 
 
 def newline_of(text: str) -> str:
@@ -126,6 +155,7 @@ def format_flow_mapping(values: dict[str, Value]) -> str:
 def set_scalar(text: str, root: yaml.Node, path: Sequence[str], value: Scalar) -> Edit | None:
     """Edit that sets the scalar at ``path`` to ``value``; None when it already holds that value."""
     key_node, node = lookup(root, path)
+    unshared(text, root, path)
     if not isinstance(node, yaml.ScalarNode):
         raise YamlEditError(f"{'.'.join(path)}: expected a single value, found a collection")
     if _loaded(node) == value and type(_loaded(node)) is type(value):
@@ -143,6 +173,7 @@ def set_list(text: str, root: yaml.Node, path: Sequence[str], value: list[Scalar
     """Edit that makes the value at ``path`` the flat list ``value`` (written as a flow sequence,
     whatever was there); None when it already holds it."""
     key_node, node = lookup(root, path)
+    unshared(text, root, path)
     if isinstance(node, yaml.MappingNode):
         raise YamlEditError(f"{'.'.join(path)}: expected a list, found a mapping")
     if isinstance(node, yaml.SequenceNode) and _loaded(node) == value:
@@ -161,6 +192,7 @@ def set_mapping(text: str, root: yaml.Node, path: Sequence[str], values: dict[st
     """Edits that make the mapping at ``path`` hold ``values``: scalars updated in place, missing
     keys appended, the whole mapping appended to its parent when absent. Other keys are kept."""
     path = tuple(path)
+    unshared(text, root, path)
     try:
         _, node = lookup(root, path)
     except KeyError:
@@ -263,7 +295,10 @@ def verify(old_text: str, new_text: str, expected: dict[Path, Any]) -> None:
             parent[path[-1]].update(value)
         else:
             parent[path[-1]] = value
-    got = yaml.safe_load(new_text)
+    try:
+        got = yaml.safe_load(new_text)
+    except yaml.YAMLError as exc:
+        raise YamlEditError(f"the edited YAML does not load: {exc}") from None
     if got != want:
         raise YamlEditError("the edited YAML does not hold the intended values")
 
