@@ -9,10 +9,12 @@ gets the new text and the link stays a link.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +30,33 @@ def _umask() -> int:
 def write_text_atomic(path: Path | str, text: str, *, check: Callable[[Path], Any] | None = None) -> None:
     """``check(temp_path)`` raises when the new text must not be put in place. A new file gets the
     usual permissions (0666 less the umask), an existing one keeps its own."""
-    path = Path(os.path.realpath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+    def fill(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+
+    write_atomic(path, fill, check=check)
+
+
+def write_atomic(path: Path | str, fill: Callable[[Path], Any], *, suffix: str = ".tmp",
+                 check: Callable[[Path], Any] | None = None) -> None:
+    """``fill(temp_path)`` writes the new file beside the target; ``check(temp_path)`` raises when
+    it must not be put in place; then it replaces the target. Refuses a target that is not a
+    regular file (a device or a pipe would become a file) or that is read-only."""
+    path = Path(os.path.realpath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    st = os.stat(path) if path.exists() else None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                      "a folder, not a file" if stat.S_ISDIR(st.st_mode) else "not a regular file", str(path))
+    mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
+    if st is not None and not mode & 0o222:  # os.replace needs only the folder's permission, and root ignores both
+        raise PermissionError(errno.EACCES, "the file is read-only (no write permission bit set)", str(path))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        fill(Path(tmp))
         os.chmod(tmp, mode)  # mkstemp makes 0600
         if check is not None:
             check(Path(tmp))
@@ -44,6 +64,32 @@ def write_text_atomic(path: Path | str, text: str, *, check: Callable[[Path], An
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_input(path: Path | str, limit: int | None = None) -> bytes:
+    """The bytes of a file guard reads (budgets, results, a history, an artifact): regular files only,
+    since a pipe or a device would block or never end; with ``limit``, at most ``limit + 1`` bytes
+    (enough to tell that it is too long). Raises OSError as ``open`` does."""
+    st = os.stat(path)  # before open: opening a FIFO blocks until something writes to it
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                      "a folder, not a file" if stat.S_ISDIR(st.st_mode) else "not a regular file", str(path))
+    with open(path, "rb") as f:
+        return f.read() if limit is None else f.read(limit + 1)
+
+
+@contextlib.contextmanager
+def writing(path: Path | str, what: str = "") -> Iterator[None]:
+    """Around a write to a file the user named: an OSError there (a read-only folder, a full disk,
+    a folder where a file should be) is bad input naming the file (exit 2), never a crash.
+    ``what``: the flag or role that named it (e.g. ``--png``)."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"{what + ' ' if what else ''}{path}: cannot write: {reason}"
+                         + (" (the file is unchanged)" if Path(path).is_file() else ""),
+                         hint="name a file in a folder you can write to") from None
 
 
 def cache_root() -> Path | None:

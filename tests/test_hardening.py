@@ -28,6 +28,8 @@ from tests.conftest import REPO, SHIPPED_THRESHOLDS
 FIXTURES = Path(__file__).parent / "fixtures"
 BAD = sorted(p.name for p in (FIXTURES / "bad-thresholds").iterdir())
 GOOD_BASE = FIXTURES / "good-thresholds" / "base" / "thresholds.yaml"
+GOOD_RESULTS = FIXTURES / "runs" / "cpu-float32-clean.json"  # a real run's results.json
+HISTORY = FIXTURES / "history" / "identical-zen5.jsonl"  # recorded runs
 
 
 def expect(name: str) -> dict:
@@ -202,6 +204,59 @@ def test_unreadable_results_file_via_a_fifo_free_path(tmp_path, capsys):
     r = tmp_path / "file" / "results.json"
     code, _, err = main(capsys, "comment", "--results", str(r), "--dry-run")
     assert code == ExitCode.CONFIG and "cannot read" in err and str(r) in err
+
+
+def _fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+# a path that is not a regular file: reading a pipe would block for ever, a device never ends
+@pytest.mark.parametrize("argv", [
+    lambda p: ["check", "--thresholds", str(p), "--output", str(p.parent / "out")],
+    lambda p: ["comment", "--results", str(p), "--dry-run"],
+    lambda p: ["update-thresholds", "--from", str(p), "--thresholds", str(GOOD_BASE)],
+    lambda p: ["history", "--history", str(p)],
+    lambda p: ["comment", "--results", str(GOOD_RESULTS), "--dry-run", "--pr-file", str(p)],
+], ids=["thresholds", "results", "update-from", "history", "pr-file"])
+def test_a_pipe_given_as_an_input_is_exit_2_never_a_hang(argv, tmp_path, capsys):
+    fifo = _fifo(tmp_path)
+    code, _, err = main(capsys, *argv(fifo))
+    assert code == ExitCode.CONFIG and "not a regular file" in err and str(fifo) in err, err
+    assert Path(fifo).is_fifo()
+
+
+@pytest.mark.parametrize("flag", ["--png", "--mermaid"])
+@pytest.mark.parametrize("target", ["fifo", "folder", "below a file", "read-only"])
+def test_a_chart_that_cannot_be_written_where_named_is_exit_2_and_the_target_is_left_as_it_was(flag, target, tmp_path,
+                                                                                                   capsys):
+    path = {"fifo": lambda: _fifo(tmp_path), "folder": lambda: tmp_path,
+            "below a file": lambda: GOOD_BASE / "chart", "read-only": lambda: _read_only(tmp_path / "c")}[target]()
+    before = path.read_bytes() if path.is_file() else None
+    code, _, err = main(capsys, "history", "--history", str(HISTORY), "--last", "5", flag, str(path))
+    assert code == ExitCode.CONFIG and f"{flag} {path}: cannot write" in err, err
+    assert (path.read_bytes() if path.is_file() else None) == before and (target != "fifo" or path.is_fifo())
+
+
+def _read_only(path: Path) -> Path:
+    path.write_text("kept")
+    path.chmod(0o444)
+    return path
+
+
+def test_a_history_that_cannot_be_written_is_exit_2_and_is_left_as_it_was(tmp_path, capsys):
+    store = _read_only(tmp_path / "h.jsonl")
+    store.chmod(0o644)
+    store.write_text(HISTORY.read_text())
+    store.chmod(0o444)
+    before = store.read_bytes()
+    code, _, err = main(capsys, "record", "--from", str(GOOD_RESULTS), "--history", str(store), "--commit", "abcdef1")
+    assert code == ExitCode.CONFIG and "--history" in err and "read-only" in err and "unchanged" in err, err
+    assert store.read_bytes() == before
+    code, _, err = main(capsys, "record", "--from", str(GOOD_RESULTS), "--history", str(GOOD_BASE / "h.jsonl"),
+                        "--commit", "abcdef1")
+    assert code == ExitCode.CONFIG and "cannot write" in err, err
 
 
 @pytest.mark.parametrize("payload, code", [
@@ -424,3 +479,15 @@ def test_every_library_the_tests_import_is_declared():
     undeclared = {m: owners[m] for m in third_party - pinned
                   if not any(d.lower().replace("_", "-").replace(".", "-") in declared for d in owners[m])}
     assert undeclared == {}
+
+
+@pytest.mark.parametrize("flags", [["--max-attempts", "0"], ["--max-attempts", "-1"], ["--max-attempts", "two"],
+                                   ["--backoff-base", "nan"], ["--backoff-base", "inf"], ["--backoff-base", "-1"]])
+@pytest.mark.parametrize("mode", [["--results", str(GOOD_RESULTS)],
+                                  ["--no-results", "cancelled", "--model", "deepseek-ocr-2", "--profile", "cpu"]],
+                         ids=["results", "no-results"])
+def test_retry_flags_that_no_retry_could_use_are_usage_errors_on_every_path(flags, mode, capsys):
+    """NaN or infinity reached time.sleep, and 0 tries reached 'unreachable', only when GitHub
+    failed: the flags are refused up front, whatever is posted."""
+    assert cli.main(["comment", *mode, "--dry-run", *flags]) == ExitCode.CONFIG
+    assert f"argument {flags[0]}: '{flags[1]}' is not" in capsys.readouterr().err

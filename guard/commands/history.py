@@ -14,7 +14,7 @@ import sys
 
 from guard.model import format as fmt
 from guard.errors import UsageError
-from guard.files import write_text_atomic
+from guard.files import write_text_atomic, writing
 from guard.history import chart
 from guard.history.analysis import Analysis, Row, analyse, short
 from guard.history.store import for_profile, load_history
@@ -67,6 +67,9 @@ def table(analysis: Analysis, rows: tuple[Row, ...]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.last < 1:
         raise UsageError("--last must be at least 1")
+    for flag, value in (("--png", args.png), ("--mermaid", args.mermaid)):
+        if value == "":
+            raise UsageError(f"{flag} needs a file name" + (" (or '-' for standard output)" if flag == "--mermaid" else ""))
     profile, records = for_profile(load_history(args.history), args.profile)
     analysis = analyse(profile, records)
     rows = analysis.last(args.last)
@@ -83,13 +86,15 @@ def run(args: argparse.Namespace) -> int:
     census = [short(r.record.commit) for r in rows if r.census_changed]
     print(f"census changed at: {', '.join(census) or 'none'}")
     if args.png:
-        chart.write_png(rows, args.png, title=f"guard history of main: {records[-1].model} on {profile}")
+        with writing(args.png, "--png"):
+            chart.write_png(rows, args.png, title=f"guard history of main: {records[-1].model} on {profile}")
         print(f"guard history: chart written to {args.png}")
     if args.mermaid:
         text = "\n".join(chart.mermaid(rows)) + "\n"
         if args.mermaid == "-":
             sys.stdout.write(text)
         else:
-            write_text_atomic(args.mermaid, text)
+            with writing(args.mermaid, "--mermaid"):
+                write_text_atomic(args.mermaid, text)
             print(f"guard history: Mermaid chart written to {args.mermaid}")
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from guard.model import format as fmt
 from guard.errors import UsageError
+from guard.files import writing
 from guard.history.store import append, record_from_results
 from guard.model.results import load_results
 
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
               f"{results.pr.base.sha[:12]}: nothing measured, nothing recorded ({args.history} unchanged)")
         return 0
     record = record_from_results(results, commit=args.commit, date=args.date, note=args.note)
-    records, replaced = append(args.history, record, replace=args.replace)
+    with writing(args.history, "--history"):
+        records, replaced = append(args.history, record, replace=args.replace)
     census = ", ".join(f"{fmt.size(c.image_size)} {fmt.calls(c.calls)} in {c.functions} functions"
                        for c in record.census) or "no census"
     ttft = (f"TTFT p50 {fmt.ms_unit(record.ttft_p50_ms)}, p90 {fmt.ms_unit(record.ttft_p90_ms)} "

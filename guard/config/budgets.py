@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from guard.errors import ConfigError
-from guard.files import person_path
+from guard.files import person_path, read_input
 from guard.model.environment import bf16_replaced  # the rule a recorded engine is read by too
 from guard.model.results import Rule  # an op check's rule, the data model's; the budgets file names it
 
@@ -980,12 +980,16 @@ def load_thresholds(path: str | Path, text: str | None = None, *, require_decida
     r.require_decidable = require_decidable
     try:
         if text is None:
-            text = path.read_text(encoding="utf-8")
+            text = read_input(path).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such thresholds file",
                           hint=f"pass --thresholds PATH, e.g. {DEFAULT_THRESHOLDS}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(str(path), line, "(file)", f"not UTF-8 text: byte {exc.object[exc.start]:#04x}",
+                          hint="save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
     try:
         _check_depth(path, text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)

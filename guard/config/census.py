@@ -16,6 +16,7 @@ from typing import Any
 
 from guard.config.budgets import CensusRule
 from guard.errors import ConfigError
+from guard.files import read_input
 from guard.model.readings import Census, folded, op_deltas, parse_size, size, total_calls, without
 
 CENSUS_SCHEMA = "guard/census"
@@ -69,13 +70,13 @@ def read_baseline(rule: CensusRule | None) -> Baseline | None:
 def load_baseline(path: Path) -> Baseline:
     """Read and validate a census baseline file (ConfigError naming the file, line and key)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input(path).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such census baseline",
                           hint="write it with `guard check` then `guard update-thresholds --from "
                                "guard-results/results.json`") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc}") from None
+        raise ConfigError(str(path), None, "(file)", f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

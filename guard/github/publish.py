@@ -27,6 +27,7 @@ from github3.session import GitHubSession
 
 from guard.model import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
+from guard.files import read_input
 from guard.report.markdown import render_markdown, text
 from guard.model.results import Results, Verdict
 from guard.github.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
@@ -216,7 +217,7 @@ def parse_repository(raw: str, *, source: str = "repository") -> tuple[str, str]
 def read_small_file(path: str | Path, *, what: str, limit: int = 128) -> str:
     """The artifact's tiny text files: bounded size, ASCII, or a clear error."""
     try:
-        data = Path(path).read_bytes()[: limit + 1]
+        data = read_input(path, limit)
     except OSError as exc:
         raise UsageError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > limit:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from guard.files import _umask
+from guard.files import write_atomic
 from guard.history.analysis import Row, short
 
 P50, P90, SHIFT, CENSUS, CENSUS_FILL = "#1F77B4", "#9ECAE9", "#D62728", "#7B3294", "#C2A5CF"
@@ -31,10 +31,6 @@ def _tick_step(n: int) -> int:
 
 def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
     """Write the chart (atomically: a temp file in the target's folder, then ``os.replace``)."""
-    import os
-    import stat
-    import tempfile
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,18 +107,8 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
                       + (f", one in {step} labelled" if step > 1 else "") + ")", fontsize=9)
     fig.subplots_adjust(left=0.09, right=0.98, top=0.93, bottom=0.16)
 
-    path = Path(os.path.realpath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png")
-        os.chmod(tmp, mode)  # mkstemp makes 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"), suffix=".png")
     finally:
         plt.close(fig)
 

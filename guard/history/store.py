@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
-from guard.files import write_text_atomic
+from guard.files import read_input, write_text_atomic
 from guard.model.readings import parse_size
 from guard.model.results import ImageSize, Results, Verdict, reasons_text, to_ms
 from guard.judge.stats import percentile
@@ -260,7 +260,7 @@ def parse_history(text: str, path: str) -> list[HistoryRecord]:
 def load_history(path: Path | str) -> list[HistoryRecord]:
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_input(path)
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such file",
                           hint="`guard record --history PATH` creates it; in CI it lives on the guard-history branch") from None

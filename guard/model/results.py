@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.errors import ConfigError, ExitCode
+from guard.files import read_input
 from guard.model.environment import Environment
 from guard.model.readings import ImageSize, size
 
@@ -789,7 +790,7 @@ def validate(data: Any, path: Path, schema_name: str) -> None:
 def read_json(path: Path, schema_name: str) -> dict[str, Any]:
     """Read a guard JSON file and validate it (ConfigError, exit 2)."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_input(path)
     except FileNotFoundError:
         raise ConfigError(str(path), None, "(file)", "no such file", hint="run `guard check` first") from None
     except OSError as exc:  # a folder, no permission, ...
