@@ -197,6 +197,29 @@ def test_persistent_server_error_is_exit_4_after_bounded_retries(gh_env, guard):
     assert len(gh_env.comments[7]) == 1  # the comment was still posted: one failure does not stop the other
 
 
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("GET", rf"/repos/{OWNER}/{REPO}/pulls/7", ["not", "a", "pull request"]),
+    ("GET", rf"/repos/{OWNER}/{REPO}/issues/7/comments", {"not": "a list"}),
+    ("POST", rf"/repos/{OWNER}/{REPO}/statuses/{HEAD}", []),
+], ids=["pull request", "comments", "status"])
+def test_an_answer_of_the_wrong_shape_is_githubs_failure_exit_4(gh_env, guard, method, path, body):
+    """github3 cannot read it: GitHub's side failed (4), never a crash (5) and never bad input (2)."""
+    gh_env.misshape(method, path, body, status=201 if method == "POST" else 200)
+    code, _, err = guard("--pr", "7", "--max-attempts", "1")
+    assert code == ExitCode.GITHUB, err
+    assert "unexpected shape" in err and "internal error" not in err
+
+
+def test_a_token_read_from_a_file_with_its_line_break_still_posts(gh_env, guard, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN + "\n")
+    code, _, err = guard("--pr", "7")
+    assert code == 0, err
+    assert len(gh_env.comments[7]) == 1 and len(gh_env.statuses) == 1
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN[:4] + "\n" + TOKEN[4:])
+    code, _, err = guard("--pr", "7")
+    assert code == ExitCode.CONFIG and "GITHUB_TOKEN holds whitespace" in err
+
+
 def test_429_retry_after_is_honoured(fake):
     fake.fail("POST", rf"/repos/{OWNER}/{REPO}/issues/7/comments", 429, **{"Retry-After": "7"})
     waits: list[float] = []

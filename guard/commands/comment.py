@@ -137,6 +137,20 @@ def _target(args: argparse.Namespace, env: dict[str, str]) -> tuple[int | None, 
     return pr, sha, head_repo, verify
 
 
+def _token(env: dict[str, str], needed_for: str) -> str:
+    """GITHUB_TOKEN, without the line break a secret pasted from a file often ends with (it would be
+    an invalid HTTP header); one with whitespace or control characters inside is refused."""
+    token = (env.get("GITHUB_TOKEN") or "").strip()
+    if not token:
+        raise UsageError(f"GITHUB_TOKEN is not set: cannot post {needed_for}",
+                         hint="in a workflow, pass `env: GITHUB_TOKEN: ${{ github.token }}`; "
+                              "or run `guard comment --dry-run` to see what would be posted")
+    if not token.isprintable() or any(c.isspace() for c in token):
+        raise UsageError("GITHUB_TOKEN holds whitespace or control characters inside: not a token",
+                         hint="set it to the token alone")
+    return token
+
+
 def say(text: str) -> None:
     """Print a line that may carry text from the artifact or GitHub: never as a workflow command."""
     print(no_workflow_commands(text))
@@ -211,9 +225,7 @@ def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
         say(f"  context: {one_line(status.context)}")
         say(f"  description: {one_line(status.description)}")
         return 0
-    token = env.get("GITHUB_TOKEN")
-    if not token:
-        raise UsageError("GITHUB_TOKEN is not set: cannot post the status")
+    token = _token(env, "the status")
     owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
     gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
                                retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
@@ -277,11 +289,7 @@ def run(args: argparse.Namespace) -> int:
 
     # first, so the verdict is visible even if GitHub then fails: one line always, the report with a finding
     _job_summary(env, text(summary) + ("\n\n" + publish.trim_body(report_text, publish.SUMMARY_LIMIT) if finding else ""))
-    token = env.get("GITHUB_TOKEN")
-    if not token:
-        raise UsageError("GITHUB_TOKEN is not set: cannot post the comment or the status",
-                         hint="in a workflow, pass `env: GITHUB_TOKEN: ${{ github.token }}`; "
-                              "or run `guard comment --dry-run` to see what would be posted")
+    token = _token(env, "the comment or the status")
     owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
     if pr is None:
         raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")

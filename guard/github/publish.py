@@ -28,6 +28,7 @@ from github3.session import GitHubSession
 from guard.model import format as fmt
 from guard.errors import ExitCode, GuardError, UsageError
 from guard.files import read_input
+from guard.sanitize import one_line
 from guard.report.markdown import render_markdown, text
 from guard.model.results import Results, Verdict
 from guard.github.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
@@ -404,10 +405,14 @@ def _call(what: str, fn: Callable[[], T], *, not_found: str | None = None) -> T:
         if not_found:
             raise UsageError(not_found) from None
         raise GitHubSideError(f"{what}: GitHub answered {err.code} {err.msg}") from None
+    except gh_exc.UnprocessableResponseBody as err:  # a reply of the wrong shape (it has no status code)
+        raise GitHubSideError(f"{what}: GitHub's answer had an unexpected shape: {one_line(str(err.msg))[:200]}") from None
     except gh_exc.GitHubError as err:
-        raise GitHubSideError(f"{what}: GitHub answered {err.code} {err.msg}") from None
+        raise GitHubSideError(f"{what}: GitHub answered {getattr(err, 'code', '?')} {err.msg}") from None
     except gh_exc.GitHubException as err:  # connection errors, malformed replies
         raise GitHubSideError(f"{what}: {type(err).__name__}: {err}") from None
+    except (KeyError, TypeError) as err:  # github3 reading a reply that lacks what it expects
+        raise GitHubSideError(f"{what}: GitHub's answer had an unexpected shape ({type(err).__name__}: {err})") from None
 
 
 READ_ONLY_EXPLANATION = (

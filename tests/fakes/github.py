@@ -88,7 +88,11 @@ class FakeGitHub:
         return run
 
     def fail(self, method: str, path: str, status: int, times: int = 1, **headers: str) -> None:
-        self.faults += [(method, path, status, headers)] * times
+        self.faults += [(method, path, status, headers, None)] * times
+
+    def misshape(self, method: str, path: str, body: Any, status: int = 200) -> None:
+        """Answer the next matching request with ``body``, whatever shape GitHub's would have."""
+        self.faults.append((method, path, status, {}, body))
 
     def writes(self) -> list[Call]:
         return [c for c in self.log if c.method in WRITES]
@@ -168,10 +172,10 @@ class FakeGitHub:
         path = req.path[len(self.prefix):]
         body = req.get_json(silent=True)
         self.log.append(Call(req.method, path, dict(req.args), body))
-        for i, (method, pattern, status, headers) in enumerate(self.faults):
+        for i, (method, pattern, status, headers, reply) in enumerate(self.faults):
             if method == req.method and re.fullmatch(pattern, path):
                 del self.faults[i]
-                return self.reply({"message": f"injected {status}"}, status, headers)
+                return self.reply({"message": f"injected {status}"} if reply is None else reply, status, headers)
         if req.headers.get("Authorization") != f"token {TOKEN}":
             return self.reply({"message": "Bad credentials"}, 401)
         if self.read_only and req.method in WRITES:
