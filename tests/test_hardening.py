@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,6 +173,12 @@ RESULTS_INPUTS = {  # name -> writer(path); every one must be exit 2 for update-
                                                            "verdict": "pass", "exit_code": 0, "checks": {"a": 1},
                                                            "run": {"profile": "cpu", "thresholds_path": "x",
                                                                    "model": "m", "environment": {}}})),
+    # a real run's results with one value beyond anything guard records, or a verdict given twice
+    "a count of 10**400": lambda p: p.write_text(GOOD_RESULTS.read_text().replace('"rounds": 1', '"rounds": 1' + "0" * 400, 1)),
+    "a time of 1.7e308": lambda p: p.write_text(re.sub(r'"ttft_client_s": [0-9.]+', '"ttft_client_s": 1.7e308',
+                                                       GOOD_RESULTS.read_text(), count=1)),
+    "the verdict twice": lambda p: p.write_text(GOOD_RESULTS.read_text().replace('"verdict": "pass"',
+                                                                                 '"verdict": "invalid", "verdict": "pass"', 1)),
     "a 5000-digit number": lambda p: p.write_text('{"schema": "guard/results", "schema_version": ' + "1" * 5000 + "}"),
     "utf-16": lambda p: p.write_text('{"schema": "guard/results"}', encoding="utf-16"),
 }

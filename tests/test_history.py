@@ -119,12 +119,20 @@ def test_a_missing_field_a_broken_line_and_an_empty_line_are_named_too():
     missing = {k: v for k, v in GOOD.items() if k != "census_digest"}
     for text, where in ((json.dumps(missing) + "\n", "h:1: (record): "), ('{"schema": \n', "h:1: (syntax): "),
                         (json.dumps(GOOD) + "\n\n", "h:2: (line): "), ("[1]\n", "h:1: (record): "),
-                        (json.dumps({**GOOD, "ttft_p50_ms": float("nan")}) + "\n", "h:1: (content): ")):
+                        (json.dumps({**GOOD, "ttft_p50_ms": float("nan")}) + "\n", "h:1: ttft_p50_ms: "),
+                        # beyond any time guard records (1e400 does not even convert to a float), a key twice
+                        (json.dumps({**GOOD, "ttft_p90_ms": 1.7e308}) + "\n", "h:1: ttft_p90_ms: "),
+                        (json.dumps({**GOOD, "samples": 10**400}) + "\n", "h:1: samples: "),
+                        (json.dumps(GOOD)[:-1] + ', "commit": "0000000"}\n', "h:1: commit: ")):
         with pytest.raises(ConfigError) as e:
             parse_history(text, "h")
         assert str(e.value).startswith(where), (where, str(e.value))
     with pytest.raises(ConfigError, match="census_digest"):
         parse_history(json.dumps(missing) + "\n", "h")
+    with pytest.raises(ConfigError, match=r"ttft_p90_ms: not a record guard can read: 1\.7e\+308 is out of range"):
+        parse_history(json.dumps({**GOOD, "ttft_p90_ms": 1.7e308}) + "\n", "h")
+    with pytest.raises(ConfigError, match="commit: not a record guard can read: the key 'commit' is given twice"):
+        parse_history(json.dumps(GOOD)[:-1] + ', "commit": "0000000"}\n', "h")
 
 
 def test_the_same_commit_twice_in_a_file_is_an_error_at_the_second_line():

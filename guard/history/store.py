@@ -30,7 +30,8 @@ from typing import Any
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import read_input, write_text_atomic
 from guard.model.readings import parse_size
-from guard.model.results import ImageSize, Results, Verdict, reasons_text, to_ms
+from guard.model.results import (ImageSize, Results, Verdict, first_refused, parse_strict_json, reasons_text,
+                                 to_ms)
 from guard.judge.stats import percentile
 
 HISTORY_SCHEMA = "guard/history"
@@ -228,10 +229,6 @@ def _check_record(d: Any, path: str, line: int | None) -> None:
             raise ConfigError(path, line, f"ttft_p{p}_ms", "not a finite number")
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number guard writes")
-
-
 def parse_history(text: str, path: str) -> list[HistoryRecord]:
     """Every line validated; a commit measured twice for one profile is an error at the second line."""
     records: list[HistoryRecord] = []
@@ -240,11 +237,15 @@ def parse_history(text: str, path: str) -> list[HistoryRecord]:
         if not line.strip():
             raise ConfigError(path, n, "(line)", "an empty line", hint="each line of a history file is one record")
         try:
-            d = json.loads(line, parse_constant=_reject_constant)
+            d = parse_strict_json(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(path, n, "(syntax)", f"not valid JSON: {exc.msg} at column {exc.colno}") from None
         except (ValueError, RecursionError) as exc:
             raise ConfigError(path, n, "(content)", f"not a record guard can read: {exc}") from None
+        refused = first_refused(d)
+        if refused is not None:
+            where, problem = refused
+            raise ConfigError(path, n, ".".join(map(str, where)) or "(record)", f"not a record guard can read: {problem}")
         if not isinstance(d, dict):
             raise ConfigError(path, n, "(record)", "not a JSON object")
         _check_record(d, path, n)

@@ -727,9 +727,15 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
+# Larger than any count, time, size or seed guard records; numbers beyond it are damage, and near
+# the float limit they overflow the arithmetic and charts that read them.
+MAX_MAGNITUDE = 10**18
+
+
 class _NotANumber:
-    """Where the text had NaN, Infinity or a number beyond a float: kept while parsing, so the
-    error can name the field's JSON path, then refused (guard writes strict JSON only)."""
+    """Where the text had NaN, Infinity, a number beyond MAX_MAGNITUDE or a key given twice: kept
+    while parsing, so the error can name the field's JSON path, then refused (guard writes strict
+    JSON only)."""
 
     def __init__(self, text: str, problem: str) -> None:
         self.text, self.problem = text, problem
@@ -741,16 +747,41 @@ def _constant(name: str) -> _NotANumber:
 
 def _finite_float(text: str) -> float | _NotANumber:
     value = float(text)
-    return value if math.isfinite(value) else _NotANumber(text, f"{text} is out of range")
+    if math.isfinite(value) and abs(value) < MAX_MAGNITUDE:
+        return value
+    return _NotANumber(text, f"{text[:40]} is out of range")
 
 
-def _first_not_a_number(data: Any) -> tuple[list[str | int], _NotANumber] | None:
-    """The first NaN/Infinity in document order and its path (iterative: a deep file is no recursion)."""
+def _bounded_int(text: str) -> int | _NotANumber:
+    if len(text.lstrip("-")) > len(str(MAX_MAGNITUDE)):  # before int(): 5000 digits cost, then refuse
+        return _NotANumber(text, f"{text[:40]}... ({len(text)} digits) is out of range")
+    value = int(text)
+    return value if abs(value) < MAX_MAGNITUDE else _NotANumber(text, f"{text} is out of range")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: json would keep the last of two silently."""
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        d[k] = _NotANumber(k, f"the key {k!r} is given twice in one object") if k in d else v
+    return d
+
+
+def parse_strict_json(text: str) -> Any:
+    """JSON as guard writes it; what guard never writes (NaN, Infinity, numbers beyond
+    MAX_MAGNITUDE, a key given twice) is marked in place: ``first_refused`` says where."""
+    return json.loads(text, parse_constant=_constant, parse_float=_finite_float, parse_int=_bounded_int,
+                      object_pairs_hook=_unique_keys)
+
+
+def first_refused(data: Any) -> tuple[list[str | int], str] | None:
+    """The JSON path of the first value ``parse_strict_json`` marked, in document order, and why
+    (iterative: a deep file is no recursion)."""
     stack: list[tuple[list[str | int], Any]] = [([], data)]
     while stack:
         where, node = stack.pop()
         if isinstance(node, _NotANumber):
-            return where, node
+            return where, node.problem
         if isinstance(node, dict):
             stack += [([*where, k], v) for k, v in reversed(node.items())]
         elif isinstance(node, list):
@@ -796,7 +827,7 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
     except OSError as exc:  # a folder, no permission, ...
         raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_constant, parse_float=_finite_float)
+        data = parse_strict_json(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -805,10 +836,10 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
         raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
     except ValueError as exc:
         raise ConfigError(str(path), None, "(content)", f"not a results file guard can read: {exc}") from None
-    bad = _first_not_a_number(data)
+    bad = first_refused(data)
     if bad is not None:
-        where, value = bad
-        raise ConfigError(str(path), None, _json_path(where), f"not a results file guard can read: {value.problem}",
+        where, problem = bad
+        raise ConfigError(str(path), None, _json_path(where), f"not a results file guard can read: {problem}",
                           hint="results files are written by `guard check`; re-run it rather than editing one")
     if not isinstance(data, dict) or data.get("schema") != schema_name:
         raise ConfigError(str(path), None, "schema", f"not a {schema_name} file")
