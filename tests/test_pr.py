@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,27 @@ def test_an_unknown_revision_or_folder_is_a_usage_error(repo: Path, tmp_path: Pa
     assert done.returncode == 2 and "--head no-such-branch: no such commit" in done.stderr
     done = run_guard("pr", "--vllm-repo", str(tmp_path), "--base", "a", "--head", "b", "--only", "ops")
     assert done.returncode == 2 and "not a git repository" in done.stderr
+    done = run_guard("pr", "--vllm-repo", str(repo), "--base", "main", "--head", "main", "--only", "ops",
+                     "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+    assert done.returncode == 2 and "are the same commit" in done.stderr  # never a pass of nothing
+    done = run_guard("pr", "--vllm-repo", str(repo), "--base", "main", "--head", "main~1", "--only", "ops",
+                     "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"), "--cache-max-gb", "nan")
+    assert done.returncode == 2 and "--cache-max-gb nan: give a positive size" in done.stderr
+
+
+def test_a_repository_without_vllm_on_either_side_is_a_usage_error_never_a_pass(tmp_path: Path) -> None:
+    other = tmp_path / "not-vllm"
+    other.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q",
+                                                "--allow-empty", "-m", "one"],
+                 ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "two"]):
+        subprocess.run(["git", "-C", str(other), *args], check=True)
+    for command in (["pr", "--base", "main~1", "--head", "main", "--only", "ops"],
+                    ["pr", "--base", "main~1", "--head", "main", "--model", "auto", "--only", "ops"],
+                    ["bisect", "--good", "main~1", "--bad", "main"]):
+        done = run_guard(*command, "--vllm-repo", str(other), "--output", str(tmp_path / "o"),
+                         "--cache-dir", str(tmp_path / "c"))
+        assert done.returncode == 2 and "has a vllm/ folder: not a vLLM repository" in done.stderr, (command, done.stderr)
 
 
 @pytest.mark.parametrize(("path", "why"), [

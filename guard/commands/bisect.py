@@ -117,6 +117,7 @@ def judge(profile: Profile, candidate: RunRecord, baseline: RunRecord, base: Rev
 
 def run(args: argparse.Namespace) -> int:
     thresholds = _budgets(args)
+    cache_limit = overlay.cache_limit_bytes(args.cache_max_gb)
     profile = select_profile(thresholds, args.profile, detect(quick=True))
     if profile.census is None and args.op is None and not profile.ops:
         raise UsageError(f"profile '{profile.name}' has no census rule and no op budgets: nothing to bisect on")
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     repo = git.open_repository(args.vllm_repo)
     good = git.resolve(repo, args.good, "--good")
     bad = git.resolve(repo, args.bad, "--bad")
+    git.require_vllm(repo, good, bad)
     commits = line_of_commits(repo, good, bad)
     output = Path(args.output).resolve()
     prepare_output(output)
@@ -182,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         steps, lo, hi = bisect.search(commits, probe)
     finally:
-        overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3), keep={e.root for e in envs})
+        overlay.evict(cache_dir, cache_limit, keep={e.root for e in envs})
     named = bisect.culprits(commits, steps, lo, hi)
     outcome = bisect.Outcome(steps=tuple(steps), culprits=named, first_bad=hi if hi >= 0 else None, last_good=lo,
                              measured=measured, skipped=tuple(s for s in steps if s.state == bisect.State.SKIP))

@@ -95,12 +95,15 @@ def _run_one(args: argparse.Namespace) -> int:
     ops_only = args.only == Measures.OPS
     if not profile.has_op_count_pass and ops_only:
         raise UsageError(f"profile '{profile.name}' has no op budgets and no census: --only ops would judge nothing")
-    if args.cache_max_gb <= 0:
-        raise UsageError("--cache-max-gb must be positive")
+    cache_limit = overlay.cache_limit_bytes(args.cache_max_gb)
     check_op_names(thresholds, profile)
     repo = git.open_repository(args.vllm_repo)
     base = git.resolve(repo, args.base, "--base")
     head = git.resolve(repo, args.head, "--head")
+    git.require_vllm(repo, base, head)
+    if base.sha == head.sha:
+        raise UsageError(f"--base {args.base} and --head {args.head} are the same commit ({base.sha[:12]}): nothing to compare",
+                         hint="--base is what the pull request merges into (e.g. its merge base with main), --head its last commit")
     output = Path(args.output).resolve()
     prepare_output(output)
     for stale in ("results.json", "report.md"):
@@ -158,7 +161,7 @@ def _run_one(args: argparse.Namespace) -> int:
     except InvalidRunError as exc:
         return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, args)
     finally:
-        dropped = overlay.evict(cache_dir, int(args.cache_max_gb * 1024**3),
+        dropped = overlay.evict(cache_dir, cache_limit,
                                 keep={e.root for n, e in envs.items() if n not in own})
         if dropped:
             say(f"cache over {args.cache_max_gb:g} GB: dropped {len(dropped)} least recently used environment(s)")
@@ -201,7 +204,9 @@ def _run_auto(args: argparse.Namespace) -> int:
     if args.thresholds != DEFAULT_THRESHOLDS:
         raise UsageError("give --model or --thresholds, not both")
     repo = git.open_repository(args.vllm_repo)
-    changed = git.changed_files(repo, git.resolve(repo, args.base, "--base"), git.resolve(repo, args.head, "--head"))
+    base, head = git.resolve(repo, args.base, "--base"), git.resolve(repo, args.head, "--head")
+    git.require_vllm(repo, base, head)
+    changed = git.changed_files(repo, base, head)
     own = {}
     for name, path in models.resolve(models.ALL):
         thresholds = load_thresholds(path)

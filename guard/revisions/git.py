@@ -55,6 +55,15 @@ def resolve(repo: Path, rev: str, flag: str) -> Revision:
     return Revision(rev=rev, sha=sha, subject=subject, package_tree=tree)
 
 
+def require_vllm(repo: Path, *revisions: Revision) -> None:
+    """UsageError when none of ``revisions`` has a vllm/ folder: the repository is not vLLM (a
+    revision without one, beside one with it, is a pull request that adds or removes the package)."""
+    if revisions and all(r.package_tree is None for r in revisions):
+        named = " nor ".join(f"{r.rev} ({r.sha[:12]})" for r in revisions)
+        raise UsageError(f"--vllm-repo {repo}: neither {named} has a {PACKAGE}/ folder: not a vLLM repository",
+                         hint="give a clone of vLLM, e.g. --vllm-repo ~/src/vllm")
+
+
 def changed_files(repo: Path, base: Revision, head: Revision) -> list[str]:
     """What head changed against base (both sides' trees, not their history: ``git diff base head``)."""
     out = git(repo, "diff", "--name-only", "--no-renames", base.sha, head.sha).stdout

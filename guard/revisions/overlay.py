@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import math
 import os
 import shlex
 import shutil
@@ -39,6 +40,15 @@ DEFAULT_MAX_BYTES = 4 * 1024**3
 GENERATED = ("_version.py",)  # written by the build, never committed
 IMPORT_TIMEOUT_S = 300.0
 
+
+
+def cache_limit_bytes(gb: float) -> int:
+    """``--cache-max-gb`` in bytes: a positive, finite size (0 or less would evict every
+    environment not in use; NaN or infinity cannot be compared with a size)."""
+    if not math.isfinite(gb) or gb <= 0:
+        raise UsageError(f"--cache-max-gb {gb:g}: give a positive size in GB",
+                         hint=f"the default is {DEFAULT_MAX_BYTES / 1024**3:g}")
+    return int(gb * 1024**3)
 
 def default_cache_dir() -> Path:
     from guard.files import cache_root
