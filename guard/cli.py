@@ -86,6 +86,16 @@ def internal_error(command: str, exc: BaseException, argv: list[str], debug: boo
     return int(ExitCode.INTERNAL)
 
 
+def _drop_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (captured output): nothing to flush there
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -101,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print(f"guard {args.command}: interrupted", file=sys.stderr)
+        return int(ExitCode.INVALID)
+    except BrokenPipeError:  # `guard ... | head`: the reader left; cut short like Ctrl-C, and no bug
+        _drop_stdout()
+        print(f"guard {args.command}: standard output was closed before the command finished", file=sys.stderr)
         return int(ExitCode.INVALID)
     except SystemExit as exc:  # a library calling sys.exit: its code is no verdict of ours, not even 0
         return internal_error(args.command, exc, argv, args.debug)

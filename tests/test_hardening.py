@@ -498,3 +498,20 @@ def test_retry_flags_that_no_retry_could_use_are_usage_errors_on_every_path(flag
     failed: the flags are refused up front, whatever is posted."""
     assert cli.main(["comment", *mode, "--dry-run", *flags]) == ExitCode.CONFIG
     assert f"argument {flags[0]}: '{flags[1]}' is not" in capsys.readouterr().err
+
+
+def test_a_reader_that_closes_the_pipe_early_is_a_cut_short_run_never_a_bug(tmp_path):
+    """`guard history | head -1`: the pipe closes before guard writes; exit 3 as for Ctrl-C, one
+    line on stderr, no traceback and no crash log."""
+    import shutil
+    import sys
+
+    exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"
+    env = {**os.environ, "GUARD_CRASH_LOG": str(tmp_path / "crash.log")}
+    child = subprocess.Popen([exe, "history", "--history", str(HISTORY)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+    child.stdout.close()  # before guard has imported anything, let alone printed
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == ExitCode.INVALID, err
+    assert "standard output was closed" in err and "Traceback" not in err and "bug" not in err
+    assert not (tmp_path / "crash.log").exists()

@@ -166,6 +166,20 @@ def test_an_invalid_run_a_run_with_nothing_measured_and_a_run_without_a_commit_a
         record_from_results(load_results(tmp_path / "nothing.json"))
     with pytest.raises(UsageError, match="--commit"):
         record_from_results(load_results(check_results(tmp_path, commit=None)))
+    # a canary run (guard check --inject) judged guard, not the commit: a real one, recorded with its regression
+    with pytest.raises(UsageError, match="injected on purpose"):
+        record_from_results(load_results(FIXTURES / "runs" / "cpu-float32-mutant-token-copies.json"), commit="1234567")
+
+
+@pytest.mark.parametrize(("date", "problem"), [("yesterday", "is not an ISO 8601"), ("2026-12-02T14:11:04", "no UTC offset")])
+def test_a_date_flag_the_history_would_refuse_is_named_as_the_flag(tmp_path, store, date, problem, capsys):
+    from guard import cli
+
+    before = store.read_bytes()
+    code = cli.main(["record", "--from", str(check_results(tmp_path)), "--history", str(store), "--date", date])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--date {date!r} " in err and problem in err and "line" not in err, err
+    assert store.read_bytes() == before
 
 
 # ----------------------------------------------------------------------------- ops-only runs (schema version 2)
@@ -400,3 +414,18 @@ def test_guard_pr_results_use_the_measured_base_and_guard_comment_passes_the_his
     assert "### Against main's recent history" in out.stdout and "percentile rank 50 %" in out.stdout
     out = run_guard("comment", "--results", str(res), "--dry-run", timeout=120)
     assert out.returncode == 0 and "Against main's recent history" not in out.stdout
+
+
+def test_text_from_the_store_never_becomes_a_workflow_command_or_a_second_line(tmp_path, store, capsys):
+    """The store is written from results.json artifacts: a machine name carrying
+    "\\n::error ..." is shown on its own row, escaped, and no printed line starts a command."""
+    from guard import cli
+
+    lines = store.read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["machine"] = "AMD EPYC\n::error title=pwn::injected\n::add-mask::x"
+    store.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+    assert cli.main(["history", "--history", str(store), "--last", "3", "--mermaid", "-"]) == 0
+    out = capsys.readouterr().out
+    assert not [ln for ln in out.splitlines() if ln.lstrip().startswith("::")], out
+    assert "AMD EPYC\\n::error title=pwn::injected" in out

@@ -18,6 +18,7 @@ from guard.files import write_text_atomic, writing
 from guard.history import chart
 from guard.history.analysis import Analysis, Row, analyse, short
 from guard.history.store import for_profile, load_history
+from guard.sanitize import no_workflow_commands, one_line
 
 DEFAULT_LAST = 50
 
@@ -42,7 +43,7 @@ def _note(row: Row) -> str:
     if row.census_changed:
         notes.append("census changed")
     if row.machine_changed:
-        notes.append(f"machine: {row.record.machine}")
+        notes.append(f"machine: {one_line(row.record.machine, 120)}")
     return "; ".join(notes)
 
 
@@ -64,6 +65,12 @@ def table(analysis: Analysis, rows: tuple[Row, ...]) -> list[str]:
     return [line(header), *(line(b) for b in body)]
 
 
+def say(text: str) -> None:
+    """A line that may carry the store's text (a machine name, a note from a workflow): never a
+    workflow command, one line per line."""
+    print(no_workflow_commands(text))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.last < 1:
         raise UsageError("--last must be at least 1")
@@ -73,28 +80,28 @@ def run(args: argparse.Namespace) -> int:
     profile, records = for_profile(load_history(args.history), args.profile)
     analysis = analyse(profile, records)
     rows = analysis.last(args.last)
-    machines = sorted({r.record.machine for r in rows})
-    print(f"guard history: {args.history}, profile {profile}: {len(rows)} of {len(records)} commit(s) shown; "
+    machines = sorted({one_line(r.record.machine, 120) for r in rows})
+    say(f"guard history: {args.history}, profile {profile}: {len(rows)} of {len(records)} commit(s) shown; "
           f"machine{'s' if len(machines) > 1 else ''}: {'; '.join(machines)}")
     for text in table(analysis, rows):
-        print(text)
+        say(text)
     m = analysis.method
     shifts = [r for r in rows if r.shift is not None]
-    print(f"lasting TTFT shifts (p50, >= {m.min_shift_pct:g} %, >= {m.min_segment} commits on each side, "
+    say(f"lasting TTFT shifts (p50, >= {m.min_shift_pct:g} %, >= {m.min_segment} commits on each side, "
           f"{'slowdowns' if m.slowdowns_only else 'both directions'}): "
           + (", ".join(f"{short(r.record.commit)} {fmt.pct(r.shift.shift_pct)}" for r in shifts) or "none"))
     census = [short(r.record.commit) for r in rows if r.census_changed]
-    print(f"census changed at: {', '.join(census) or 'none'}")
+    say(f"census changed at: {', '.join(census) or 'none'}")
     if args.png:
         with writing(args.png, "--png"):
             chart.write_png(rows, args.png, title=f"guard history of main: {records[-1].model} on {profile}")
-        print(f"guard history: chart written to {args.png}")
+        say(f"guard history: chart written to {args.png}")
     if args.mermaid:
         text = "\n".join(chart.mermaid(rows)) + "\n"
         if args.mermaid == "-":
-            sys.stdout.write(text)
+            sys.stdout.write(no_workflow_commands(text))
         else:
             with writing(args.mermaid, "--mermaid"):
                 write_text_atomic(args.mermaid, text)
-            print(f"guard history: Mermaid chart written to {args.mermaid}")
+            say(f"guard history: Mermaid chart written to {args.mermaid}")
     return 0

@@ -11,6 +11,7 @@ recorded (exit 3). Exit 0: recorded; 2: bad input.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import re
 from pathlib import Path
 
@@ -40,9 +41,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "under vllm/: its census is its parent's)")
 
 
+def _check_date(text: str) -> None:
+    """--date as the history keeps it: ISO 8601 with a UTC offset (the store's own rule, said of the flag)."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--date {text!r} is not an ISO 8601 date and time", hint="e.g. --date 2026-12-02T14:11:04+00:00") from None
+    if when.tzinfo is None:
+        raise UsageError(f"--date {text!r} has no UTC offset", hint="e.g. --date 2026-12-02T14:11:04+00:00")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.commit is not None and not SHA.fullmatch(args.commit):
         raise UsageError(f"--commit {args.commit!r} is not a commit hash (7 to 40 hex digits)")
+    if args.date is not None:
+        _check_date(args.date)
     results = load_results(Path(args.results))
     if args.skip_unmeasured and results.pr is not None and not results.pr.measured:
         print(f"guard record: {results.pr.head.sha[:12]} changed nothing under vllm/ against "

@@ -121,6 +121,9 @@ def record_from_results(results: Results, *, commit: str | None = None, date: st
     if results.verdict == Verdict.INVALID:
         reasons = reasons_text(results.invalid_reasons) or "no reason recorded"
         raise InvalidRunError(f"the run is invalid ({reasons}): an invalid run is not recorded in the history")
+    if run.injected:
+        raise UsageError(f"the run had a regression injected on purpose ({run.injected}): it tested guard, not the "
+                         "commit, so it is not recorded in the history", hint="record a run without --inject")
     samples = run.ttft_client_s()
     if not samples and not run.census:
         why = ("guard pr measured nothing: the pull request changed nothing under vllm/"
