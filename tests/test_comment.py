@@ -654,3 +654,16 @@ def test_when_github_cannot_say_whether_it_was_superseded_the_error_is_posted(gh
     code, out, _ = guard(*NO_RESULTS, results="/nonexistent")
     assert code == 0 and "cannot tell whether a newer run superseded" in out
     assert [s["state"] for _, s in gh_env.statuses] == ["error"]
+
+
+def test_a_trusted_results_file_whose_verdict_its_own_checks_contradict_is_never_posted(gh_env, guard, tmp_path):
+    """Without --check-pr-files the file is trusted, not re-judged; a verdict of 'pass' over a
+    failing check is still damage, and posting it would show a green status over a red table."""
+    data = json.loads(FIXTURE.read_text())
+    assert data["verdict"] == "regression"
+    data["verdict"] = "pass"
+    lie = tmp_path / "results.json"
+    lie.write_text(json.dumps(data))
+    code, _, err = guard("--pr", "7", results=lie)
+    assert code == ExitCode.CONFIG and "verdict: its verdict is 'pass' but its own checks" in err, err
+    assert gh_env.writes() == []

@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"guard record: {results.pr.head.sha[:12]} changed nothing under vllm/ against "
               f"{results.pr.base.sha[:12]}: nothing measured, nothing recorded ({args.history} unchanged)")
         return 0
+    if results.self_contradiction():
+        raise UsageError(f"{args.results}: verdict: {results.self_contradiction()}; not recorded",
+                         hint="results files are written by `guard check`; re-run it rather than editing one")
     record = record_from_results(results, commit=args.commit, date=args.date, note=args.note)
     with writing(args.history, "--history"):
         records, replaced = append(args.history, record, replace=args.replace)

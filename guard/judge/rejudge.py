@@ -22,13 +22,8 @@ from guard.config.budgets import Profile, Thresholds
 from guard.config.census import read_baseline
 from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
-from guard.model.results import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict
+from guard.model.results import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck
 from guard.sanitize import one_line
-
-
-def implied_verdict(results: Results) -> Verdict:
-    """The verdict a results file's own checks and reasons give (``Results.implied_verdict``)."""
-    return results.implied_verdict
 
 
 def _same_number(a: float, b: float) -> bool:
@@ -80,9 +75,8 @@ def _same_budget(c: Check, f: Check, stored: Results, fresh: Results) -> bool:
 
 def contradictions(stored: Results, fresh: Results) -> list[str]:
     out = []
-    implied = implied_verdict(stored)
-    if stored.verdict != implied:
-        out.append(f"its verdict is '{stored.verdict}' but its own checks and reasons make it '{implied}'")
+    if stored.self_contradiction():
+        out.append(stored.self_contradiction())
     by_key = {f.key: f for f in fresh.checks}
     for c in stored.checks:
         f = by_key.get(c.key)

@@ -569,6 +569,13 @@ class Results:
         return verdict_of(self.checks, self.invalid_reasons,
                           unmeasurable=self.pr is not None and bool(self.pr.unmeasured_files))
 
+    def self_contradiction(self) -> str | None:
+        """Why the stored verdict is not the one its own checks and reasons give; None when it is."""
+        implied = self.implied_verdict
+        if self.verdict == implied:
+            return None
+        return f"its verdict is '{self.verdict}' but its own checks and reasons make it '{implied}'"
+
     def settled(self) -> Results:
         """These results with their implied verdict: the one place judging sets a verdict."""
         return replace(self, verdict=self.implied_verdict)
