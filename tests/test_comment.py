@@ -180,6 +180,19 @@ def test_read_only_token_warns_and_exits_0(gh_env, guard):
     assert "fork" in out and "exits 0" in out
 
 
+@pytest.mark.parametrize("mode", ["results", "no-results"])
+def test_a_token_that_may_not_even_read_is_a_configuration_error_not_a_fork_warning(gh_env, guard, mode):
+    """A fork PR's read-only token still reads: a 403 on the read means nothing can be posted, and
+    exit 0 with the fork explanation would hide a workflow that never posts."""
+    read = rf"/repos/{OWNER}/{REPO}/pulls/7" if mode == "results" else rf"/repos/{OWNER}/{REPO}"
+    gh_env.fail("GET", read, 403)
+    argv = ("--pr", "7") if mode == "results" else ("--no-results", "cancelled", "--model", "deepseek-ocr-2",
+                                                    "--profile", "cpu", "--sha", HEAD)
+    code, out, err = guard(*argv)
+    assert code == ExitCode.CONFIG and "may not even read here" in err and "permissions" in err, out + err
+    assert gh_env.writes() == [] and "fork" not in out
+
+
 def test_server_error_then_success_is_retried(gh_env, guard):
     gh_env.fail("POST", rf"/repos/{OWNER}/{REPO}/issues/7/comments", 500)
     code, out, _ = guard("--pr", "7")

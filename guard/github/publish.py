@@ -570,6 +570,14 @@ def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: Tru
                                                     STATUS_DESCRIPTION_LIMIT))
 
 
+def _cannot_read(f: _Forbidden) -> UsageError:
+    """A 403 on a read: even a fork PR's read-only token reads the repository and its pull requests,
+    so this token lacks what the workflow must grant; nothing could be posted (exit 2, not a warning)."""
+    return UsageError(f"{f}: the token may not even read here, so nothing was posted",
+                      hint="grant the workflow `permissions: pull-requests: write, statuses: write` (reads come with "
+                           "them), or give a token with access to this repository")
+
+
 def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str, body: str,
             status: CommitStatus, sha: str | None = None, author: str = DEFAULT_AUTHOR, verify: bool = False,
             expected_head_repo: str | None = None, trust: TrustPolicy | None = None,
@@ -590,8 +598,7 @@ def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str
         pr = _call(f"read pull request #{number} of {owner}/{repo}", lambda: gh.pull_request(owner, repo, number),
                    not_found=f"{owner}/{repo} has no pull request #{number} (or the token cannot see it)")
     except _Forbidden as f:
-        report.forbidden.append(str(f))
-        return _with_retries(report, gh)
+        raise _cannot_read(f) from None
     if pr is None:
         raise UsageError(f"{owner}/{repo} has no pull request #{number}")
     report.pr_url = pr.html_url
@@ -634,6 +641,12 @@ def publish_status(gh: github3.GitHub, *, owner: str, repo: str, sha: str, statu
     try:
         repository = _call(f"read {owner}/{repo}", lambda: gh.repository(owner, repo),
                            not_found=f"{owner}/{repo} does not exist (or the token cannot see it)")
+    except _Forbidden as f:
+        raise _cannot_read(f) from None
+    except GitHubSideError as err:
+        report.errors.append(str(err))
+        return _with_retries(report, gh)
+    try:
         _call(f"set the commit status on {sha[:12]}", lambda: repository.create_status(
             sha, status.state, target_url=status.target_url, description=status.description, context=status.context))
         report.status, report.status_sha = status, sha
