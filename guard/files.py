@@ -168,7 +168,9 @@ def clear_run_files(output: Path) -> None:
 
 def prepare_output(output: Path) -> None:
     """The output folder exists and is writable with some room, or a clear error naming it (exit 2)
-    before a minute is spent measuring. Only guard's own files in it are touched."""
+    before a minute is spent measuring; what an earlier run wrote there is gone (clear_run_files),
+    so that this run stopping at a configuration error is never read as that one's verdict. Only
+    guard's own files in it are touched."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output}: exists and is not a folder",
                          hint="pass a folder (it is created if missing), e.g. --output guard-results")
@@ -179,6 +181,7 @@ def prepare_output(output: Path) -> None:
             probe.write_bytes(b"x" * 4096)  # a full disk fails here, not after minutes of measuring
         finally:
             probe.unlink(missing_ok=True)
+        clear_run_files(output)
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot write there: {exc.strerror or exc}",
                          hint="pass a writable folder with free space, e.g. --output guard-results") from None

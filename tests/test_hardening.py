@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,10 +102,16 @@ def test_shipped_thresholds_op_names_are_all_recordable(registry):
 
 def test_guard_check_rejects_an_unknown_op_before_the_engine_starts(capsys, tmp_path):
     path = FIXTURES / "bad-thresholds" / "op-typo" / "thresholds.yaml"
-    code, out, err = main(capsys, "check", "--thresholds", str(path), "--output", str(tmp_path / "o"))
+    output = tmp_path / "o"
+    output.mkdir()
+    shutil.copy(GOOD_RESULTS, output / "results.json")  # an earlier run's verdict, e.g. on a self-hosted runner
+    (output / "notes.txt").write_text("mine")
+    code, out, err = main(capsys, "check", "--thresholds", str(path), "--output", str(output))
     assert code == ExitCode.CONFIG
     assert f"{path}:31: profiles.cpu.budgets.ops.mask_path.ops.aten::_index_put_imp_" in err
     assert "did you mean" in err and "starting vLLM" not in out
+    # what a step after this one reads there is never the earlier run's verdict; other files stay
+    assert sorted(p.name for p in output.iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -503,7 +510,6 @@ def test_retry_flags_that_no_retry_could_use_are_usage_errors_on_every_path(flag
 def test_a_reader_that_closes_the_pipe_early_is_a_cut_short_run_never_a_bug(tmp_path):
     """`guard history | head -1`: the pipe closes before guard writes; exit 3 as for Ctrl-C, one
     line on stderr, no traceback and no crash log."""
-    import shutil
     import sys
 
     exe = shutil.which("guard", path=str(Path(sys.executable).parent)) or "guard"

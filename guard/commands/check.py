@@ -25,7 +25,7 @@ from guard.measure.harness import record_suite
 from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_names
 from guard.model.results import Measures
-from guard.files import clear_run_files, prepare_output
+from guard.files import prepare_output
 from guard.report.output import write_report
 from guard.report.terminal import render_terminal, say_dtype
 from guard.measure.inprocess import SLOW_ENCODER, parse_inject
@@ -159,7 +159,6 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
         raise ConfigError(str(thresholds.path), profile.line, f"profiles.{profile.name}.budgets.ttft_vs_baseline_pct",
                           "A/B mode has nothing to judge: the profile has no ratio budget and no op budgets",
                           hint="add e.g. `ttft_vs_baseline_pct: {p50: 3}` under the profile's budgets")
-    clear_run_files(output)
     w = profile.workload
     print(f"guard check (A/B): {thresholds.model}, profile '{profile.name}'; candidate {sys.executable}, "
           f"baseline {args.baseline}", flush=True)

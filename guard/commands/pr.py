@@ -106,8 +106,6 @@ def _run_one(args: argparse.Namespace) -> int:
                          hint="--base is what the pull request merges into (e.g. its merge base with main), --head its last commit")
     output = Path(args.output).resolve()
     prepare_output(output)
-    for stale in ("results.json", "report.md"):
-        (output / stale).unlink(missing_ok=True)
     cache_dir = Path(args.cache_dir).expanduser().resolve() if args.cache_dir else overlay.default_cache_dir()
 
     own, broken = _own_environments(args, repo, base, head, cache_dir)
