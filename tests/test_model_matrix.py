@@ -139,8 +139,8 @@ def test_all_exits_with_the_worst_model_by_the_stated_precedence(codes: list[int
 
 @pytest.fixture
 def small(tmp_path: Path) -> Path:
-    """A git repository with a vllm/ folder: base == head has nothing to measure, so the command ends
-    before any engine, through every model's own budget file."""
+    """A git repository with a vllm/ folder: a head that changes nothing under it has nothing to
+    measure, so the command ends before any engine, through every model's own budget file."""
     repo = tmp_path / "small"
     (repo / "vllm" / "multimodal").mkdir(parents=True)
     (repo / "vllm" / "__init__.py").write_text("")
@@ -153,7 +153,8 @@ def small(tmp_path: Path) -> Path:
 
 def test_pr_model_all_runs_every_model_into_its_own_folder_with_a_summary(small: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_guard("pr", "--vllm-repo", str(small), "--base", "main", "--head", "main", "--only", "ops",
+    head = commit(small, "docs: nothing under vllm/ to measure", files={"README.md": "docs only\n"})
+    done = run_guard("pr", "--vllm-repo", str(small), "--base", "main", "--head", head, "--only", "ops",
                      "--model", "all", "--output", str(out), "--cache-dir", str(tmp_path / "cache"))
     names = models.names(THRESHOLDS)
     native = detect(quick=True).native_bf16  # without it minicpm-v is not run: exit 6 for the matrix
