@@ -162,6 +162,14 @@ BAD = [
     ("  cpu:", "  cpu:\n    validity: {max_other_cpu_pct: -1}", 5, "profiles.cpu.validity.max_other_cpu_pct", "must be >= 0"),
     ("  cpu:", "  cpu:\n    validity: {max_other_cores: 1}", 5, "profiles.cpu.validity.max_other_cores", "unknown key"),
     ("  cpu:", "  cpu:\n    validity: {max_slowdown_pct: -5}", 5, "profiles.cpu.validity.max_slowdown_pct", "must be >= 0"),
+    ("      image_sizes: [[640, 480]]", "      image_sizes: [[640, 480], [100000, 100000]]", 11, "image_sizes[1]",
+     "a side over 16384 pixels"),
+    # YAML 1.1 reads these as numbers: octal, hexadecimal, base 60; nobody writes a budget so on purpose
+    ("      requests: 3", "      requests: 03", 10, "workload.requests", "'03' is not a decimal number"),
+    ("      max_model_len: 2048", "      max_model_len: 0x800", 8, "engine.max_model_len", "not a decimal number"),
+    ("      requests: 3", "      requests: 1:30", 10, "workload.requests", "(YAML reads it as 90)"),
+    ("  cpu:", "  cpu:\n    validity: {max_slowdown_pct: 1:30}", 5, "profiles.cpu.validity.max_slowdown_pct",
+     "not a decimal number"),
 ]
 
 

@@ -33,6 +33,8 @@ EMBEDDED_PREFIX = "guard:"  # `model: guard:tiny-deepseek-ocr2` -> the checkpoin
 PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 MAX_DEPTH = 32  # the schema nests 7 levels; anything far deeper is a mistake or an attack
 MAX_INT = 2**63 - 1  # integers go to C code (vLLM, torch): keep them in int64
+MAX_IMAGE_SIDE = 16384  # pixels; larger than any vision tower's input, small enough to draw
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)(\.[0-9]*)?([eE][-+]?[0-9]+)?|[-+]?\.[0-9]+([eE][-+]?[0-9]+)?")
 # The only tags a thresholds file may carry (explicit or implied): plain YAML data. Anything else
 # (`!!python/name:os.system`, `!env HOME`, `!!binary`, `!!set`, merge keys) is refused by name.
 _Y = "tag:yaml.org,2002:"
@@ -501,10 +503,18 @@ class _Reader:
         except (yaml.YAMLError, ValueError, OverflowError) as exc:  # e.g. `2025-13-45` read as a date
             raise self.error(node, key, f"cannot read {node.value!r}: {exc}") from None
 
+    def decimal(self, node: yaml.Node, key: str, v: Any) -> None:
+        """A number written as people read it: YAML 1.1 also reads `1:56:40` (base 60), `015530`
+        (octal) and `0x1b58` as numbers, each a budget nobody meant."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not _DECIMAL.fullmatch(node.value.strip()):
+            raise self.error(node, key, f"{node.value!r} is not a decimal number (YAML reads it as {v!r})",
+                             "write it in decimal, e.g. 7000 or 0.5")
+
     def integer(self, node: yaml.Node, key: str, minimum: int | None = None) -> int:
         v = self.scalar(node, key)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.error(node, key, f"expected an integer, got {v!r}")
+        self.decimal(node, key, v)
         if abs(v) > MAX_INT:
             raise self.error(node, key, f"out of range: {node.value!r} does not fit in 64 bits")
         if minimum is not None and v < minimum:
@@ -515,6 +525,8 @@ class _Reader:
         v = self.scalar(node, key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.error(node, key, f"expected a number, got {v!r}")
+        if math.isfinite(v):
+            self.decimal(node, key, v)
         if isinstance(v, int) and abs(v) > MAX_INT or not math.isfinite(v):
             raise self.error(node, key, f"must be a finite number, got {node.value!r}",
                              "`.inf`, `.nan` and numbers beyond 1e308 can never fail or pass a budget")
@@ -593,7 +605,12 @@ class _Reader:
             k = f"{key}[{i}]"
             if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
                 raise self.error(item, k, "expected [width, height]")
-            sizes.append((self.integer(item.value[0], k, minimum=16), self.integer(item.value[1], k, minimum=16)))
+            size = (self.integer(item.value[0], k, minimum=16), self.integer(item.value[1], k, minimum=16))
+            if max(size) > MAX_IMAGE_SIDE:
+                raise self.error(item, k, f"{size[0]}x{size[1]}: a side over {MAX_IMAGE_SIDE} pixels",
+                                 "guard draws each image in memory before the request (100000x100000 is 30 GB); "
+                                 "vision towers resize to far less")
+            sizes.append(size)
         return tuple(sizes)
 
     def core_count(self, node: yaml.Node, key: str) -> tuple[int, int]:
