@@ -210,6 +210,8 @@ def test_missing_file_and_empty_file(tmp_path: Path) -> None:
         load_thresholds(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="empty thresholds file"):
         load_thresholds(write(tmp_path, "# nothing\n"))
+    with pytest.raises(ConfigError, match="the thresholds path is empty"):  # not "." read as a folder
+        load_thresholds("")
 
 
 def test_cli_exits_2_with_file_line_before_starting_any_engine(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "engine; default: the profile's engine.mode (docs/server-mode.md)")
     parser.add_argument("--server-url", default=None, metavar="URL",
                         help="measure an already running vLLM server (TTFT only; op budgets are not measured)")
-    parser.add_argument("--only", choices=[Measures.OPS], default=None,
+    parser.add_argument("--only", choices=[Measures.OPS.value], default=None,
                         help="ops: the op budgets and the census only, no TTFT (one engine start, one profiled request "
                              "per image size): the fast local check")
     parser.add_argument("--traces", choices=["on-failure", "always"], default="on-failure",

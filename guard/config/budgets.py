@@ -992,6 +992,9 @@ def load_thresholds(path: str | Path, text: str | None = None, *, require_decida
     ``require_decidable=False`` admits TTFT budgets no run within the cap can decide: only for
     guard's pinned decision-rule test data, which predates the rule and exercises the runtime's
     point-estimate fallback."""
+    if isinstance(path, str) and not path.strip():  # Path("") would name the working directory
+        raise ConfigError("(empty path)", None, "(file)", "the thresholds path is empty",
+                          hint=f"pass --thresholds PATH, e.g. {DEFAULT_THRESHOLDS}")
     path = packaged_default(Path(path))
     r = _Reader(path)
     r.require_decidable = require_decidable
