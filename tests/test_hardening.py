@@ -521,3 +521,9 @@ def test_a_reader_that_closes_the_pipe_early_is_a_cut_short_run_never_a_bug(tmp_
     assert child.wait(timeout=120) == ExitCode.INVALID, err
     assert "standard output was closed" in err and "Traceback" not in err and "bug" not in err
     assert not (tmp_path / "crash.log").exists()
+
+
+def test_a_history_base_that_is_no_commit_hash_is_a_usage_error(capsys):
+    code, _, err = main(capsys, "comment", "--results", str(GOOD_RESULTS), "--dry-run", "--history", str(HISTORY),
+                        "--history-base", "main")
+    assert code == ExitCode.CONFIG and "--history-base 'main' is not a commit hash" in err

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -275,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"--report: cannot read {args.report}: {exc.strerror or exc}") from None
     run_url = args.run_url or None
+    if args.history_base is not None and not re.fullmatch(r"[0-9a-fA-F]{7,40}", args.history_base):
+        raise UsageError(f"--history-base {args.history_base!r} is not a commit hash (7 to 40 hex digits)")
     history = pr_standing(results, load_history(args.history), args.history_base) if args.history else None
     report_text = report_md if report_md is not None else render_markdown(
         results, run_url=run_url, thresholds=args.trusted_thresholds, history=history)
