@@ -68,6 +68,19 @@ def test_an_unknown_revision_or_folder_is_a_usage_error(repo: Path, tmp_path: Pa
     assert done.returncode == 2 and "--cache-max-gb nan: give a positive size" in done.stderr
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--op", "aten::_index_put_imp_"], "--op 'aten::_index_put_imp_': not a registered operator"),
+    (["--function", ""], "--function '': expected FILE:QUALNAME"),
+    (["--function", "_update_causal_mask"], "expected FILE:QUALNAME"),
+])
+def test_bisect_refuses_a_search_no_commit_could_satisfy_before_any_environment(repo: Path, tmp_path: Path, flags,
+                                                                                 message) -> None:
+    done = run_guard("bisect", "--vllm-repo", str(repo), "--good", "main", "--bad", "main", *flags,
+                     "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "c").exists()
+
+
 def test_a_repository_without_vllm_on_either_side_is_a_usage_error_never_a_pass(tmp_path: Path) -> None:
     other = tmp_path / "not-vllm"
     other.mkdir()

@@ -27,7 +27,7 @@ from guard.report.terminal import added_lines
 from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.measure.hardware import detect, select_profile
-from guard.judge.opnames import check_op_names
+from guard.judge.opnames import check_op_name, check_op_names
 from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)
 from guard.revisions import bisect, git, inrepo, overlay
@@ -121,6 +121,16 @@ def run(args: argparse.Namespace) -> int:
     profile = select_profile(thresholds, args.profile, detect(quick=True))
     if profile.census is None and args.op is None and not profile.ops:
         raise UsageError(f"profile '{profile.name}' has no census rule and no op budgets: nothing to bisect on")
+    if (args.op is not None or args.function is not None) and profile.census is None:
+        raise UsageError(f"{'--op' if args.op is not None else '--function'} reads the census, and profile "
+                         f"'{profile.name}' has no census rule", hint="bisect on its op budgets (no --op/--function)")
+    if args.function is not None:
+        file, _, qualname = args.function.partition(":")
+        if not file.endswith(".py") or not qualname.strip():
+            raise UsageError(f"--function {args.function!r}: expected FILE:QUALNAME as the census names it",
+                             hint="e.g. vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features")
+    if args.op is not None:
+        check_op_name(args.op, "--op")
     check_op_names(thresholds, profile)
     repo = git.open_repository(args.vllm_repo)
     good = git.resolve(repo, args.good, "--good")

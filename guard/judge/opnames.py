@@ -21,7 +21,7 @@ import difflib
 from collections.abc import Iterable
 
 from guard.config.budgets import Profile, Thresholds
-from guard.errors import ConfigError
+from guard.errors import ConfigError, UsageError
 from guard.model import format as fmt
 from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD
 from guard.model.results import TOTAL_OPS, ScopeCounts
@@ -56,6 +56,21 @@ def needs_vllm_ops(profile: Profile, registry: frozenset[str]) -> bool:
     namespaces = {n.split("::", 1)[0] for n in registry}
     return any("::" in op and op.split("::", 1)[0] not in namespaces and op not in PSEUDO_OPS
                for sb in profile.ops for op in sb.ops)
+
+
+def check_op_name(op: str, flag: str, registry_loader=None) -> None:
+    """UsageError (exit 2) when ``op``, named on the command line, is not an operator the profiler
+    can record: a search for its changes would run every commit and find none."""
+    if registry_loader is None:
+        from guard.compat import registered_op_names as registry_loader
+    registry = registry_loader(load_vllm_ops=False)
+    if "::" in op and op.split("::", 1)[0] not in {n.split("::", 1)[0] for n in registry}:
+        registry = registry_loader(load_vllm_ops=True)
+    if op not in registry and op not in PSEUDO_OPS:
+        close = difflib.get_close_matches(op, sorted(registry | PSEUDO_OPS), n=3, cutoff=0.75)
+        raise UsageError(f"{flag} {op!r}: not a registered operator, so no commit could change its count",
+                         hint=f"did you mean {', '.join(f'`{c}`' for c in close)}?" if close else
+                         "op names are the profiler's: `namespace::name` without overload, e.g. aten::_index_put_impl_")
 
 
 def check_op_names(thresholds: Thresholds, profile: Profile, registry_loader=None) -> None:
