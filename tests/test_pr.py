@@ -229,6 +229,15 @@ def test_a_head_that_changes_only_compiled_code_is_not_measurable_here(repo: Pat
     assert "## ➖ guard: not measurable" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_a_compiled_file_whose_name_git_would_quote_is_still_not_measurable(repo: Path, tmp_path: Path) -> None:
+    """git quotes a name with non-ASCII bytes ("csrc/kern\\303\\251l.cu") unless told not to; quoted, it
+    matched no rule, and a pull request that changed only compiled code passed."""
+    head = commit(repo, "a kernel with an accent", files={"csrc/kernél v2.cu": "// new\n"})
+    done = pr_command(repo, head, tmp_path / "out", tmp_path / "cache")
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert load_results(tmp_path / "out" / "results.json").pr.unmeasured_files == ("csrc/kernél v2.cu",)
+
+
 def test_a_head_without_vllm_changes_passes_unmeasured(repo: Path, tmp_path: Path) -> None:
     docs = commit(repo, "docs: a typo", files={"docs/usage.md": "fixed\n"})
     done = pr_command(repo, docs, tmp_path / "out", tmp_path / "cache")

@@ -78,7 +78,7 @@ def line_of_commits(repo: Path, good: git.Revision, bad: git.Revision) -> list[b
     commits = []
     for line in out.splitlines():
         sha, date, subject = line.split("\0", 2)
-        files = git.git(repo, "diff", "--name-only", "--no-renames", f"{sha}^", sha).stdout.split()
+        files = git.diff_names(repo, f"{sha}^", sha)
         trees = {git.git(repo, "rev-parse", "--verify", "--quiet", f"{r}:{git.PACKAGE}", check=False).stdout.strip()
                  for r in (sha, f"{sha}^")}
         commits.append(bisect.Commit(sha=sha, subject=subject, author_date=date,

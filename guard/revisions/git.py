@@ -23,8 +23,12 @@ class Revision:
 
 
 def git(repo: Path, *args: str, check: bool = True, text: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """git in ``repo``. Paths come out as they are named (core.quotePath=false: no "csrc/kern\\303\\251l.cu"
+    that matches no rule), and text as UTF-8, a byte that is not shown as U+FFFD: a file of a pull
+    request is the author's to make, and never a crash."""
     try:
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, check=False, input=stdin)
+        done = subprocess.run(["git", "-c", "core.quotePath=false", "-C", str(repo), *args], capture_output=True,
+                              check=False, input=stdin, **({"encoding": "utf-8", "errors": "replace"} if text else {}))
     except FileNotFoundError:
         raise UsageError("git is not installed: guard pr reads the vLLM repository with git") from None
     if check and done.returncode != 0:
@@ -66,8 +70,13 @@ def require_vllm(repo: Path, *revisions: Revision) -> None:
 
 def changed_files(repo: Path, base: Revision, head: Revision) -> list[str]:
     """What head changed against base (both sides' trees, not their history: ``git diff base head``)."""
-    out = git(repo, "diff", "--name-only", "--no-renames", base.sha, head.sha).stdout
-    return sorted(line for line in out.splitlines() if line)
+    return diff_names(repo, base.sha, head.sha)
+
+
+def diff_names(repo: Path, old: str, new: str) -> list[str]:
+    """The paths that differ between two commits, NUL-separated on the way: a name may hold spaces."""
+    out = git(repo, "diff", "--name-only", "-z", "--no-renames", old, new).stdout
+    return sorted(name for name in out.split("\0") if name)
 
 
 def runtime_files(paths: list[str]) -> list[str]:
