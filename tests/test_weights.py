@@ -100,6 +100,30 @@ def test_guard_weights_prints_the_commit_and_writes_the_step_output(tmp_path, mo
     assert "nothing to download" in capsys.readouterr().out
 
 
+def test_guard_weights_of_a_pinned_commit_it_cannot_fetch_or_a_step_output_it_cannot_write_is_exit_2(
+        tmp_path, monkeypatch, capsys) -> None:
+    """A pinned revision is downloaded as named; the Hub failing there (offline, gated, gone) is the
+    same error as for `main`, not a crash; GITHUB_OUTPUT naming a folder likewise."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from guard.errors import GuardError
+    from tests.conftest import SHIPPED_THRESHOLDS as real
+
+    pinned = tmp_path / "t.yaml"
+    pinned.write_text(real.read_text().replace("revision: main", f"revision: {SHA}", 1))
+    assert f"revision: {SHA}" in pinned.read_text()
+
+    def offline(model, revision):
+        raise LocalEntryNotFoundError("the Hub is switched off and the cache has no such revision")
+
+    with pytest.raises(GuardError, match=f"cannot resolve deepseek-ai/DeepSeek-OCR-2@{SHA}") as err:
+        fetch(thresholds=str(pinned), profile="a10", github_output=False, resolver=offline)
+    assert err.value.exit_code == 2
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path))
+    with pytest.raises(GuardError, match="GITHUB_OUTPUT .*: cannot write"):
+        fetch(thresholds=str(SHIPPED_THRESHOLDS), profile="a10", github_output=True, resolver=lambda m, r: SHA)
+
+
 @pytest.mark.parametrize("workflow", ["perf-guard.yml"])
 def test_the_workflows_download_step_resolves_main_where_it_used_to_refuse_it(workflow, monkeypatch, capsys) -> None:
     """The download step once stopped with exit 2 on `revision: main`; run as the workflow runs it

@@ -14,7 +14,8 @@ import os
 
 from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import ExitCode
-from guard.config.weights import Resolver, hub_resolver, is_hub_model, pin
+from guard.config.weights import Resolver, hub_resolver, is_hub_model, pin, resolve
+from guard.files import writing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,10 +38,11 @@ def fetch(*, thresholds: str, profile: str, github_output: bool, resolver: Resol
         return ExitCode.PASS
     pinned = pin(prof, resolver)
     if pinned is prof:  # already a commit: download it as named
-        resolver(engine.model, engine.revision)
+        resolve(resolver, engine.model, engine.revision)
     commit = pinned.engine.revision
     print(f"guard weights: {engine.model}@{engine.revision or 'main'} -> {commit}")
     if github_output and os.environ.get("GITHUB_OUTPUT"):
-        with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as out:
+        with writing(os.environ["GITHUB_OUTPUT"], "GITHUB_OUTPUT"), open(os.environ["GITHUB_OUTPUT"], "a",
+                                                                         encoding="utf-8") as out:
             out.write(f"commit={commit}\n")
     return ExitCode.PASS

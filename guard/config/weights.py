@@ -37,20 +37,26 @@ def needs_resolution(profile: Profile) -> bool:
     return is_hub_model(e.model) and not (e.revision and COMMIT.match(e.revision))
 
 
+def resolve(resolver: Resolver, model: str, revision: str) -> str:
+    """``resolver(model, revision)``, its failure a GuardError (exit 2) naming the model: offline, a
+    gated repository, a revision that does not exist, a full disk."""
+    try:
+        return resolver(model, revision)
+    except GuardError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the Hub client's errors are many; each is "cannot resolve"
+        raise GuardError(f"cannot resolve {model}@{revision} to a commit: {exc}",
+                         hint="download the weights first (`guard weights --profile NAME`), "
+                              "or pin engine.revision to a commit in the thresholds file") from None
+
+
 def pin(profile: Profile, resolver: Resolver) -> Profile:
     """``profile`` with engine.revision the commit its moving revision points to now (unchanged when
     the model is embedded, local or already pinned by commit)."""
     if not needs_resolution(profile):
         return profile
     requested = profile.engine.revision or "main"
-    try:
-        commit = resolver(profile.engine.model, requested)
-    except GuardError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the Hub client's errors are many; each is "cannot resolve"
-        raise GuardError(f"cannot resolve {profile.engine.model}@{requested} to a commit: {exc}",
-                         hint="download the weights first (`guard weights --profile NAME`), "
-                              "or pin engine.revision to a commit in the thresholds file") from None
+    commit = resolve(resolver, profile.engine.model, requested)
     if not COMMIT.match(commit or ""):
         raise GuardError(f"{profile.engine.model}@{requested} resolved to {commit!r}, not a 40-hex commit")
     engine = dataclasses.replace(profile.engine, revision=commit, requested_revision=requested)
