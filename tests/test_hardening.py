@@ -527,3 +527,14 @@ def test_a_history_base_that_is_no_commit_hash_is_a_usage_error(capsys):
     code, _, err = main(capsys, "comment", "--results", str(GOOD_RESULTS), "--dry-run", "--history", str(HISTORY),
                         "--history-base", "main")
     assert code == ExitCode.CONFIG and "--history-base 'main' is not a commit hash" in err
+
+
+def test_selftest_output_that_is_a_file_and_a_report_that_is_not_utf8_are_usage_errors(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    code, _, err = main(capsys, "selftest", "--output", str(blocker))
+    assert code == ExitCode.CONFIG and "exists and is not a folder" in err, err
+    report = tmp_path / "report.md"
+    report.write_bytes("caf\xe9".encode("latin-1"))
+    code, _, err = main(capsys, "comment", "--results", str(GOOD_RESULTS), "--report", str(report), "--dry-run")
+    assert code == ExitCode.CONFIG and "is not UTF-8 text" in err, err

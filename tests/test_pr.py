@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from guard.errors import InvalidRunError, UsageError
 from guard.model.results import ABRecord
 from guard.config.budgets import load_thresholds
 from guard.judge.evaluate import evaluate_pr
@@ -200,6 +201,30 @@ def test_a_sides_environment_imports_its_own_vllm_over_the_installed_extensions(
     again = overlay.prepare(repo, head, tmp_path, stack)
     assert again.reused and again.root == env.root
     overlay.check_imports([env], ["vllm._custom_ops", "vllm.model_executor.models.deepencoder2"])  # raises if not
+
+
+def test_a_damaged_cache_entry_is_built_again_and_an_unusable_cache_folder_is_named(repo: Path, heads: dict[str, str],
+                                                                                   tmp_path: Path) -> None:
+    stack = overlay.engine_stack()
+    head = git.resolve(repo, heads["item-loop"], "--head")
+    env = overlay.prepare(repo, head, tmp_path / "cache", stack)
+    (env.root / overlay.ENTRY_META).write_text("")  # a build cut short by a power loss
+    again = overlay.prepare(repo, head, tmp_path / "cache", stack, progress=print)
+    assert not again.reused and again.root == env.root and json.loads((env.root / overlay.ENTRY_META).read_text())
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UsageError, match="--cache-dir .*a-file: cannot build environments there"):
+        overlay.prepare(repo, head, tmp_path / "a-file", stack)
+
+
+def test_a_revision_whose_tree_links_out_of_the_repository_is_not_measurable_here(repo: Path, tmp_path: Path) -> None:
+    """tarfile's "data" filter refuses the link: the revision's reason (exit 3), never a crash."""
+    git.git(repo, "checkout", "-q", "--detach", "main")
+    (repo / "vllm" / "outside").symlink_to("/etc/hostname")
+    git.git(repo, "add", "vllm/outside")
+    git.git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "a link out of the tree")
+    head = git.git(repo, "rev-parse", "HEAD").stdout.strip()
+    with pytest.raises(InvalidRunError, match="cannot be unpacked safely"):
+        overlay.prepare(repo, git.resolve(repo, head, "--head"), tmp_path / "cache", overlay.engine_stack())
 
 
 def test_the_cache_drops_the_least_recently_used_entries_first(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from guard.github import publish
 from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
+from guard.files import read_input
 from guard.history.analysis import pr_standing
 from guard.history.store import load_history
 from guard.report.findings import has_finding, summary_line
@@ -272,9 +273,11 @@ def run(args: argparse.Namespace) -> int:
     report_md = None
     if args.report is not None:
         try:
-            report_md = Path(args.report).read_text(encoding="utf-8")
+            report_md = read_input(args.report).decode("utf-8")
         except OSError as exc:
             raise UsageError(f"--report: cannot read {args.report}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--report: {args.report} is not UTF-8 text") from None
     run_url = args.run_url or None
     if args.history_base is not None and not re.fullmatch(r"[0-9a-fA-F]{7,40}", args.history_base):
         raise UsageError(f"--history-base {args.history_base!r} is not a commit hash (7 to 40 hex digits)")

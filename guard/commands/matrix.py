@@ -25,6 +25,7 @@ from pathlib import Path
 from guard.config import models
 from guard.config.budgets import DEFAULT_THRESHOLDS, Thresholds, load_thresholds
 from guard.errors import ExitCode, GuardError, InvalidRunError, UsageError
+from guard.files import write_text_atomic
 from guard.measure.hardware import Hardware, bf16_problem, detect, mismatch, select_profile
 
 # worst first: the code `all` exits with is the first one any model had
@@ -152,6 +153,6 @@ def write_summary(root: Path, command: str, outcomes: list[Outcome], code: int) 
                       "| model | verdict | exit | note |", "|---|---|---|---|", *rows, ""])
     try:
         root.mkdir(parents=True, exist_ok=True)
-        (root / "matrix.md").write_text(text, encoding="utf-8")
+        write_text_atomic(root / "matrix.md", text)
     except OSError as exc:
         raise UsageError(f"cannot write {root / 'matrix.md'}: {exc.strerror or exc}") from None

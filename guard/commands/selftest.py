@@ -19,6 +19,7 @@ from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError
+from guard.files import prepare_output
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
 from guard.measure.harness import record_suite
 from guard.config.census import read_baseline
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if not scopes:
         raise InvalidRunError(f"profile '{profile.name}' budgets no {INDEX_PUT} in a function scope: nothing to selftest")
     output = Path(args.output).resolve()
+    prepare_output(output)
     census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
 
     judged = {}

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guard.errors import InvalidRunError, UsageError
+from guard.files import write_text_atomic
 from guard.revisions.git import PACKAGE, Revision, git
 
 ENTRY_META = "guard-env.json"
@@ -108,10 +109,26 @@ def entry_key(revision: Revision, stack: EngineStack) -> str:
     return f"{revision.package_tree[:16]}-{stack.key}"
 
 
+def _entry_meta(meta: Path) -> dict | None:
+    """A cache entry's record of how it was built; None when there is none or it does not read back."""
+    try:
+        info = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
 def _extract(repo: Path, revision: Revision, into: Path) -> None:
+    """The revision's vllm/ as git holds it. A link that leaves the tree (``vllm/x -> /etc/hostname``)
+    or anything else tarfile's "data" filter refuses makes the revision unmeasurable here (exit 3):
+    a pull request's tree is its author's to make."""
     data = git(repo, "archive", "--format=tar", revision.sha, PACKAGE, text=False).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(into, filter="data")
+    except tarfile.TarError as exc:
+        raise InvalidRunError(f"{revision.rev} ({revision.sha[:12]}): its {PACKAGE}/ cannot be unpacked safely: {exc}",
+                              hint="a symbolic link that leaves the repository, or an absolute path, in the tree") from None
 
 
 def _link_stack(package: Path, stack: EngineStack) -> int:
@@ -147,13 +164,20 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
     key = entry_key(revision, stack)
     root = cache_dir / key
     meta = root / ENTRY_META
-    if meta.is_file():
-        info = json.loads(meta.read_text(encoding="utf-8"))
+    info = _entry_meta(meta)
+    if info is not None:
         (root / LAST_USED).touch()
         return SideEnvironment(revision, root, root / "bin" / "python", key, reused=True, linked=info.get("linked", 0))
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    if root.exists():  # damaged (an interrupted build, a power loss): built again
+        progress(f"the cached environment {root} is damaged: building it again")
+        shutil.rmtree(root, ignore_errors=True)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir))
+    except OSError as exc:
+        raise UsageError(f"--cache-dir {cache_dir}: cannot build environments there: {exc.strerror or exc}",
+                         hint="pass a writable folder as --cache-dir (or set GUARD_CACHE_DIR)") from None
     progress(f"building the environment of {revision.rev} ({revision.sha[:12]}): its {PACKAGE}/ over {stack.version}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir))
     try:
         _extract(repo, revision, tmp)
         linked = _link_stack(tmp / PACKAGE, stack)
@@ -161,10 +185,10 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
         script = tmp / "bin" / "python"
         script.write_text(_wrapper(root, stack, revision), encoding="utf-8")
         script.chmod(0o755)
-        (tmp / ENTRY_META).write_text(json.dumps({
+        write_text_atomic(tmp / ENTRY_META, json.dumps({
             "sha": revision.sha, "package_tree": revision.package_tree, "engine_stack": stack.key,
             "engine_version": stack.version, "python": stack.python, "linked": linked,
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2) + "\n", encoding="utf-8")
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2) + "\n")
         (tmp / LAST_USED).touch()
         try:
             os.replace(tmp, root)
