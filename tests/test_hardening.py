@@ -186,6 +186,10 @@ RESULTS_INPUTS = {  # name -> writer(path); every one must be exit 2 for update-
                                                        GOOD_RESULTS.read_text(), count=1)),
     "the verdict twice": lambda p: p.write_text(GOOD_RESULTS.read_text().replace('"verdict": "pass"',
                                                                                  '"verdict": "invalid", "verdict": "pass"', 1)),
+    "a commit with a line break": lambda p: p.write_text(re.sub(r'"git_commit": "[0-9a-f]+"',
+                                                                '"git_commit": "abc\\nschema_version: 9"',
+                                                                GOOD_RESULTS.read_text(), count=1)),
+    "a census size of 5000 digits": lambda p: p.write_text(GOOD_RESULTS.read_text().replace('"640x480": {', '"' + "1" * 5000 + 'x1": {', 1)),
     "a 5000-digit number": lambda p: p.write_text('{"schema": "guard/results", "schema_version": ' + "1" * 5000 + "}"),
     "utf-16": lambda p: p.write_text('{"schema": "guard/results"}', encoding="utf-16"),
 }
@@ -538,3 +542,20 @@ def test_selftest_output_that_is_a_file_and_a_report_that_is_not_utf8_are_usage_
     report.write_bytes("caf\xe9".encode("latin-1"))
     code, _, err = main(capsys, "comment", "--results", str(GOOD_RESULTS), "--report", str(report), "--dry-run")
     assert code == ExitCode.CONFIG and "is not UTF-8 text" in err, err
+
+
+@pytest.mark.parametrize(("damage", "key"), [
+    (lambda t: t.replace('"schema_version": 1', '"schema_version": ' + "1" * 5000, 1), "schema_version"),
+    (lambda t: t.replace('"roots": [', '"roots": [1, ', 1), "roots"),
+    (lambda t: t.replace('"census": {', '"census": {"' + "1" * 5000 + 'x1": {}, ', 1), "census."),
+], ids=["5000 digits", "a root that is a number", "a size of 5000 digits"])
+def test_a_damaged_census_baseline_is_exit_2_naming_it(damage, key, tmp_path, capsys):
+    from guard.config.census import load_baseline
+
+    real = REPO / "thresholds" / "deepseek-ocr-2.cpu.census.json"
+    bad = tmp_path / "b.census.json"
+    bad.write_text(damage(real.read_text()))
+    assert bad.read_text() != real.read_text()
+    with pytest.raises(ConfigError) as err:
+        load_baseline(bad)
+    assert err.value.exit_code == ExitCode.CONFIG and key in err.value.key, str(err.value)

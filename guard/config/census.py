@@ -18,6 +18,7 @@ from guard.config.budgets import CensusRule
 from guard.errors import ConfigError
 from guard.files import read_input
 from guard.model.readings import Census, folded, op_deltas, parse_size, size, total_calls, without
+from guard.model.results import first_refused, parse_strict_json
 
 CENSUS_SCHEMA = "guard/census"
 CENSUS_SCHEMA_VERSION = 1
@@ -77,15 +78,21 @@ def load_baseline(path: Path) -> Baseline:
                                "guard-results/results.json`") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), None, "(file)", f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), exc.lineno, "(syntax)", f"not valid JSON: {exc.msg}") from None
-
     def bad(key: str, problem: str) -> ConfigError:
         needle = f'"{key.rsplit(".", 1)[-1]}"'
         line = next((i + 1 for i, t in enumerate(text.splitlines()) if needle in t), None)
         return ConfigError(str(path), line, key, problem)
+
+    try:
+        data = parse_strict_json(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), exc.lineno, "(syntax)", f"not valid JSON: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(str(path), None, "(content)", f"not a census baseline guard can read: {exc}") from None
+    refused = first_refused(data)
+    if refused is not None:
+        where, problem = refused
+        raise bad(".".join(map(str, where)) or "(content)", f"not a census baseline guard can read: {problem}")
 
     if not isinstance(data, dict) or data.get("schema") != CENSUS_SCHEMA:
         raise bad("schema", f"not a {CENSUS_SCHEMA} file")
@@ -96,10 +103,14 @@ def load_baseline(path: Path) -> Baseline:
                       ("provenance", dict), ("excluded", dict)):
         if not isinstance(data.get(key), kind):
             raise bad(key, f"expected {'a string' if kind is str else 'a list' if kind is list else 'a mapping'}")
+    if not all(isinstance(r, str) and r for r in data["roots"]):
+        raise bad("roots", "expected a list of folder names, e.g. [\"vllm\"]")
+    if not all(isinstance(why, str) for why in data["excluded"].values()):
+        raise bad("excluded", "expected {function: why it is left out}")
     census: Census = {}
     for wxh, fns in data["census"].items():
         parts = wxh.split("x")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts) or not isinstance(fns, dict):
+        if len(parts) != 2 or not all(p.isdigit() and len(p) <= 6 for p in parts) or not isinstance(fns, dict):
             raise bad(f"census.{wxh}", "expected \"WxH\": {function: {op: calls}}")
         for fn, ops in fns.items():
             if not isinstance(ops, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
