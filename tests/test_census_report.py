@@ -337,3 +337,28 @@ def test_a_thresholds_file_that_cannot_be_written_leaves_the_census_as_it_was(tm
     code, out = update(capsys, "--from", str(res))
     assert code == 0, out
     assert load_baseline(baseline).census["640x480"][OTHER]["aten::add"] == 10 and b"20000" not in path.read_bytes()
+
+
+def test_budgets_that_would_not_load_after_the_update_leave_the_census_unwritten_too(tmp_path: Path, capsys) -> None:
+    """The updated budgets are loaded before anything is written: a speed reference that rounds to
+    0.0 ms (a crafted run; guard's reference takes tens of ms) is refused with the census as it was."""
+    from guard.model.environment import SpeedReading, SpeedReference
+
+    path = setup(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["profiles"]["cpu"]["budgets"]["ttft_ms"] = {"p50": 20000}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    reading = SpeedReading("speedref-1", 0.01, 1.0, 5, 2)
+    run = RunRecord(profile="cpu", thresholds_path=str(path), model="deepseek-ocr-2",
+                    environment={**ENV, "cpu_isa": ["avx2"], "speed_reference": SpeedReference.of(reading, reading).as_dict()},
+                    outcomes=[RequestOutcome(i, (640, 480), False, True, ttft_client_s=7.0) for i in range(6)], rounds=1,
+                    census={"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}})
+    profile = load_thresholds(path).profile("cpu")
+    res = tmp_path / "results.json"
+    write_json_atomic(res, results_to_dict(evaluate(profile, run, output=tmp_path,
+                                                    census_baseline=load_baseline(profile.census.baseline))))
+    baseline = tmp_path / "t.cpu.census.json"
+    before_census, before_yaml = baseline.read_bytes(), path.read_bytes()
+    code, out = update(capsys, "--from", str(res))
+    assert code == 2 and "the updated budgets would not load" in out and "nothing was written" in out, out
+    assert baseline.read_bytes() == before_census and path.read_bytes() == before_yaml

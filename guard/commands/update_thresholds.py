@@ -417,6 +417,12 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     except yamledit.YamlEditError as exc:
         raise ConfigError(str(thresholds_path), exc.line, exc.key or "(file)",
                           f"could not edit in place: {exc}; the file is unchanged") from None
+    if new != old:  # before anything is written: the census must not change beside budgets that cannot
+        try:
+            load_thresholds(thresholds_path, text=new)
+        except ConfigError as exc:
+            raise ConfigError(str(thresholds_path), exc.line, exc.key,
+                              f"the updated budgets would not load ({exc.problem}); nothing was written") from None
 
     census_written = census is not None and _write_census(census, dry_run, out)
     if only == "census":
@@ -437,6 +443,10 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
         undone = _undo_census(census) if census_written else ""
         raise ConfigError(str(thresholds_path), None, "(file)",
                           f"cannot write: {exc}; the file is unchanged{undone}") from None
+    except BaseException:  # Ctrl-C, or anything else: the census goes back all the same
+        if census_written:
+            _undo_census(census)
+        raise
     via = f" (through the symlink, to {os.path.realpath(thresholds_path)})" if thresholds_path.is_symlink() else ""
     print(f"wrote {thresholds_path}{via}", file=out)
     if plan.increases:
