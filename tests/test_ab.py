@@ -312,6 +312,30 @@ def test_worker_that_cannot_start(tmp_path):
         WorkerClient("baseline", "/bin/false", tmp_path / "w2.log", cwd=tmp_path)
 
 
+@pytest.mark.parametrize(("says", "message"), [
+    (b"42\n", "garbled protocol line: '42"),  # JSON, but no message
+    (b"\xff\xfe not text\n", "garbled protocol line"),  # not UTF-8
+    (b'{"type": "hello"}\n', "did not start guard's worker"),  # a greeting without its fields
+])
+def test_a_baseline_python_that_speaks_no_protocol_is_a_worker_error(tmp_path, says, message):
+    """--baseline names any executable; a wrapper that prints something else first is the worker's
+    failure (an invalid run), never a crash of guard."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport sys, time\nsys.stdout.buffer.write({says!r})\nsys.stdout.flush()\ntime.sleep(60)\n")
+    fake.chmod(0o755)
+    t0 = time.perf_counter()
+    before = set(_children())
+    with pytest.raises(WorkerError, match=message):
+        WorkerClient("baseline", str(fake), tmp_path / "w.log", cwd=tmp_path)
+    assert time.perf_counter() - t0 < 30
+    assert set(_children()) <= before  # not left running to its sleep
+
+
+def _children() -> list[int]:
+    path = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
 def test_a_worker_says_which_environment_it_is_without_starting_an_engine(tmp_path):
     """The "key" command (an op-only A/B run whose baseline pass is cached starts no baseline engine):
     a real worker in guard's own interpreter answers with its versions and its op-count cache key,

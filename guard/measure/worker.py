@@ -118,14 +118,24 @@ class WorkerClient:
         try:
             # cwd is not the checkout: `python -m` would otherwise import guard from the working directory
             self.proc = subprocess.Popen(worker_command(python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._log, cwd=cwd, env=worker_env(), text=True, bufsize=1)
+                                         stderr=self._log, cwd=cwd, env=worker_env(), text=True, bufsize=1,
+                                         encoding="utf-8", errors="replace")
         except OSError as exc:
             self._log.close()
             raise WorkerDied(side, f"cannot start {python}: {exc}") from exc
         self._paused, self._paused_at = False, 0.0
         self.stopped_s = 0.0  # total time this worker was stopped while the other side was timed
-        msg = self._expect({"hello"})
-        self.hello = Hello(guard_file=msg["guard_file"], python=msg["python"], pid=msg["pid"])
+        try:
+            msg = self._expect({"hello"})
+            try:
+                self.hello = Hello(guard_file=str(msg["guard_file"]), python=str(msg["python"]), pid=int(msg["pid"]))
+            except (KeyError, TypeError, ValueError):
+                raise WorkerError(side, f"{python} did not start guard's worker: its greeting was {str(msg)[:200]!r}") from None
+        except BaseException:  # whatever it is, it is no worker of ours: it must not outlive this
+            self.proc.kill()
+            self.proc.wait()
+            self._log.close()
+            raise
 
     # ---------------------------------------------------------------- channel
     def send(self, cmd: str, **fields: Any) -> None:
@@ -143,8 +153,10 @@ class WorkerClient:
                 raise self._died()
             try:
                 msg = json.loads(line)
-            except json.JSONDecodeError:
-                raise WorkerError(self.side, f"garbled protocol line: {line[:200]!r}") from None
+            except ValueError:  # not JSON (a wrapper's own output), or not a number JSON can hold
+                msg = None
+            if not isinstance(msg, dict):
+                raise WorkerError(self.side, f"garbled protocol line: {line[:200]!r}")
             kind = msg.get("type")
             if kind == "error":
                 raise WorkerError(self.side, msg.get("message", "unknown error"), hint=msg.get("hint"))
