@@ -176,6 +176,10 @@ def test_function_spans_use_pythons_qualified_names() -> None:
     assert spans["Outer.Nested.deep"] == (13, 14)
     assert spans["free"] == (17, 18)
     assert function_spans("def broken(:\n") == {}
+    # a pull request's source may nest deeper than recursion goes: spans where it parses, {} where not
+    deep = "def f():\n    return " + " + ".join(["x"] * 2000) + "\n"
+    assert function_spans(deep) == {"f": (1, 2)}
+    assert function_spans("def g():\n    return " + " + ".join(["x"] * 3000) + "\n") == {}  # beyond the parser
 
 
 def test_lines_inside_a_function_only() -> None:

@@ -12,24 +12,26 @@ import ast
 
 def function_spans(source: str) -> dict[str, tuple[int, int]]:
     """qualname -> (first line, last line) for every function and class in ``source``; {} when it
-    does not parse."""
+    does not parse (or nests deeper than the parser goes: a pull request's source is its author's)."""
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     spans: dict[str, tuple[int, int]] = {}
-
-    def walk(node: ast.AST, prefix: str) -> None:
+    # iteratively, children in source order: a 1500-term expression is as deep as the tree gets
+    stack: list[tuple[ast.AST, str]] = [(tree, "")]
+    while stack:
+        node, prefix = stack.pop()
+        later: list[tuple[ast.AST, str]] = []
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 name = prefix + child.name
                 first = min([d.lineno for d in child.decorator_list] + [child.lineno])
                 spans.setdefault(name, (first, child.end_lineno or child.lineno))
-                walk(child, name + (".<locals>." if not isinstance(child, ast.ClassDef) else "."))
+                later.append((child, name + (".<locals>." if not isinstance(child, ast.ClassDef) else ".")))
             else:
-                walk(child, prefix)
-
-    walk(tree, "")
+                later.append((child, prefix))
+        stack.extend(reversed(later))
     return spans
 
 
