@@ -242,3 +242,14 @@ def test_host_syncs_that_moved_between_functions_are_not_growth() -> None:
     measured.setdefault("vllm/model_executor/models/qwen2_5_vl.py:helper", {})["aten::_local_scalar_dense"] = 1
     checks = compare(cpu.census, (640, 480), base, measured)
     assert not [c for c in checks if c.status == Status.FAIL]
+
+
+def test_a_missing_or_damaged_census_baseline_is_an_error_not_a_model_no_change_touches(tmp_path: Path) -> None:
+    """Read as "no files", --model auto would never pick the model and its pull requests would pass."""
+    from guard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no such census baseline"):
+        models.model_files(tmp_path / "gone.census.json")
+    (tmp_path / "list.census.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a guard/census file"):
+        models.model_files(tmp_path / "list.census.json")

@@ -14,7 +14,6 @@ that touches only model files on the models whose census ran those files (docs/m
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -83,12 +82,12 @@ def resolve(name: str, folder: Path | None = None) -> list[tuple[str, Path]]:
 
 
 def model_files(census_baseline: Path) -> set[str]:
-    """The files of this model's own code its census ran (not shared code), from a committed baseline."""
-    try:
-        data = json.loads(census_baseline.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return set()
-    files = {fn.split(":", 1)[0] for per_size in data.get("census", {}).values() for fn in per_size}
+    """The files of this model's own code its census ran (not shared code), from a committed baseline.
+    A missing or damaged baseline is a ConfigError naming it: read as "no files", the model would
+    never be picked and its pull requests would pass unmeasured."""
+    from guard.config.census import load_baseline
+
+    files = {fn.split(":", 1)[0] for per_size in load_baseline(census_baseline).census.values() for fn in per_size}
     return {f for f in files if not is_shared(f)}
 
 
