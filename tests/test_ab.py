@@ -331,6 +331,20 @@ def test_a_baseline_python_that_speaks_no_protocol_is_a_worker_error(tmp_path, s
     assert set(_children()) <= before  # not left running to its sleep
 
 
+def test_a_baseline_that_never_speaks_is_given_up_on_and_ended(tmp_path, monkeypatch):
+    """A --baseline that starts and says nothing hung guard for ever, its candidate engine idle."""
+    from guard.measure import worker
+
+    monkeypatch.setattr(worker, "HELLO_TIMEOUT_S", 2.0)
+    silent = tmp_path / "python"
+    silent.write_text("#!/bin/sh\nexec sleep 3600\n")
+    silent.chmod(0o755)
+    before, t0 = set(_children()), time.perf_counter()
+    with pytest.raises(WorkerError, match="said nothing for 2 s"):
+        WorkerClient("baseline", str(silent), tmp_path / "w.log", cwd=tmp_path)
+    assert time.perf_counter() - t0 < 10 and set(_children()) <= before
+
+
 def _children() -> list[int]:
     path = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
@@ -664,7 +678,8 @@ def test_a_relative_baseline_python_is_made_absolute_before_the_worker_moves(tmp
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)  # a venv's python is a symlink: it must stay one
     monkeypatch.chdir(tmp_path)
-    args = argparse.Namespace(inject=None, baseline="venv/bin/python", fresh_baseline=False)
+    args = argparse.Namespace(inject=None, baseline="venv/bin/python", fresh_baseline=False, server_url=None,
+                              output="guard-results")
     check_arguments(args)
     assert args.baseline == str(venv / "python") and os.path.islink(args.baseline)
 

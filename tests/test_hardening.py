@@ -559,3 +559,23 @@ def test_a_damaged_census_baseline_is_exit_2_naming_it(damage, key, tmp_path, ca
     with pytest.raises(ConfigError) as err:
         load_baseline(bad)
     assert err.value.exit_code == ExitCode.CONFIG and key in err.value.key, str(err.value)
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("", "expected an http(s) URL"),  # used to mean "start an engine here", silently
+    ("http://127.0.0.1:abc", "not a URL guard can use"),
+    ("http://exa mple.com", "give the server's root"),
+    ("http://127.0.0.1:8000/v1", "give the server's root"),
+    ("http://127.0.0.1:8000/?x=1", "give the server's root"),
+    ("http://alice:s3cret@127.0.0.1:8000", "credentials in the URL"),
+    ("ftp://127.0.0.1", "expected an http(s) URL"),
+])
+def test_a_server_url_guard_cannot_use_as_given_is_a_usage_error_before_anything_runs(url, words, capsys, tmp_path):
+    code, out, err = main(capsys, "check", "--server-url", url, "--output", str(tmp_path / "o"))
+    assert code == ExitCode.CONFIG and words in err, err
+    assert "s3cret" not in err + out
+
+
+def test_an_empty_output_is_a_usage_error_not_the_working_folder(capsys):
+    code, _, err = main(capsys, "check", "--output", "")
+    assert code == ExitCode.CONFIG and "--output is empty" in err

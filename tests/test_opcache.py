@@ -256,7 +256,7 @@ def test_fresh_baseline_needs_a_baseline():
     from guard.commands.check import check_arguments
 
     with pytest.raises(UsageError, match="--fresh-baseline"):
-        check_arguments(argparse.Namespace(inject=None, baseline=None, fresh_baseline=True))
-    args = argparse.Namespace(inject=None, baseline=sys.executable, fresh_baseline=True)
+        check_arguments(argparse.Namespace(inject=None, baseline=None, fresh_baseline=True, server_url=None, output="o"))
+    args = argparse.Namespace(inject=None, baseline=sys.executable, fresh_baseline=True, server_url=None, output="o")
     check_arguments(args)
     assert os.path.isabs(args.baseline)

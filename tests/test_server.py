@@ -396,3 +396,45 @@ def dataclasses_replace(obj, **kw):
     import dataclasses
 
     return dataclasses.replace(obj, **kw)
+
+
+def test_a_server_that_trickles_its_model_list_is_given_up_on_as_a_whole():
+    """The urlopen timeout bounds each read; a byte every 0.5 s would never end it. The whole
+    answer is bounded by the same seconds."""
+    import socket
+    import time as clock
+
+    from guard.measure.server import served_model
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def trickle():
+        conn, _ = listener.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+        try:
+            for _ in range(40):
+                conn.sendall(b" ")
+                clock.sleep(0.5)
+        except OSError:
+            pass
+        conn.close()
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    t0 = clock.monotonic()
+    with pytest.raises(InvalidRunError, match="cannot list the models"):
+        served_model(f"http://127.0.0.1:{port}", timeout_s=2.0)
+    assert clock.monotonic() - t0 < 5
+    listener.close()
+
+
+@pytest.mark.parametrize(("value", "kept"), [(267, 267), (0, 0), (-5, None), ("abc", None), (1.5, None), ([1], None),
+                                             (10**30, None), (True, None), (None, None)])
+def test_a_servers_prompt_token_count_is_kept_only_when_it_is_one(value, kept):
+    from guard.measure.server import _token_count
+
+    assert _token_count(value) == kept

@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 from guard import __version__
@@ -68,6 +69,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser)
 
 
+def _server_url(text: str) -> str:
+    """--server-url as the client joins paths to it: http(s)://HOST[:PORT] and nothing else. A path,
+    a query or credentials would be sent somewhere else than meant (and credentials end up in the
+    report); an empty value must not quietly mean "start an engine here"."""
+    hint = "e.g. --server-url http://127.0.0.1:8000"
+    try:
+        parts = urllib.parse.urlsplit(text.strip())
+        port = parts.port  # a port that is not a number raises here
+    except ValueError as exc:
+        raise UsageError(f"--server-url {text!r}: not a URL guard can use ({exc})", hint=hint) from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--server-url {text!r}: expected an http(s) URL, http(s)://HOST[:PORT]", hint=hint)
+    if parts.username is not None or parts.password is not None:
+        raise UsageError("--server-url: credentials in the URL are not used, and would be printed in the report",
+                         hint="give the server's address alone")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or any(c.isspace() for c in text.strip()):
+        raise UsageError(f"--server-url {text!r}: give the server's root; guard adds /v1/models and "
+                         "/v1/chat/completions itself", hint=hint)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme.lower()}://{host}" + (f":{port}" if port is not None else "")
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Usage errors (exit 2) before a minute is spent."""
     if args.inject is not None and args.inject not in (LEGACY_MASK, *INJECTABLE):
@@ -79,6 +102,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--only ops counts the in-process engine's operators alone: it cannot be combined with "
                          "--baseline, --server-url or --engine-mode server",
                          hint="to compare two vLLM revisions' op counts, use `guard pr --only ops`")
+    if args.server_url is not None:
+        args.server_url = _server_url(args.server_url)
+    if not str(args.output).strip():
+        raise UsageError("--output is empty", hint="name a folder, e.g. --output guard-results")
     if args.fresh_baseline and args.baseline is None:
         raise UsageError("--fresh-baseline re-profiles the baseline side of an A/B check: it needs --baseline PYTHON")
     if args.baseline is not None:
@@ -107,9 +134,6 @@ def _run_one(args: argparse.Namespace) -> int:
         raise UsageError("A/B mode (--baseline) runs both engines in-process; it cannot be combined with server mode")
     if args.server_url and args.engine_mode == "in-process":
         raise UsageError("--server-url measures a server; it cannot be combined with --engine-mode in-process")
-    if args.server_url and not args.server_url.startswith(("http://", "https://")):
-        raise UsageError(f"--server-url must be an http(s) URL, got {args.server_url!r}",
-                         hint="e.g. --server-url http://127.0.0.1:8000")
     profile = select_profile(thresholds, args.profile, hw).with_engine_mode(
         "server" if args.server_url else args.engine_mode)
     if args.inject and profile.engine.mode == "server":

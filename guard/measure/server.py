@@ -23,6 +23,7 @@ log's tail.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import base64
 import functools
 import io
@@ -47,6 +48,7 @@ from guard.measure.inprocess import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMO
 from guard.measure.process import die_with_parent, log_tail
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
 from guard.model.results import RequestOutcome
+from guard.sanitize import one_line
 
 HOST = "127.0.0.1"
 SERVED_MODEL_NAME = "guard-model"
@@ -211,18 +213,40 @@ def health(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+MODELS_MAX_BYTES = 1 << 20  # a model list, not a download
+
+
 def served_model(url: str, timeout_s: float = 10.0) -> str:
-    """The model id an already running server serves (its first /v1/models entry)."""
+    """The model id an already running server serves (its first /v1/models entry). ``timeout_s``
+    bounds the whole answer, not each read: a server that trickles a byte at a time is not waited
+    on for ever. The id is one line of at most 200 characters: it goes into the report."""
+    deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout_s) as r:
-            data = json.load(r)
-        return data["data"][0]["id"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            body = b""
+            while chunk := r.read1(65536):
+                body += chunk
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the answer took over {timeout_s:g} s")
+                if len(body) > MODELS_MAX_BYTES:
+                    raise ValueError(f"the answer is over {MODELS_MAX_BYTES} bytes")
+        model = json.loads(body)["data"][0]["id"]
+        if not isinstance(model, str) or not model.strip():
+            raise TypeError(f"the first model's id is {model!r}, not a name")
+        return one_line(model, 200)
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException) as exc:
         raise InvalidRunError(f"cannot list the models of the server at {url}: {exc}",
                               hint="is it a vLLM OpenAI-compatible server? `curl URL/v1/models`") from exc
 
 
 # ----------------------------------------------------------------------------- the client
+def _token_count(value: Any) -> int | None:
+    """A server's ``usage.prompt_tokens`` when it is a count (else None: recorded as unknown, since
+    a server that says -5 or "abc" must not make guard's own run.json unreadable)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9
+    return value if ok else None
+
+
 def image_data_url(image) -> str:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
@@ -281,7 +305,7 @@ async def request_chat_stream(url: str, model: str, req: ChatRequest, session) -
                         if ttft is None:
                             ttft = now - st
                     elif obj.get("usage"):
-                        prompt_tokens = obj["usage"].get("prompt_tokens")
+                        prompt_tokens = _token_count(obj["usage"].get("prompt_tokens"))
     except Exception as exc:  # noqa: BLE001 - a broken request is data, like in vLLM
         return StreamResult(False, 0.0, f"{type(exc).__name__}: {exc}", None)
     if ttft is None:
