@@ -315,3 +315,17 @@ def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thre
     assert any("'mask_path' was never entered" in t for t in judged), judged
     shown = render_terminal(results)
     assert "INVALID RUN" in shown and "mask_path" in shown
+
+
+def test_a_run_whose_every_warm_up_failed_measures_nothing(thresholds, cpu, tmp_path):
+    """A server that hangs costs each request its timeout (600 s): with every warm-up failed, the
+    timing pass stops there and says why, instead of spending every round on it."""
+    from guard.measure.run import timing_pass
+
+    warmups = cpu.workload.warmup_requests
+    assert warmups >= 1
+    run, driver, _ = scripted_run(thresholds, cpu, [None] * warmups, tmp_path)
+    reasons = timing_pass(run)
+    assert driver.counts == [warmups]  # no measured round was sent
+    assert [r.kind for r in reasons] == [ReasonKind.REQUEST_FAILED]
+    assert "every warm-up request failed, first: timed out after 600 s" in reasons[0].text

@@ -654,6 +654,10 @@ class ABRun(RunStage):
 def timing_pass(run: GuardRun) -> list[InvalidReason]:
     """Warm-up, then timing until decided; why its samples are incomplete (none: complete)."""
     run.warm_up()
+    warm = [o for o in run.record.outcomes if o.warmup]
+    if warm and not any(o.success for o in warm):  # a server that hangs would cost every round its timeout
+        return [InvalidReason(ReasonKind.REQUEST_FAILED, f"every warm-up request failed, first: {warm[0].error}; "
+                              "nothing was measured")]
     run.measure_until_decided()
     record, want = run.record, run.profile.workload.requests
     failed = [o for o in record.measured if not o.success]

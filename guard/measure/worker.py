@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -79,6 +81,9 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(GUARD_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+HELLO_TIMEOUT_S = 300.0  # from its start to its greeting: guard and torch imported (seconds on any machine here)
 
 
 class WorkerError(Exception):
@@ -125,8 +130,11 @@ class WorkerClient:
             raise WorkerDied(side, f"cannot start {python}: {exc}") from exc
         self._paused, self._paused_at = False, 0.0
         self.stopped_s = 0.0  # total time this worker was stopped while the other side was timed
+        # lines arrive through a thread, so that waiting for one can end (a --baseline that never speaks)
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read_lines, name=f"{side}-worker-stdout", daemon=True).start()
         try:
-            msg = self._expect({"hello"})
+            msg = self._expect({"hello"}, timeout_s=HELLO_TIMEOUT_S)
             try:
                 self.hello = Hello(guard_file=str(msg["guard_file"]), python=str(msg["python"]), pid=int(msg["pid"]))
             except (KeyError, TypeError, ValueError):
@@ -145,10 +153,21 @@ class WorkerClient:
         except (BrokenPipeError, OSError, ValueError):
             raise self._died() from None
 
-    def _expect(self, final: set[str]) -> dict[str, Any]:
-        """Read messages until one of the ``final`` types; the others go to ``on_message``."""
+    def _read_lines(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # end of output: the worker is gone
+
+    def _expect(self, final: set[str], timeout_s: float | None = None) -> dict[str, Any]:
+        """Read messages until one of the ``final`` types; the others go to ``on_message``.
+        ``timeout_s``: for the whole wait (WorkerError when it passes)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            line = self.proc.stdout.readline()
+            try:
+                line = self._lines.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise WorkerError(self.side, f"{self.python} said nothing for {timeout_s:g} s: it does not start "
+                                  "guard's worker", hint="give the python of an environment with vLLM installed") from None
             if not line:
                 raise self._died()
             try:
