@@ -168,6 +168,25 @@ def test_pr_model_all_runs_every_model_into_its_own_folder_with_a_summary(small:
     assert f"exit {done.returncode}: the worst model's" in done.stdout
 
 
+def test_all_with_a_profile_only_some_models_have_runs_those_and_names_the_others(small: Path, tmp_path: Path) -> None:
+    """`--model all --profile a10` on an A10: the models without an a10 profile are each one NOT RUN
+    line (exit 6), the matrix goes on and writes its summary; a profile no model has is exit 2."""
+    head = commit(small, "docs only", files={"README.md": "docs\n"})
+    out = tmp_path / "out"
+    done = run_guard("pr", "--vllm-repo", str(small), "--base", "main", "--head", head, "--only", "ops", "--model", "all",
+                     "--profile", "a10", "--output", str(out), "--cache-dir", str(tmp_path / "cache"))
+    with_a10 = {n for n in models.names(THRESHOLDS) if "a10" in load_thresholds(THRESHOLDS / f"{n}.yaml").profiles}
+    assert with_a10 and with_a10 != set(models.names(THRESHOLDS))
+    summary = (out / "matrix.md").read_text()  # written: the matrix was not cut short
+    without = set(models.names(THRESHOLDS)) - with_a10
+    assert all(f"| `{name}` | NOT RUN | 6 |" in summary for name in without), summary
+    assert summary.count("has no profile 'a10'") == len(without)
+    assert done.returncode not in (0, 1, 5), done.stdout + done.stderr
+    typo = run_guard("pr", "--vllm-repo", str(small), "--base", "main", "--head", head, "--only", "ops", "--model", "all",
+                     "--profile", "a1O", "--output", str(tmp_path / "o2"), "--cache-dir", str(tmp_path / "cache"))
+    assert typo.returncode == 2 and "no model has a profile of that name" in typo.stderr
+
+
 def test_pr_model_auto_picks_models_by_the_files_changed(small: Path, tmp_path: Path) -> None:
     (small / "vllm" / "model_executor" / "models").mkdir(parents=True)
     (small / "vllm" / "model_executor" / "models" / "paligemma.py").write_text("# no guarded model runs this\n")

@@ -5,7 +5,7 @@ NAME picks ``thresholds/<NAME>.yaml`` (guard.config.models). ``all`` runs every 
 starts, so a bad one is a configuration error (exit 2) before a minute is spent.
 
 A model whose profile needs hardware this machine lacks (``engine.requires_native_bf16`` on a CPU
-without native bf16) is **not run**: said so on its line, exit 6 ("not measurable here"), never a
+without native bf16), or, in ``all``, that has no profile of the name ``--profile`` gives, is **not run**: said so on its line, exit 6 ("not measurable here"), never a
 pass and never a regression.
 
 The exit code of ``all`` is the worst model's, in this order: internal error (5) > usage or
@@ -88,6 +88,9 @@ def run_models(args: argparse.Namespace, run_one: Callable[[argparse.Namespace],
     loaded = {name: load_thresholds(path) for name, path in selected}  # exit 2 here, before any engine
     hw = detect(quick=True)
     many = chosen is not None or models.canonical(args.model) == models.ALL
+    if many and args.profile != "auto" and not any(args.profile in t.profiles for t in loaded.values()):
+        raise UsageError(f"--profile {args.profile}: no model has a profile of that name",
+                         hint="profiles: " + ", ".join(sorted({p for t in loaded.values() for p in t.profiles})))
     root = Path(args.output)
     outcomes: list[Outcome] = []
     for name, path in selected:
@@ -96,7 +99,10 @@ def run_models(args: argparse.Namespace, run_one: Callable[[argparse.Namespace],
         if many:
             print(f"\n===== guard {command} --model {name} ({len(outcomes) + 1}/{len(selected)}) =====", flush=True)
         t0 = time.perf_counter()
-        skip = not_runnable_here(loaded[name], args.profile, hw)
+        if many and args.profile != "auto" and args.profile not in loaded[name].profiles:
+            skip = f"{path} has no profile '{args.profile}'"  # one model's line, not the end of the matrix
+        else:
+            skip = not_runnable_here(loaded[name], args.profile, hw)
         if skip:
             print(f"guard {command}: {name}: NOT RUN: {skip}; a model that cannot run here is never a pass (exit 6)",
                   flush=True)
