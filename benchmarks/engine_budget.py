@@ -17,6 +17,7 @@ command.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -34,11 +35,12 @@ def busy_s(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def read_log(path: Path) -> dict[str, dict[str, float]]:
+def read_log(path: Path, since: float | None = None) -> dict[str, dict[str, float]]:
     """Per test: starts, failed starts, requests by kind, ``engine_s``: the seconds its engines
     spent starting (each start line's ``s``) and answering (a request line's time since the previous
     line of the same process; requests sent together share the interval), and ``engine_wall_s``: the
-    wall time during which at least one engine was doing either."""
+    wall time during which at least one engine was doing either. ``since``: only lines from then on
+    (the log is appended to, run after run)."""
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(int))
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
     last_t: dict[int, float] = {}
@@ -49,9 +51,11 @@ def read_log(path: Path) -> dict[str, dict[str, float]]:
             line = json.loads(raw)
         except ValueError as exc:
             raise SystemExit(f"{path}:{n}: not a JSON line: {exc}") from exc
+        pid, t = line.get("pid"), line.get("t")
+        if since is not None and (t is None or t < since):
+            continue
         test = line.get("test") or "(outside a test)"
         row = per[test]
-        pid, t = line.get("pid"), line.get("t")
         if line["event"] == "start":
             row["starts"] += 1
             row["failed_starts"] += not line.get("ok", True)
@@ -69,6 +73,16 @@ def read_log(path: Path) -> dict[str, dict[str, float]]:
     for test, row in per.items():
         row["engine_wall_s"] = busy_s(spans[test])
     return per
+
+
+def junit_start(path: Path) -> float | None:
+    """When the junit file's run began (its testsuite's timestamp), as a Unix time."""
+    suite = next(ET.parse(path).iter("testsuite"), None)
+    stamp = suite.get("timestamp") if suite is not None else None
+    if not stamp:
+        return None
+    when = dt.datetime.fromisoformat(stamp)
+    return (when if when.tzinfo else when.astimezone()).timestamp()
 
 
 def read_junit(path: Path) -> dict[str, float]:
@@ -90,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="its time for everything else (imports, pytest, git) / this one's (default 1.5)")
     p.add_argument("--fast-min", type=float, default=10.0, help="the fast suite there, minutes (default 10)")
     a = p.parse_args(argv)
-    per = read_log(a.log)
+    # the log is appended to by every run; with the run's junit file, only that run's lines count
+    per = read_log(a.log, since=junit_start(a.junit) - 5 if a.junit and junit_start(a.junit) else None)
     wall = read_junit(a.junit) if a.junit else {}
     tests = sorted(set(per) | set(wall), key=lambda t: -wall.get(t, 0))
     cols = ("starts", "warmup", "timed", "profiled")

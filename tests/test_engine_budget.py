@@ -3,6 +3,7 @@ lines written by real processes, read back per test."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -51,6 +52,13 @@ def test_lines_are_counted_per_test_and_joined_with_pytests_times(tmp_path, caps
         assert one == {"starts": 2, "failed_starts": 0, "warmup": 2, "timed": 2, "profiled": 2}
         assert per["tests/test_b.py::test_two"]["starts"] == 1
         assert eb.main([str(log), "--junit", str(junit)]) == 0
+        # the log is appended to by every run: a junit file stamped after these lines leaves none of them
+        later = dt.datetime.fromtimestamp(max(x["t"] for x in lines) + 60, dt.timezone.utc).isoformat()
+        newer = tmp_path / "newer.xml"
+        newer.write_text(f'<testsuites><testsuite timestamp="{later}"><testcase classname="tests.test_a" '
+                         'name="test_one" time="1"/></testsuite></testsuites>')
+        assert eb.read_log(log, since=eb.junit_start(newer)) == {}
+        assert eb.junit_start(junit) is None and eb.read_log(log, since=eb.junit_start(newer) - 3600) == per
     out = capsys.readouterr().out
     engine_s = sum(row["engine_wall_s"] for row in per.values())
     engine, rest = engine_s / 60, 15 - engine_s / 60
