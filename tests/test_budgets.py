@@ -354,3 +354,10 @@ def test_the_docs_key_reference_is_the_schema() -> None:
     section = doc.split("## Every key", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert rows == schema_reference(), "\n".join(schema_reference())
+
+
+def test_the_default_budget_file_is_found_from_outside_the_checkout_as_model_finds_it(tmp_path: Path) -> None:
+    """Plain `guard check` in another folder read ./thresholds (missing: exit 2) while `--model
+    deepseek-ocr-2` found the checkout's; both now read the same file."""
+    done = run_guard("check", "--only", "ops", "--profile", "nosuch", "--output", str(tmp_path / "o"), cwd=tmp_path)
+    assert done.returncode == 2 and f"{SHIPPED_THRESHOLDS}: profiles.nosuch: no such hardware profile" in done.stderr

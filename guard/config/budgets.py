@@ -1094,12 +1094,14 @@ def _check_decidable(r: _Reader, key: str, node: yaml.Node, statistics: Statisti
 
 
 def packaged_default(path: Path) -> Path:
-    """The default thresholds path, when the working directory has no ``thresholds/`` (an installed
-    guard run outside a checkout): the copy the wheel carries in guard/_thresholds."""
+    """The default thresholds path, when the working directory has no ``thresholds/`` (guard run
+    outside a checkout): the copy the wheel carries in guard/_thresholds, else the checkout guard is
+    installed from (as ``--model`` finds it)."""
     if path == Path(DEFAULT_THRESHOLDS) and not path.exists():
-        packaged = Path(__file__).parents[1] / "_thresholds" / path.name
-        if packaged.is_file():
-            return packaged
+        for candidate in (Path(__file__).parents[1] / "_thresholds" / path.name,
+                          Path(__file__).resolve().parents[2] / DEFAULT_THRESHOLDS):
+            if candidate.is_file():
+                return candidate
     return path
 
 
