@@ -579,3 +579,11 @@ def test_a_server_url_guard_cannot_use_as_given_is_a_usage_error_before_anything
 def test_an_empty_output_is_a_usage_error_not_the_working_folder(capsys):
     code, _, err = main(capsys, "check", "--output", "")
     assert code == ExitCode.CONFIG and "--output is empty" in err
+
+
+def test_inject_and_selftest_misuse_name_what_would_work(capsys, tmp_path):
+    code, _, err = main(capsys, "check", "--inject", "mutant:nosuch", "--output", str(tmp_path / "o"))
+    assert code == ExitCode.CONFIG and "mutant:token-copies" in err and "legacy-mask" in err
+    code, _, err = main(capsys, "selftest", "--thresholds", str(REPO / "thresholds" / "gemma3.yaml"),
+                        "--output", str(tmp_path / "s"))
+    assert code == ExitCode.CONFIG and "nothing to selftest" in err  # a budget file's mismatch, not an invalid run

@@ -94,7 +94,12 @@ def _server_url(text: str) -> str:
 def check_arguments(args: argparse.Namespace) -> None:
     """Usage errors (exit 2) before a minute is spent."""
     if args.inject is not None and args.inject not in (LEGACY_MASK, *INJECTABLE):
-        parse_inject(args.inject)  # UsageError on anything else
+        try:
+            parse_inject(args.inject)
+        except UsageError:
+            raise UsageError(f"bad --inject value {args.inject!r}",
+                             hint=f"one of: {LEGACY_MASK}, {', '.join(INJECTABLE)}, or {SLOW_ENCODER}:P% "
+                                  "(0 < P <= 100, with --baseline)") from None
         if args.baseline is None:
             raise UsageError(f"--inject {args.inject} slows the candidate against a baseline: it needs --baseline PYTHON",
                              hint=f"guard check --baseline /path/to/baseline-venv/bin/python --inject {args.inject}")

@@ -18,7 +18,7 @@ from guard.model import format as fmt
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
 from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
-from guard.errors import ExitCode, InvalidRunError
+from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.files import prepare_output
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
 from guard.measure.harness import record_suite
@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     profile = select_profile(thresholds, args.profile, detect(quick=True))
     scopes = mask_scopes(profile)
     if not scopes:
-        raise InvalidRunError(f"profile '{profile.name}' budgets no {INDEX_PUT} in a function scope: nothing to selftest")
+        raise UsageError(f"profile '{profile.name}' budgets no {INDEX_PUT} in a function scope: nothing to selftest",
+                         hint="the selftest injects the pre-#49531 mask loop: give DeepSeek-OCR-2's budgets "
+                              "(the default --thresholds)")
     output = Path(args.output).resolve()
     prepare_output(output)
     census_baseline = read_baseline(profile.census)  # a malformed baseline stops here, before a minute is spent
