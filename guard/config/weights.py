@@ -46,7 +46,8 @@ def resolve(resolver: Resolver, model: str, revision: str) -> str:
         raise
     except Exception as exc:  # noqa: BLE001 - the Hub client's errors are many; each is "cannot resolve"
         raise GuardError(f"cannot resolve {model}@{revision} to a commit: {exc}",
-                         hint="download the weights first (`guard weights --profile NAME`), "
+                         hint="check the network and HF_TOKEN (a gated model needs one); where the Hub is off, "
+                              "download the weights first (`guard weights --profile NAME` where it is on), "
                               "or pin engine.revision to a commit in the thresholds file") from None
 
 
