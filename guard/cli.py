@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import importlib
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -96,30 +97,64 @@ def _drop_stdout() -> None:
         pass
 
 
+def _interrupt(signum, frame):
+    """SIGTERM as Ctrl-C: the same clean-up paths run (a half-made update is put back), and exit 3."""
+    raise KeyboardInterrupt
+
+
+def _say_error(text: str) -> None:
+    """One line on stderr; a stderr that cannot be written (a full disk) must not turn the exit
+    code into Python's own 1, which is guard's "regression"."""
+    try:
+        print(text, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    for name in ("stdout", "stderr"):  # closed by the caller (`>&-`): Python leaves None, prints would fail
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
     try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread (a test's): signals stay as they are
+        previous = None
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str]) -> int:
+    command = argv[0] if argv and not argv[0].startswith("-") else "guard"
+    try:
+        parser = build_parser()
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: 2 for usage errors, 0 for --help
         return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else int(ExitCode.CONFIG)
+    except KeyboardInterrupt:  # while the commands are imported
+        _say_error(f"guard {command}: interrupted")
+        return int(ExitCode.INVALID)
     try:
         return int(args._run(args))
     except GuardError as exc:
         # messages can quote input files (an artifact from a pull request): never a workflow command
-        print(no_workflow_commands(f"guard {args.command}: error: {exc}"), file=sys.stderr)
+        _say_error(no_workflow_commands(f"guard {args.command}: error: {exc}"))
         return int(exc.exit_code)
     except KeyboardInterrupt:
-        print(f"guard {args.command}: interrupted", file=sys.stderr)
+        _say_error(f"guard {args.command}: interrupted")
         return int(ExitCode.INVALID)
     except BrokenPipeError:  # `guard ... | head`: the reader left; cut short like Ctrl-C, and no bug
         _drop_stdout()
-        print(f"guard {args.command}: standard output was closed before the command finished", file=sys.stderr)
+        _say_error(f"guard {args.command}: standard output was closed before the command finished")
         return int(ExitCode.INVALID)
-    except SystemExit as exc:  # a library calling sys.exit: its code is no verdict of ours, not even 0
-        return internal_error(args.command, exc, argv, args.debug)
-    except Exception as exc:  # noqa: BLE001 - the last-resort handler: a bug is never exit 0 or 1
-        return internal_error(args.command, exc, argv, args.debug)
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - the last resort: a bug (or a library's sys.exit) is never 0 or 1
+        try:
+            return internal_error(args.command, exc, argv, args.debug)
+        except (OSError, ValueError):  # stderr cannot be written either: the code still says it
+            return int(ExitCode.INTERNAL)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.errors import InvalidRunError
+from guard.files import read_input
 
 
 def library_version(*dists: str) -> str:
@@ -321,7 +322,7 @@ def registered_op_names(load_vllm_ops: bool = False) -> frozenset[str]:
     cache = op_registry_cache(load_vllm_ops)
     if cache is not None:
         try:
-            names = json.loads(cache.read_text(encoding="utf-8"))
+            names = json.loads(read_input(cache).decode("utf-8"))  # a regular file only: a pipe would block
             if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
                 return frozenset(names)
         except (OSError, ValueError):

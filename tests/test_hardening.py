@@ -587,3 +587,35 @@ def test_inject_and_selftest_misuse_name_what_would_work(capsys, tmp_path):
     code, _, err = main(capsys, "selftest", "--thresholds", str(REPO / "thresholds" / "gemma3.yaml"),
                         "--output", str(tmp_path / "s"))
     assert code == ExitCode.CONFIG and "nothing to selftest" in err  # a budget file's mismatch, not an invalid run
+
+
+def test_sigterm_is_an_interruption_exit_3_and_an_unwritable_stderr_keeps_the_exit_code(tmp_path):
+    """SIGTERM ran no clean-up and exited 143; an error that could not be printed exited 1, the
+    regression code."""
+    import signal
+    import sys
+    import time
+
+    code = ("import sys, time, guard.cli as cli\n"
+            "from guard.commands import history\n"
+            "history.run = lambda args: time.sleep(60)\n"  # a command still busy when the signal comes
+            "sys.exit(cli.main(['history', '--history', 'x']))\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, cwd=REPO)
+    time.sleep(3)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == ExitCode.INVALID and b"interrupted" in child.stderr.read()
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "guard.cli", "history", "--history", str(tmp_path / "none")],
+                              stderr=full, stdout=subprocess.DEVNULL, cwd=REPO, timeout=60)
+    assert done.returncode == ExitCode.CONFIG
+
+
+def test_a_pipe_where_the_op_registry_is_remembered_is_read_afresh_not_waited_on(tmp_path, monkeypatch):
+    from guard import compat
+
+    monkeypatch.setenv("GUARD_CACHE_DIR", str(tmp_path))
+    entry = compat.op_registry_cache(False)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.unlink(missing_ok=True)
+    os.mkfifo(entry)
+    assert "aten::_index_put_impl_" in compat.registered_op_names(load_vllm_ops=False)

@@ -429,3 +429,20 @@ def test_text_from_the_store_never_becomes_a_workflow_command_or_a_second_line(t
     out = capsys.readouterr().out
     assert not [ln for ln in out.splitlines() if ln.lstrip().startswith("::")], out
     assert "AMD EPYC\\n::error title=pwn::injected" in out
+
+
+def test_two_records_at_once_both_land(tmp_path, store):
+    """Read, change, replace without a lock: of two `guard record` runs at once, one record was lost
+    while both said "appended". Real processes, 6 pairs."""
+    import subprocess
+    import sys as _sys
+
+    res = check_results(tmp_path)
+    before = len(load_history(store))
+    code = ("import sys; from guard import cli; sys.exit(cli.main(['record', '--from', sys.argv[1], "
+            "'--history', sys.argv[2], '--commit', sys.argv[3]]))")
+    for i in range(6):
+        procs = [subprocess.Popen([_sys.executable, "-c", code, str(res), str(store), f"{side}{i:06x}"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for side in "ab"]
+        assert [p.wait(timeout=120) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    assert len(load_history(store)) == before + 12

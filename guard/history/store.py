@@ -17,11 +17,14 @@ replaces the old one. Errors name ``file:line`` and the field.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -282,15 +285,29 @@ def append(path: Path | str, record: HistoryRecord, *, replace: bool = False) ->
     Returns the new history and whether a record was replaced. Atomic: the new file is re-read
     before it takes the old one's place."""
     path = Path(path)
-    records = load_history(path) if path.exists() else []
-    at = next((i for i, r in enumerate(records) if r.key == record.key), None)
-    if at is not None and not replace:
-        raise UsageError(f"{path}: commit {record.commit} ({record.profile}) is already recorded (line {at + 1})",
-                         hint="pass --replace to replace that record with this run's")
-    records = [*records[:at], record, *records[at + 1:]] if at is not None else [*records, record]
-    write_text_atomic(path, "".join(to_line(r) for r in records), check=lambda tmp: parse_history(
-        tmp.read_text(encoding="utf-8"), str(path)))
+    with _locked(Path(os.path.realpath(path)).parent):  # read, change, replace: one writer at a time
+        records = load_history(path) if path.exists() else []
+        at = next((i for i, r in enumerate(records) if r.key == record.key), None)
+        if at is not None and not replace:
+            raise UsageError(f"{path}: commit {record.commit} ({record.profile}) is already recorded (line {at + 1})",
+                             hint="pass --replace to replace that record with this run's")
+        records = [*records[:at], record, *records[at + 1:]] if at is not None else [*records, record]
+        write_text_atomic(path, "".join(to_line(r) for r in records), check=lambda tmp: parse_history(
+            tmp.read_text(encoding="utf-8"), str(path)))
     return records, at is not None
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on the store's folder (flock on its descriptor: no lock file to commit by
+    mistake): two `guard record` runs at once would each read the old file and one record be lost."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def for_profile(records: Sequence[HistoryRecord], profile: str | None) -> tuple[str, list[HistoryRecord]]:
