@@ -48,10 +48,12 @@ def setup(tmp_path: Path, *, baseline: dict | None = BASE, exclude: dict | None 
     return path
 
 
-def run_with(census: dict, yaml_path: Path, injected: str | None = None) -> RunRecord:
-    return RunRecord(profile="cpu", thresholds_path=str(yaml_path), model="deepseek-ocr-2", environment=dict(ENV),
-                     outcomes=[RequestOutcome(0, (640, 480), False, True, ttft_client_s=7.0)], rounds=1,
-                     census=census, injected=injected)
+def run_with(census: dict, yaml_path: Path, injected: str | None = None, requests: int = 1,
+             environment: dict | None = None) -> RunRecord:
+    return RunRecord(profile="cpu", thresholds_path=str(yaml_path), model="deepseek-ocr-2",
+                     environment=dict(ENV if environment is None else environment),
+                     outcomes=[RequestOutcome(i, (640, 480), False, True, ttft_client_s=7.0) for i in range(requests)],
+                     rounds=1, census=census, injected=injected)
 
 
 def judged(tmp_path: Path, census: dict, **kw):
@@ -310,21 +312,22 @@ def test_an_amx_census_of_its_own_is_written_and_judged_apart(tmp_path: Path, ca
     assert plain.census.baseline == tmp_path / "t.cpu.census.json"
 
 
+def census_and_ttft_update(tmp_path: Path, environment: dict | None = None) -> tuple[Path, Path]:
+    """A thresholds file with a census rule and a TTFT budget, and the results of a run (6 requests,
+    7000 ms each) whose update moves both: the budget down from 20000 ms, one census count down."""
+    path = setup(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["profiles"]["cpu"]["budgets"]["ttft_ms"] = {"p50": 20000}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    census = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}}
+    return path, results_file(tmp_path, census, path, requests=6, environment=environment)
+
+
 def test_a_thresholds_file_that_cannot_be_written_leaves_the_census_as_it_was(tmp_path: Path, capsys) -> None:
     """The census baseline and the budgets it goes with change together or not at all: the census
     is written first, so a YAML that then cannot be written (here read-only, which guard refuses
     even as root) puts the census back."""
-    path = setup(tmp_path)
-    data = yaml.safe_load(path.read_text())
-    data["profiles"]["cpu"]["budgets"]["ttft_ms"] = {"p50": 20000}  # 7000 ms measured: the budget moves down
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    census = {"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}}
-    run = run_with(census, path)
-    run.outcomes = [RequestOutcome(i, (640, 480), False, True, ttft_client_s=7.0) for i in range(6)]
-    profile = load_thresholds(path).profile("cpu")
-    res = tmp_path / "results.json"
-    write_json_atomic(res, results_to_dict(evaluate(profile, run, output=tmp_path,
-                                                    census_baseline=load_baseline(profile.census.baseline))))
+    path, res = census_and_ttft_update(tmp_path)
     baseline = tmp_path / "t.cpu.census.json"
     before_census, before_yaml = baseline.read_bytes(), path.read_bytes()
     path.chmod(0o444)
@@ -344,19 +347,9 @@ def test_budgets_that_would_not_load_after_the_update_leave_the_census_unwritten
     0.0 ms (a crafted run; guard's reference takes tens of ms) is refused with the census as it was."""
     from guard.model.environment import SpeedReading, SpeedReference
 
-    path = setup(tmp_path)
-    data = yaml.safe_load(path.read_text())
-    data["profiles"]["cpu"]["budgets"]["ttft_ms"] = {"p50": 20000}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
     reading = SpeedReading("speedref-1", 0.01, 1.0, 5, 2)
-    run = RunRecord(profile="cpu", thresholds_path=str(path), model="deepseek-ocr-2",
-                    environment={**ENV, "cpu_isa": ["avx2"], "speed_reference": SpeedReference.of(reading, reading).as_dict()},
-                    outcomes=[RequestOutcome(i, (640, 480), False, True, ttft_client_s=7.0) for i in range(6)], rounds=1,
-                    census={"640x480": {LOOP: {"aten::view": 1}, OTHER: {"aten::add": 10, "aten::mm": 60}}})
-    profile = load_thresholds(path).profile("cpu")
-    res = tmp_path / "results.json"
-    write_json_atomic(res, results_to_dict(evaluate(profile, run, output=tmp_path,
-                                                    census_baseline=load_baseline(profile.census.baseline))))
+    path, res = census_and_ttft_update(tmp_path, environment={
+        **ENV, "cpu_isa": ["avx2"], "speed_reference": SpeedReference.of(reading, reading).as_dict()})
     baseline = tmp_path / "t.cpu.census.json"
     before_census, before_yaml = baseline.read_bytes(), path.read_bytes()
     code, out = update(capsys, "--from", str(res))
