@@ -47,9 +47,8 @@ def write_atomic(path: Path | str, fill: Callable[[Path], Any], *, suffix: str =
     path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     st = os.stat(path) if path.exists() else None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-                      "a folder, not a file" if stat.S_ISDIR(st.st_mode) else "not a regular file", str(path))
+    if st is not None:
+        _regular(st, path)
     mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
     if st is not None and not mode & 0o222:  # os.replace needs only the folder's permission, and root ignores both
         raise PermissionError(errno.EACCES, "the file is read-only (no write permission bit set)", str(path))
@@ -66,14 +65,18 @@ def write_atomic(path: Path | str, fill: Callable[[Path], Any], *, suffix: str =
         raise
 
 
+def _regular(st: os.stat_result, path: Path | str) -> None:
+    """OSError unless ``st`` is a regular file's: guard reads and replaces files, never pipes or devices."""
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                      "a folder, not a file" if stat.S_ISDIR(st.st_mode) else "not a regular file", str(path))
+
+
 def read_input(path: Path | str, limit: int | None = None) -> bytes:
     """The bytes of a file guard reads (budgets, results, a history, an artifact): regular files only,
     since a pipe or a device would block or never end; with ``limit``, at most ``limit + 1`` bytes
     (enough to tell that it is too long). Raises OSError as ``open`` does."""
-    st = os.stat(path)  # before open: opening a FIFO blocks until something writes to it
-    if not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-                      "a folder, not a file" if stat.S_ISDIR(st.st_mode) else "not a regular file", str(path))
+    _regular(os.stat(path), path)  # before open: opening a FIFO blocks until something writes to it
     with open(path, "rb") as f:
         return f.read() if limit is None else f.read(limit + 1)
 

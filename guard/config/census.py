@@ -78,6 +78,7 @@ def load_baseline(path: Path) -> Baseline:
                                "guard-results/results.json`") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), None, "(file)", f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
     def bad(key: str, problem: str) -> ConfigError:
         needle = f'"{key.rsplit(".", 1)[-1]}"'
         line = next((i + 1 for i, t in enumerate(text.splitlines()) if needle in t), None)
