@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import secrets
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
 from guard.files import read_input
 from guard.history.analysis import pr_standing
-from guard.history.store import load_history
+from guard.history.store import commit_flag, load_history
 from guard.report.findings import has_finding, summary_line
 from guard.report.markdown import render_markdown, text
 from guard.judge.rejudge import rejudge
@@ -279,8 +278,8 @@ def run(args: argparse.Namespace) -> int:
         except UnicodeDecodeError:
             raise UsageError(f"--report: {args.report} is not UTF-8 text") from None
     run_url = args.run_url or None
-    if args.history_base is not None and not re.fullmatch(r"[0-9a-fA-F]{7,40}", args.history_base):
-        raise UsageError(f"--history-base {args.history_base!r} is not a commit hash (7 to 40 hex digits)")
+    if args.history_base is not None:
+        commit_flag("--history-base", args.history_base)
     history = pr_standing(results, load_history(args.history), args.history_base) if args.history else None
     report_text = report_md if report_md is not None else render_markdown(
         results, run_url=run_url, thresholds=args.trusted_thresholds, history=history)

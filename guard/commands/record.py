@@ -11,18 +11,15 @@ recorded (exit 3). Exit 0: recorded; 2: bad input.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import re
 from pathlib import Path
 
 from guard.model import format as fmt
 from guard.errors import UsageError
 from guard.files import writing
-from guard.history.store import append, record_from_results
+from guard.history.store import DATE_EXAMPLE, append, commit_flag, date_problem, record_from_results
 from guard.model.results import load_results
 
 DEFAULT_RESULTS = "guard-results/results.json"
-SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,21 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "under vllm/: its census is its parent's)")
 
 
-def _check_date(text: str) -> None:
-    """--date as the history keeps it: ISO 8601 with a UTC offset (the store's own rule, said of the flag)."""
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"--date {text!r} is not an ISO 8601 date and time", hint="e.g. --date 2026-12-02T14:11:04+00:00") from None
-    if when.tzinfo is None:
-        raise UsageError(f"--date {text!r} has no UTC offset", hint="e.g. --date 2026-12-02T14:11:04+00:00")
-
-
 def run(args: argparse.Namespace) -> int:
-    if args.commit is not None and not SHA.fullmatch(args.commit):
-        raise UsageError(f"--commit {args.commit!r} is not a commit hash (7 to 40 hex digits)")
-    if args.date is not None:
-        _check_date(args.date)
+    if args.commit is not None:
+        commit_flag("--commit", args.commit)
+    if args.date is not None and date_problem(args.date):
+        raise UsageError(f"--date {date_problem(args.date)}", hint=f"e.g. --date {DATE_EXAMPLE}")
     results = load_results(Path(args.results))
     if args.skip_unmeasured and results.pr is not None and not results.pr.measured:
         print(f"guard record: {results.pr.head.sha[:12]} changed nothing under vllm/ against "

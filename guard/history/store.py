@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -106,6 +107,27 @@ def census_totals(census: dict[str, dict[str, dict[str, int]]]) -> tuple[CensusT
         out.append(CensusTotal((w, h), sum(sum(ops.values()) for ops in functions.values()), len(functions)))
     return tuple(sorted(out, key=lambda c: (c.image_size[0] * c.image_size[1], c.image_size)))
 
+
+COMMIT_HASH = re.compile(r"[0-9a-fA-F]{7,40}")  # how a flag may name a commit of main: abbreviated or whole
+
+
+DATE_EXAMPLE = "2026-12-02T14:11:04+00:00"
+
+
+def date_problem(text: str) -> str | None:
+    """Why ``text`` is no date the history keeps (ISO 8601 with a UTC offset); None when it is one."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return f"{text!r} is not an ISO 8601 date and time"
+    return None if when.tzinfo is not None else f"{text!r} has no UTC offset"
+
+
+def commit_flag(flag: str, value: str) -> str:
+    """``value`` of ``flag`` (``--commit``, ``--history-base``) when it is a commit hash, else exit 2."""
+    if not COMMIT_HASH.fullmatch(value):
+        raise UsageError(f"{flag} {value!r} is not a commit hash (7 to 40 hex digits)")
+    return value
 
 def census_digest(census: dict[str, dict[str, dict[str, int]]]) -> str | None:
     if not census:
@@ -216,12 +238,9 @@ def _check_record(d: Any, path: str, line: int | None) -> None:
     if error is not None:
         raise ConfigError(path, line, _field(error.absolute_path), f"not a {HISTORY_SCHEMA} record: {error.message}",
                           hint="history lines are written by `guard record`; fix or remove this line")
-    try:
-        when = dt.datetime.fromisoformat(d["date"])
-    except ValueError:
-        raise ConfigError(path, line, "date", f"{d['date']!r} is not an ISO 8601 date and time") from None
-    if when.tzinfo is None:
-        raise ConfigError(path, line, "date", f"{d['date']!r} has no UTC offset", hint="write it as 2026-12-02T14:11:04+00:00")
+    problem = date_problem(d["date"])
+    if problem:
+        raise ConfigError(path, line, "date", problem, hint=f"write it as {DATE_EXAMPLE}")
     absent = [p for p in PERCENTILES if d[f"ttft_p{p}_ms"] is None]
     if absent and len(absent) != len(PERCENTILES):
         raise ConfigError(path, line, f"ttft_p{absent[0]}_ms",
