@@ -266,8 +266,8 @@ def run(args: argparse.Namespace) -> int:
                              "results cannot be re-judged against the default branch's budgets, so nothing is posted")
         trusted = load_thresholds(policy.thresholds_path, text=policy.thresholds_text)
         results = rejudge(results, trusted, source=args.results)
-    elif results.self_contradiction():  # trusted, yet damaged: posting its verdict would say what its checks do not
-        raise UsageError(f"{args.results}: verdict: {results.self_contradiction()}; refusing to post",
+    elif contradiction := results.self_contradiction():  # trusted, yet damaged: its verdict is not its checks'
+        raise UsageError(f"{args.results}: verdict: {contradiction}; refusing to post",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
     report_md = None
     if args.report is not None:

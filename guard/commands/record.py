@@ -41,15 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.commit is not None:
         commit_flag("--commit", args.commit)
-    if args.date is not None and date_problem(args.date):
-        raise UsageError(f"--date {date_problem(args.date)}", hint=f"e.g. --date {DATE_EXAMPLE}")
+    if args.date is not None and (problem := date_problem(args.date)):
+        raise UsageError(f"--date {problem}", hint=f"e.g. --date {DATE_EXAMPLE}")
     results = load_results(Path(args.results))
     if args.skip_unmeasured and results.pr is not None and not results.pr.measured:
         print(f"guard record: {results.pr.head.sha[:12]} changed nothing under vllm/ against "
               f"{results.pr.base.sha[:12]}: nothing measured, nothing recorded ({args.history} unchanged)")
         return 0
-    if results.self_contradiction():
-        raise UsageError(f"{args.results}: verdict: {results.self_contradiction()}; not recorded",
+    if contradiction := results.self_contradiction():
+        raise UsageError(f"{args.results}: verdict: {contradiction}; not recorded",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
     record = record_from_results(results, commit=args.commit, date=args.date, note=args.note)
     with writing(args.history, "--history"):

@@ -75,8 +75,8 @@ def _same_budget(c: Check, f: Check, stored: Results, fresh: Results) -> bool:
 
 def contradictions(stored: Results, fresh: Results) -> list[str]:
     out = []
-    if stored.self_contradiction():
-        out.append(stored.self_contradiction())
+    if contradiction := stored.self_contradiction():
+        out.append(contradiction)
     by_key = {f.key: f for f in fresh.checks}
     for c in stored.checks:
         f = by_key.get(c.key)

@@ -140,7 +140,7 @@ class WorkerClient:
             except (KeyError, TypeError, ValueError):
                 raise WorkerError(side, f"{python} did not start guard's worker: its greeting was {str(msg)[:200]!r}") from None
         except BaseException:  # whatever it is, it is no worker of ours: it must not outlive this
-            self.proc.kill()
+            self.kill()
             self.proc.wait()
             self._log.close()
             raise
@@ -154,8 +154,11 @@ class WorkerClient:
             raise self._died() from None
 
     def _read_lines(self) -> None:
-        for line in self.proc.stdout:
-            self._lines.put(line)
+        try:
+            for line in self.proc.stdout:
+                self._lines.put(line)
+        except (OSError, ValueError):  # the stream was closed under it (close): nothing more to read
+            pass
         self._lines.put("")  # end of output: the worker is gone
 
     def _expect(self, final: set[str], timeout_s: float | None = None) -> dict[str, Any]:
