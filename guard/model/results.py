@@ -739,7 +739,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 MAX_MAGNITUDE = 10**18
 
 
-class _NotANumber:
+class _Refused:
     """Where the text had NaN, Infinity, a number beyond MAX_MAGNITUDE or a key given twice: kept
     while parsing, so the error can name the field's JSON path, then refused (guard writes strict
     JSON only)."""
@@ -748,29 +748,29 @@ class _NotANumber:
         self.text, self.problem = text, problem
 
 
-def _constant(name: str) -> _NotANumber:
-    return _NotANumber(name, f"{name} is not a number guard writes")
+def _constant(name: str) -> _Refused:
+    return _Refused(name, f"{name} is not a number guard writes")
 
 
-def _finite_float(text: str) -> float | _NotANumber:
+def _finite_float(text: str) -> float | _Refused:
     value = float(text)
     if math.isfinite(value) and abs(value) < MAX_MAGNITUDE:
         return value
-    return _NotANumber(text, f"{text[:40]} is out of range")
+    return _Refused(text, f"{text[:40]} is out of range")
 
 
-def _bounded_int(text: str) -> int | _NotANumber:
+def _bounded_int(text: str) -> int | _Refused:
     if len(text.lstrip("-")) > len(str(MAX_MAGNITUDE)):  # before int(): 5000 digits cost, then refuse
-        return _NotANumber(text, f"{text[:40]}... ({len(text)} digits) is out of range")
+        return _Refused(text, f"{text[:40]}... ({len(text)} digits) is out of range")
     value = int(text)
-    return value if abs(value) < MAX_MAGNITUDE else _NotANumber(text, f"{text} is out of range")
+    return value if abs(value) < MAX_MAGNITUDE else _Refused(text, f"{text} is out of range")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object whose keys are each given once: json would keep the last of two silently."""
     d: dict[str, Any] = {}
     for k, v in pairs:
-        d[k] = _NotANumber(k, f"the key {k!r} is given twice in one object") if k in d else v
+        d[k] = _Refused(k, f"the key {k!r} is given twice in one object") if k in d else v
     return d
 
 
@@ -787,7 +787,7 @@ def first_refused(data: Any) -> tuple[list[str | int], str] | None:
     stack: list[tuple[list[str | int], Any]] = [([], data)]
     while stack:
         where, node = stack.pop()
-        if isinstance(node, _NotANumber):
+        if isinstance(node, _Refused):
             return where, node.problem
         if isinstance(node, dict):
             stack += [([*where, k], v) for k, v in reversed(node.items())]
