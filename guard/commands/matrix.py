@@ -5,8 +5,8 @@ NAME picks ``thresholds/<NAME>.yaml`` (guard.config.models). ``all`` runs every 
 starts, so a bad one is a configuration error (exit 2) before a minute is spent.
 
 A model whose profile needs hardware this machine lacks (``engine.requires_native_bf16`` on a CPU
-without native bf16), or, in ``all``, that has no profile of the name ``--profile`` gives, is **not run**: said so on its line, exit 6 ("not measurable here"), never a
-pass and never a regression.
+without native bf16), or, in ``all``, that has no profile of the name ``--profile`` gives, is **not
+run**: said so on its line, exit 6 ("not measurable here"), never a pass and never a regression.
 
 The exit code of ``all`` is the worst model's, in this order: internal error (5) > usage or
 configuration error (2) > invalid run (3) > regression (1) > not run here (6) > pass (0). A crash or

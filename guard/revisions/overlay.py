@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guard.errors import InvalidRunError, UsageError
-from guard.files import write_text_atomic
+from guard.files import read_input, write_text_atomic
 from guard.revisions.git import PACKAGE, Revision, git
 
 ENTRY_META = "guard-env.json"
@@ -112,7 +112,7 @@ def entry_key(revision: Revision, stack: EngineStack) -> str:
 def _entry_meta(meta: Path) -> dict | None:
     """A cache entry's record of how it was built; None when there is none or it does not read back."""
     try:
-        info = json.loads(meta.read_text(encoding="utf-8"))
+        info = json.loads(read_input(meta))
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
