@@ -197,6 +197,11 @@ def main(entry: str = "guard.commands.check:run", seed: str = "args") -> int:
             entered[b[0]] += 1
     print(f"`{seed}` from {entry}: {len(order)} stops in {len(mods)} modules, "
           f"{climbs} climbs back up a layer (reading order)")
+    stages: dict[str, int] = defaultdict(int)
+    for m, _ in order:
+        stages[m.split(".")[1] if m.count(".") > 1 else m.split(".")[-1]] += 1
+    print("stops by stage folder: " + ", ".join(f"{s} {n}" for s, n in
+                                               sorted(stages.items(), key=lambda kv: (-kv[1], kv[0]))))
     print("modules entered most often: " + ", ".join(f"{m} {n}" for m, n in
                                                  sorted(entered.items(), key=lambda kv: (-kv[1], kv[0]))[:6]))
     itself = follow(modules, tuple(entry.split(":")), seed, itself=True)
