@@ -13,6 +13,10 @@ within the rule), and writes them as JSON for docs/replay.md. Op counts are exac
 does not depend on a quiet machine; the wall times do.
 
     uv run --extra cpu python benchmarks/release_replay.py 0.31.0 0.32.0 --out /tmp/replay
+    uv run --extra cpu python benchmarks/release_replay.py 0.31.0 0.32.0 --model qwen2-5-vl gemma3 --out /tmp/replay-models
+
+``--model`` judges each pair once per guarded model (thresholds/NAME.yaml), on one repository and
+one set of venvs.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/guard-replay"))
     ap.add_argument("--venvs", type=Path, default=None, help="where the release venvs live (default: OUT/venvs)")
     ap.add_argument("--thresholds", type=Path, default=REPO / "thresholds" / "deepseek-ocr-2.yaml")
+    ap.add_argument("--model", nargs="+", default=None,
+                    help="judge each pair for these guarded models (thresholds/NAME.yaml) instead of --thresholds")
     ap.add_argument("--modes", default="own,overlay")
     ap.add_argument("--cache", type=Path, default=None, help="guard pr's --cache-dir (default: OUT/cache)")
     args = ap.parse_args()
@@ -78,8 +84,13 @@ def main() -> int:
     repo = releases(args.out / "repo", [(v, package_dir(pythons[v])) for v in args.versions])
     guard_torch = pinned((REPO / "overrides.txt").read_text(), "torch")
     torches = {v: torch_of(p) for v, p in pythons.items()}
+    budgets = ([REPO / "thresholds" / f"{m}.yaml" for m in args.model] if args.model else [args.thresholds])
+    for b in budgets:
+        if not b.is_file():
+            ap.error(f"{b}: no such budget file")
     rows = []
-    for old, new in zip(args.versions, args.versions[1:]):
+    for (old, new), thresholds in ((pair, b) for pair in zip(args.versions, args.versions[1:]) for b in budgets):
+        model = thresholds.stem
         for mode in args.modes.split(","):
             off = [f"{v} is built for torch {torches[v]}" for v in (old, new) if torches[v] != guard_torch]
             if mode == "overlay" and off:
@@ -87,13 +98,14 @@ def main() -> int:
                 # a release built for another torch would run against compiled code it was not built for
                 why = f"{'; '.join(off)}, guard's wheel for torch {guard_torch}: only own mode can run it"
                 print(f"replay {old} -> {new} (overlay) skipped: {why}", flush=True)
-                rows.append({"mode": "overlay", "base": f"v{old}", "head": f"v{new}", "skipped": why})
+                rows.append({"model": model, "mode": "overlay", "base": f"v{old}", "head": f"v{new}", "skipped": why})
                 continue
-            out = args.out / f"{old}-{new}-{mode}"
+            out = args.out / (f"{old}-{new}-{mode}" + (f"-{model}" if args.model else ""))
             out.mkdir(parents=True, exist_ok=True)
             sides = {"base": str(pythons[old]), "head": str(pythons[new])} if mode == "own" else None
-            print(f"replay {old} -> {new} ({mode}) ...", flush=True)
-            row = judge(repo, f"v{old}", f"v{new}", out, args.cache or args.out / "cache", sides, args.thresholds)
+            print(f"replay {old} -> {new} ({mode}, {model}) ...", flush=True)
+            row = {"model": model, **judge(repo, f"v{old}", f"v{new}", out, args.cache or args.out / "cache", sides,
+                                           thresholds)}
             print(f"  exit {row['exit']}, {row.get('verdict')}, {row['wall_s']} s, "
                   f"{len(row.get('census', []))} census rows", flush=True)
             for c in row.get("census", []):
