@@ -1,4 +1,4 @@
-"""Holdouts: historical slow patterns re-planted in three vision models, judged by `guard pr`.
+"""Holdouts: historical slow patterns re-planted in four vision models, judged by `guard pr`.
 
 Builds a vLLM repository from the installed sources (tests/vllm_repo.py), commits each model's two
 heads from tests/model_holdouts.py on top of its base (a slow pattern vLLM once had and fixed, and
@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,6 +141,8 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
     "qwen2-5-vl": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]], [[2, 34, 46]]],
     "glm-4-1v": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]]],
     "qwen3-vl": [[[1, 30, 40]], [[1, 26, 50]], [[1, 30, 40], [1, 26, 50]], [[2, 30, 40]]],
+    # (height, width, tiles): each image's size and its anyres tiles, the base tile included
+    "llava-onevision": [[[480, 640, 13]], [[400, 800, 9]], [[480, 640, 13], [400, 800, 9]]],
 }
 
 
@@ -198,8 +200,6 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
             got = vit.prepare_encoder_metadata(grid)
             out.append({k: v for k, v in got.items() if v is not None})
         elif model == "glm-4-1v":
-            from types import SimpleNamespace
-
             torch.manual_seed(0)
             emb = module.Glm4vVisionEmbeddings(SimpleNamespace(hidden_size=64, image_size=336, patch_size=14))
             lengths = [t * h * w for t, h, w in grid]
@@ -214,6 +214,19 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
                        rotary_pos_emb=Tables(8))
             cos, sin = vit.rot_pos_emb(grid)
             out.append({"cos": cos, "sin": sin})
+        elif model == "llava-onevision":
+            config = json.loads((REPO / "guard" / "models" / "tiny-llava-onevision" / "config.json").read_text())
+            vision = SimpleNamespace(**config["vision_config"])
+            tokens = (vision.image_size // vision.patch_size) ** 2
+            g = torch.Generator().manual_seed(0)
+            newline = torch.rand(config["text_config"]["hidden_size"], generator=g).to(torch.bfloat16)
+            llava = bare(module.LlavaOnevisionForConditionalGeneration, image_newline=newline,
+                         config=SimpleNamespace(vision_config=vision,
+                                                image_grid_pinpoints=config["image_grid_pinpoints"]))
+            for h, w, tiles in grid:  # one call per image, as _process_image_input makes them
+                patches = torch.rand(tiles, tokens, newline.shape[0], generator=g).to(torch.bfloat16)
+                out.append({"merged": llava._merge_image_patch_embeddings(
+                    torch.tensor([h, w]), patches, image_newline=newline, strategy="spatial_unpad")})
     return out
 
 
