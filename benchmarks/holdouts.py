@@ -1,4 +1,4 @@
-"""Holdouts: historical slow patterns re-planted in four vision models, judged by `guard pr`.
+"""Holdouts: historical slow patterns re-planted in five vision models, judged by `guard pr`.
 
 Builds a vLLM repository from the installed sources (tests/vllm_repo.py), commits each model's two
 heads from tests/model_holdouts.py on top of its base (a slow pattern vLLM once had and fixed, and
@@ -143,6 +143,8 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
     "qwen3-vl": [[[1, 30, 40]], [[1, 26, 50]], [[1, 30, 40], [1, 26, 50]], [[2, 30, 40]]],
     # (height, width, tiles): each image's size and its anyres tiles, the base tile included
     "llava-onevision": [[[480, 640, 13]], [[400, 800, 9]], [[480, 640, 13], [400, 800, 9]]],
+    # tiles of 224 px: 12 and 8 crops plus the thumbnail
+    "internvl": [[13], [9], [13, 9]],
 }
 
 
@@ -227,6 +229,18 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
                 patches = torch.rand(tiles, tokens, newline.shape[0], generator=g).to(torch.bfloat16)
                 out.append({"merged": llava._merge_image_patch_embeddings(
                     torch.tensor([h, w]), patches, image_newline=newline, strategy="spatial_unpad")})
+        elif model == "internvl":
+            # a bare embeddings module in bf16, as the engine runs it; the patch convolution
+            # (a vLLM custom op, which needs an engine config) stands in as fixed patch embeddings
+            g = torch.Generator().manual_seed(0)
+            tiles = sum(grid)
+            patches = torch.rand(tiles, 16 * 16, 64, generator=g).to(torch.bfloat16)
+            emb = bare(module.InternS1VisionEmbeddings, image_size=(224, 224), patch_size=(14, 14), mask_token=None,
+                       patch_embeddings=lambda pixel_values: (patches, (16, 16)),
+                       cls_token=torch.rand(1, 1, 64, generator=g).to(torch.bfloat16),
+                       position_embeddings=torch.rand(1, 16 * 16 + 1, 64, generator=g).to(torch.bfloat16))
+            embeddings, _ = emb.forward(torch.zeros(tiles, 3, 224, 224))
+            out.append({"embeddings": embeddings})
     return out
 
 
