@@ -112,7 +112,7 @@ def ops_text(ops: dict[str, int], top: int = 4) -> str:
 
 
 def report(rows: list[Row]) -> None:
-    print("\nmodel        head      exit (exp)  wall s  named  census (640x480: function, baseline -> measured, ops)")
+    print("\nmodel           head      exit (exp)  wall s  named  census (640x480: function, baseline -> measured, ops)")
     for r in rows:
         first = True
         lines = [f for f in r.failed if f["image_size"] == "640x480"] or r.failed
@@ -120,8 +120,8 @@ def report(rows: list[Row]) -> None:
             lines = [{"function": m["function"], "moved": m["moved_calls"], "image_size": m["image_size"]}
                      for m in r.moved if m["image_size"] == "640x480"]
         for f in lines or [None]:
-            lead = (f"{r.model:<12} {r.head:<9} {r.exit} ({r.expect})       {r.wall_s:>6.0f}  {'yes' if r.named else 'NO':<5}"
-                    if first else " " * 47)
+            lead = (f"{r.model:<15} {r.head:<9} {r.exit} ({r.expect})       {r.wall_s:>6.0f}  {'yes' if r.named else 'NO':<5}"
+                    if first else " " * 50)
             first = False
             if f is None:
                 print(f"{lead}  -")
