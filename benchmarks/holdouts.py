@@ -1,4 +1,4 @@
-"""Holdouts: historical slow patterns re-planted in three vision models, judged by `guard pr`.
+"""Holdouts: historical slow patterns re-planted in five vision models, judged by `guard pr`.
 
 Builds a vLLM repository from the installed sources (tests/vllm_repo.py), commits each model's two
 heads from tests/model_holdouts.py on top of its base (a slow pattern vLLM once had and fixed, and
@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,7 +112,7 @@ def ops_text(ops: dict[str, int], top: int = 4) -> str:
 
 
 def report(rows: list[Row]) -> None:
-    print("\nmodel        head      exit (exp)  wall s  named  census (640x480: function, baseline -> measured, ops)")
+    print("\nmodel           head      exit (exp)  wall s  named  census (640x480: function, baseline -> measured, ops)")
     for r in rows:
         first = True
         lines = [f for f in r.failed if f["image_size"] == "640x480"] or r.failed
@@ -120,8 +120,8 @@ def report(rows: list[Row]) -> None:
             lines = [{"function": m["function"], "moved": m["moved_calls"], "image_size": m["image_size"]}
                      for m in r.moved if m["image_size"] == "640x480"]
         for f in lines or [None]:
-            lead = (f"{r.model:<12} {r.head:<9} {r.exit} ({r.expect})       {r.wall_s:>6.0f}  {'yes' if r.named else 'NO':<5}"
-                    if first else " " * 47)
+            lead = (f"{r.model:<15} {r.head:<9} {r.exit} ({r.expect})       {r.wall_s:>6.0f}  {'yes' if r.named else 'NO':<5}"
+                    if first else " " * 50)
             first = False
             if f is None:
                 print(f"{lead}  -")
@@ -141,6 +141,10 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
     "qwen2-5-vl": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]], [[2, 34, 46]]],
     "glm-4-1v": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]]],
     "qwen3-vl": [[[1, 30, 40]], [[1, 26, 50]], [[1, 30, 40], [1, 26, 50]], [[2, 30, 40]]],
+    # (height, width, tiles): each image's size and its anyres tiles, the base tile included
+    "llava-onevision": [[[480, 640, 13]], [[400, 800, 9]], [[480, 640, 13], [400, 800, 9]]],
+    # tiles of 224 px: 12 and 8 crops plus the thumbnail
+    "internvl": [[13], [9], [13, 9]],
 }
 
 
@@ -198,8 +202,6 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
             got = vit.prepare_encoder_metadata(grid)
             out.append({k: v for k, v in got.items() if v is not None})
         elif model == "glm-4-1v":
-            from types import SimpleNamespace
-
             torch.manual_seed(0)
             emb = module.Glm4vVisionEmbeddings(SimpleNamespace(hidden_size=64, image_size=336, patch_size=14))
             lengths = [t * h * w for t, h, w in grid]
@@ -214,6 +216,31 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
                        rotary_pos_emb=Tables(8))
             cos, sin = vit.rot_pos_emb(grid)
             out.append({"cos": cos, "sin": sin})
+        elif model == "llava-onevision":
+            config = json.loads((REPO / "guard" / "models" / "tiny-llava-onevision" / "config.json").read_text())
+            vision = SimpleNamespace(**config["vision_config"])
+            tokens = (vision.image_size // vision.patch_size) ** 2
+            g = torch.Generator().manual_seed(0)
+            newline = torch.rand(config["text_config"]["hidden_size"], generator=g).to(torch.bfloat16)
+            llava = bare(module.LlavaOnevisionForConditionalGeneration, image_newline=newline,
+                         config=SimpleNamespace(vision_config=vision,
+                                                image_grid_pinpoints=config["image_grid_pinpoints"]))
+            for h, w, tiles in grid:  # one call per image, as _process_image_input makes them
+                patches = torch.rand(tiles, tokens, newline.shape[0], generator=g).to(torch.bfloat16)
+                out.append({"merged": llava._merge_image_patch_embeddings(
+                    torch.tensor([h, w]), patches, image_newline=newline, strategy="spatial_unpad")})
+        elif model == "internvl":
+            # a bare embeddings module in bf16, as the engine runs it; the patch convolution
+            # (a vLLM custom op, which needs an engine config) stands in as fixed patch embeddings
+            g = torch.Generator().manual_seed(0)
+            tiles = sum(grid)
+            patches = torch.rand(tiles, 16 * 16, 64, generator=g).to(torch.bfloat16)
+            emb = bare(module.InternS1VisionEmbeddings, image_size=(224, 224), patch_size=(14, 14), mask_token=None,
+                       patch_embeddings=lambda pixel_values: (patches, (16, 16)),
+                       cls_token=torch.rand(1, 1, 64, generator=g).to(torch.bfloat16),
+                       position_embeddings=torch.rand(1, 16 * 16 + 1, 64, generator=g).to(torch.bfloat16))
+            embeddings, _ = emb.forward(torch.zeros(tiles, 3, 224, 224))
+            out.append({"embeddings": embeddings})
     return out
 
 

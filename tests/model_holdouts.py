@@ -1,6 +1,6 @@
 """Holdouts for the model matrix: historical slow patterns of vLLM's vision models, re-planted.
 
-For three models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
+For five models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
 vLLM once had (and fixed) in that model's code, and one that refactors the same function without
 changing its work. Each edits the installed vLLM 0.32 source as a pull request would (committed by
 tests/vllm_repo.py). ``guard pr --only ops --model MODEL`` must exit 1 on the slow head, naming
@@ -28,6 +28,22 @@ Where each pattern comes from:
   (``arange``, ``expand``, ``reshape``, ``permute``, ``stack``) on every forward; #28475 moved them
   to numpy and cached them per (h, w) (``rot_pos_ids``). The slow head is the torch loop, written
   after the same loop that Qwen2-VL's form still has in 0.32's ``glm4_1v.py`` ``rot_pos_emb``.
+- llava-onevision: LLaVA-OneVision's ``_merge_image_patch_embeddings`` is a copy of LLaVA-NeXT's. An
+  older vLLM ``llava_next.py`` passed ``image_size`` (a device tensor) to the anyres grid-shape and
+  unpadding helpers, so the shape arithmetic ran on tensors, an ``int()`` of a device tensor per step;
+  vLLM PR #6982 ("no longer depend on the floating-point error in CUDA",
+  ``int(183 * torch.tensor(24).cuda() / 488)``) is, by its description (its diff was not seen), where
+  ``image_size.tolist()`` ("Move to CPU to avoid floating-point errors") came in. The slow head keeps
+  the size as two 0-d tensors for ``get_anyres_image_grid_shape`` (the pair reaches
+  ``select_best_resolution``, which loops over all grid pinpoints); the unpadding gets the tensor
+  itself, which today's transformers converts (its ``round()`` fails on a tensor).
+- internvl (run as InternS1, whose vision tower is ``interns1_vit.py``): InternViT's embeddings in
+  OpenGVLab's ``modeling_intern_vit.py``, the file vLLM PR #6514 adapted into ``intern_vit.py``,
+  resample the position table (``float``, ``reshape``, ``permute``, bicubic ``interpolate``, ``cat``)
+  on every forward, also to the grid it was trained on; vLLM's ``intern_vit.py`` now returns the table
+  as it is when the grid matches (``_get_position_embedding``; the PR that added that check was not
+  found), as ``interns1_vit.py``'s ``interpolate_pos_encoding`` does. The slow head is the
+  always-resample form, written into ``InternS1VisionEmbeddings.forward``.
 """
 
 from __future__ import annotations
@@ -39,6 +55,8 @@ MODELS = "vllm/model_executor/models"
 QWEN25 = f"{MODELS}/qwen2_5_vl.py"
 GLM = f"{MODELS}/glm4_1v.py"
 QWEN3 = f"{MODELS}/qwen3_vl.py"
+ONEVISION = f"{MODELS}/llava_onevision.py"
+INTERNVIT = f"{MODELS}/interns1_vit.py"
 
 Edits = Mapping[str, tuple[tuple[str, str], ...]]  # path -> (old, new) pairs, applied in order; each old once
 
@@ -294,6 +312,114 @@ _QWEN3_GATHER_HELPER = """        return self._gather_cos_sin(pos_ids, max_grid_
 
 _QWEN3_VIT = "vllm/model_executor/models/qwen3_vl.py:Qwen3_VisionTransformer"
 
+# ----------------------------------------------------------------------------- llava-onevision
+_OV_HOST_SIZE = """                # Move to CPU to avoid floating-point errors
+                orig_height, orig_width = image_size.tolist()
+"""
+_OV_TENSOR_SIZE = """                # The image's size as two 0-d tensors: the anyres grid shape is
+                # computed on them
+                orig_height, orig_width = image_size
+"""
+# transformers' unpad_image now rounds (round() of a tensor fails) and converts a tensor itself
+_OV_UNPAD_HOST = """                    other_patch_embeds = unpad_image(
+                        other_patch_embeds, (orig_height, orig_width)
+                    )
+"""
+_OV_UNPAD_TENSOR = """                    other_patch_embeds = unpad_image(other_patch_embeds, image_size)
+"""
+_OV_NEWLINE = """                    if image_newline is not None:
+                        other_patch_embeds = torch.cat(
+                            (
+                                other_patch_embeds,
+                                image_newline[:, None, None]
+                                .expand(*other_patch_embeds.shape[:-1], 1)
+                                .to(other_patch_embeds.device),
+                            ),
+                            dim=-1,
+                        )
+"""
+_OV_NEWLINE_CALL = """                    other_patch_embeds = self._append_image_newline(
+                        other_patch_embeds, image_newline
+                    )
+"""
+_OV_MERGE = """    # Based on: https://github.com/haotian-liu/LLaVA/blob/main/llava/model/llava_arch.py
+    def _merge_image_patch_embeddings(
+"""
+_OV_HELPER = """    @staticmethod
+    def _append_image_newline(
+        embeds: torch.Tensor, image_newline: torch.Tensor | None
+    ) -> torch.Tensor:
+        \"\"\"The newline embedding after each row of a (channels, rows, cols) feature map.\"\"\"
+        if image_newline is None:
+            return embeds
+        newline = image_newline[:, None, None].expand(*embeds.shape[:-1], 1)
+        return torch.cat((embeds, newline.to(embeds.device)), dim=-1)
+
+""" + _OV_MERGE
+
+_OV_MODEL = "vllm/model_executor/models/llava_onevision.py:LlavaOnevisionForConditionalGeneration"
+
+# ----------------------------------------------------------------------------- internvl
+_INTERN_POS = """        cls_tokens = self.cls_token.expand(batch_size, -1, -1)
+        embeddings = torch.cat((cls_tokens, embeddings), dim=1)
+
+        if self.position_embeddings is not None:
+            embeddings = embeddings + self.interpolate_pos_encoding(
+                embeddings, height, width
+            )
+"""
+_INTERN_POS_ALWAYS = """        cls_tokens = self.cls_token.expand(batch_size, -1, -1)
+        embeddings = torch.cat((cls_tokens, embeddings), dim=1)
+
+        if self.position_embeddings is not None:
+            # The patch position table resampled to this patch grid on every
+            # forward, also when the grid is the one it was trained on
+            target_dtype = self.position_embeddings.dtype
+            pos_h = self.image_size[0] // self.patch_size[0]
+            pos_w = self.image_size[1] // self.patch_size[1]
+            patch_pos = (
+                self.position_embeddings[:, 1:, :]
+                .float()
+                .reshape(1, pos_h, pos_w, -1)
+                .permute(0, 3, 1, 2)
+            )
+            patch_pos = nn.functional.interpolate(
+                patch_pos,
+                size=(patch_height, patch_width),
+                mode="bicubic",
+                align_corners=False,
+            )
+            patch_pos = (
+                patch_pos.reshape(1, -1, patch_height * patch_width)
+                .permute(0, 2, 1)
+                .to(target_dtype)
+            )
+            embeddings = embeddings + torch.cat(
+                [self.position_embeddings[:, :1, :], patch_pos], dim=1
+            )
+"""
+_INTERN_POS_CALL = """        embeddings = self._with_cls_and_positions(embeddings, height, width)
+"""
+_INTERN_FORWARD = """    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        bool_masked_pos: torch.BoolTensor | None = None,
+    ) -> torch.Tensor:
+"""
+_INTERN_HELPER = """    def _with_cls_and_positions(
+        self, embeddings: torch.Tensor, height: int, width: int
+    ) -> torch.Tensor:
+        \"\"\"The class token prepended to the patch embeddings, the position table added.\"\"\"
+        cls_tokens = self.cls_token.expand(embeddings.shape[0], -1, -1)
+        embeddings = torch.cat((cls_tokens, embeddings), dim=1)
+        if self.position_embeddings is None:
+            return embeddings
+        return embeddings + self.interpolate_pos_encoding(embeddings, height, width)
+
+""" + _INTERN_FORWARD
+
+_INTERN_EMB = "vllm/model_executor/models/interns1_vit.py:InternS1VisionEmbeddings"
+
 HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
     Holdout(
         model="qwen2-5-vl",
@@ -331,6 +457,33 @@ HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
         refactor=HoldoutHead("qwen3-vl: factor the cos/sin gather out of rot_pos_emb", 0,
                              edits={QWEN3: ((_QWEN3_GATHER, _QWEN3_GATHER_HELPER),)}),
         helper=f"{_QWEN3_VIT}._gather_cos_sin",
+    ),
+    Holdout(
+        model="llava-onevision",
+        pattern="the anyres grid shape computed on the image size as 0-d tensors (an .item() per int() and comparison)",
+        source="vLLM llava_next.py _merge_image_patch_embeddings before PR #6982 (image_size passed on as a tensor; "
+               "#6982 took it to the host: image_size.tolist(), 'Move to CPU to avoid floating-point errors')",
+        function=f"{_OV_MODEL}._merge_image_patch_embeddings",
+        fails=(f"{_OV_MODEL}._merge_image_patch_embeddings",),
+        slow=HoldoutHead("llava-onevision: the image size stays a tensor in _merge_image_patch_embeddings", 1,
+                         edits={ONEVISION: ((_OV_HOST_SIZE, _OV_TENSOR_SIZE), (_OV_UNPAD_HOST, _OV_UNPAD_TENSOR))}),
+        refactor=HoldoutHead("llava-onevision: factor the image newline out of _merge_image_patch_embeddings", 0,
+                             edits={ONEVISION: ((_OV_NEWLINE, _OV_NEWLINE_CALL), (_OV_MERGE, _OV_HELPER))}),
+        helper=f"{_OV_MODEL}._append_image_newline",
+    ),
+    Holdout(
+        model="internvl",
+        pattern="the vision position table bicubic-resampled on every forward, also to the grid it was trained on",
+        source="OpenGVLab's modeling_intern_vit.py InternVisionEmbeddings.forward, adapted by vLLM PR #6514 "
+               "(torch.cat([pos[:, :1], self._get_pos_embed(pos[:, 1:], H, W)]) every forward); vLLM's "
+               "intern_vit.py now skips it when the grid matches (_get_position_embedding)",
+        function=f"{_INTERN_EMB}.forward",
+        fails=(f"{_INTERN_EMB}.forward",),
+        slow=HoldoutHead("internvl: resample the vision position table on every forward", 1,
+                         edits={INTERNVIT: ((_INTERN_POS, _INTERN_POS_ALWAYS),)}),
+        refactor=HoldoutHead("internvl: factor the class token and position table out of the embeddings' forward", 0,
+                             edits={INTERNVIT: ((_INTERN_POS, _INTERN_POS_CALL), (_INTERN_FORWARD, _INTERN_HELPER))}),
+        helper=f"{_INTERN_EMB}._with_cls_and_positions",
     ),
 )}
 
