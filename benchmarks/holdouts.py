@@ -141,6 +141,9 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
     "qwen2-5-vl": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]], [[2, 34, 46]]],
     "glm-4-1v": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]]],
     "qwen3-vl": [[[1, 30, 40]], [[1, 26, 50]], [[1, 30, 40], [1, 26, 50]], [[2, 30, 40]]],
+    # not grids: crops per image (num_patches). Gemma 3 resizes both sizes to one 224x224 crop
+    # (pan-and-scan is off in the tiny checkpoint); the last case is an image with two crops besides.
+    "gemma3": [[1], [1], [1, 1], [3, 1]],
 }
 
 
@@ -214,6 +217,14 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
                        rotary_pos_emb=Tables(8))
             cos, sin = vit.rot_pos_emb(grid)
             out.append({"cos": cos, "sin": sin})
+        elif model == "gemma3":
+            # vision tower and projector stand-ins pass through: the function's own work is the per-image split
+            g = torch.Generator().manual_seed(0)
+            embeds = torch.randn(sum(grid), 64, 128, generator=g).to(torch.bfloat16)  # 64 tokens per crop
+            mm = bare(module.Gemma3ForConditionalGeneration, vision_tower=lambda x: x,
+                      multi_modal_projector=lambda x: x)
+            got = mm._process_image_input({"pixel_values": embeds, "num_patches": torch.tensor(grid)})
+            out.append({f"image{i}": e for i, e in enumerate(got)})
     return out
 
 

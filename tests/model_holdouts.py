@@ -1,6 +1,6 @@
 """Holdouts for the model matrix: historical slow patterns of vLLM's vision models, re-planted.
 
-For three models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
+For four models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
 vLLM once had (and fixed) in that model's code, and one that refactors the same function without
 changing its work. Each edits the installed vLLM 0.32 source as a pull request would (committed by
 tests/vllm_repo.py). ``guard pr --only ops --model MODEL`` must exit 1 on the slow head, naming
@@ -28,6 +28,16 @@ Where each pattern comes from:
   (``arange``, ``expand``, ``reshape``, ``permute``, ``stack``) on every forward; #28475 moved them
   to numpy and cached them per (h, w) (``rot_pos_ids``). The slow head is the torch loop, written
   after the same loop that Qwen2-VL's form still has in 0.32's ``glm4_1v.py`` ``rot_pos_emb``.
+- gemma3: vLLM's ``scatter_patch_features`` (``models/vision.py``) scattered each image's patch
+  features into a NaN-filled tensor of its placeholder's rows (``new_full(..., nan)``, then
+  ``embed_one[e_is_patch] = patches_one``), and ``select_patch_features`` took them back out
+  (``x[~x.isnan()].view(-1, *x.shape[1:])``): two boolean-mask indexings (``nonzero``) per image.
+  Gemma 3 ran both in the model (``get_multimodal_embeddings`` / ``get_input_embeddings``, e.g. at
+  vLLM commit 0004c540) until PR #16076 ("[V1] Scatter and gather placeholders in the model
+  runner") moved them out; 0.32's runner merges with an ``is_embed`` mask instead. The slow head
+  does the round trip per image in ``_process_image_input``; the placeholder mask, then a processor
+  output built from the prompt's tokens, is built from the embeddings' shape (<start_of_image>,
+  the image tokens, <end_of_image> per crop).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ MODELS = "vllm/model_executor/models"
 QWEN25 = f"{MODELS}/qwen2_5_vl.py"
 GLM = f"{MODELS}/glm4_1v.py"
 QWEN3 = f"{MODELS}/qwen3_vl.py"
+GEMMA3 = f"{MODELS}/gemma3_mm.py"
 
 Edits = Mapping[str, tuple[tuple[str, str], ...]]  # path -> (old, new) pairs, applied in order; each old once
 
@@ -294,6 +305,52 @@ _QWEN3_GATHER_HELPER = """        return self._gather_cos_sin(pos_ids, max_grid_
 
 _QWEN3_VIT = "vllm/model_executor/models/qwen3_vl.py:Qwen3_VisionTransformer"
 
+# ----------------------------------------------------------------------------- gemma3
+_GEMMA3_SPLIT = """        image_embeds = self.multi_modal_projector(image_features)
+
+        return [e.flatten(0, 1) for e in image_embeds.split(num_patches.tolist())]
+"""
+_GEMMA3_SCATTER_SELECT = """        image_embeds = self.multi_modal_projector(image_features)
+
+        # Scatter each image's patch features into its placeholder's rows (NaN in
+        # the others), then select the patch features back by the NaN mask.
+        embeds = []
+        for patches in image_embeds.split(num_patches.tolist()):
+            # each crop's placeholder: <start_of_image>, its image tokens, <end_of_image>
+            embed_is_patch = torch.ones(
+                patches.shape[0],
+                patches.shape[1] + 2,
+                dtype=torch.bool,
+                device=patches.device,
+            )
+            embed_is_patch[:, 0] = False
+            embed_is_patch[:, -1] = False
+            embed_is_patch = embed_is_patch.flatten()
+            embed_one = patches.new_full(
+                (embed_is_patch.shape[0], patches.shape[-1]),
+                fill_value=torch.nan,
+            )
+            embed_one[embed_is_patch] = patches.flatten(0, 1)
+            embeds.append(embed_one[~embed_one.isnan()].view(-1, *embed_one.shape[1:]))
+        return embeds
+"""
+_GEMMA3_SPLIT_CALL = """        image_embeds = self.multi_modal_projector(image_features)
+
+        return self._per_image_embeds(image_embeds, num_patches)
+"""
+_GEMMA3_EMBED = """    def embed_multimodal(self, **kwargs: object) -> MultiModalEmbeddings:
+"""
+_GEMMA3_HELPER = """    @staticmethod
+    def _per_image_embeds(
+        image_embeds: torch.Tensor, num_patches: torch.Tensor
+    ) -> list[torch.Tensor]:
+        \"\"\"The projector's output split per image, its crops' tokens in one run.\"\"\"
+        return [e.flatten(0, 1) for e in image_embeds.split(num_patches.tolist())]
+
+""" + _GEMMA3_EMBED
+
+_GEMMA3_MM = "vllm/model_executor/models/gemma3_mm.py:Gemma3ForConditionalGeneration"
+
 HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
     Holdout(
         model="qwen2-5-vl",
@@ -331,6 +388,19 @@ HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
         refactor=HoldoutHead("qwen3-vl: factor the cos/sin gather out of rot_pos_emb", 0,
                              edits={QWEN3: ((_QWEN3_GATHER, _QWEN3_GATHER_HELPER),)}),
         helper=f"{_QWEN3_VIT}._gather_cos_sin",
+    ),
+    Holdout(
+        model="gemma3",
+        pattern="each image's embeddings scattered into a NaN-filled placeholder and selected back by an isnan mask",
+        source="vLLM's scatter_patch_features / select_patch_features (models/vision.py), run for Gemma 3 in the "
+               "model until PR #16076 moved them to the model runner",
+        function=f"{_GEMMA3_MM}._process_image_input",
+        fails=(f"{_GEMMA3_MM}._process_image_input",),
+        slow=HoldoutHead("gemma3: scatter each image's features into its placeholder and select them back by NaN", 1,
+                         edits={GEMMA3: ((_GEMMA3_SPLIT, _GEMMA3_SCATTER_SELECT),)}),
+        refactor=HoldoutHead("gemma3: factor the per-image split out of _process_image_input", 0,
+                             edits={GEMMA3: ((_GEMMA3_SPLIT, _GEMMA3_SPLIT_CALL), (_GEMMA3_EMBED, _GEMMA3_HELPER))}),
+        helper=f"{_GEMMA3_MM}._per_image_embeds",
     ),
 )}
 
