@@ -1,4 +1,4 @@
-"""Holdouts: historical slow patterns re-planted in three vision models, judged by `guard pr`.
+"""Holdouts: historical slow patterns re-planted in five vision models, judged by `guard pr`.
 
 Builds a vLLM repository from the installed sources (tests/vllm_repo.py), commits each model's two
 heads from tests/model_holdouts.py on top of its base (a slow pattern vLLM once had and fixed, and
@@ -144,6 +144,10 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
     # not grids: crops per image (num_patches). Gemma 3 resizes both sizes to one 224x224 crop
     # (pan-and-scan is off in the tiny checkpoint); the last case is an image with two crops besides.
     "gemma3": [[1], [1], [1, 1], [3, 1]],
+    # not grids: each slice's (h, w) in patches. MiniCPM-V 4.6 cuts each image into its overview and
+    # two slices, all run through the vision tower as one batch (one request's image, or both).
+    "minicpm-v": [[[28, 36], [40, 28], [40, 28]], [[24, 44], [32, 32], [32, 32]],
+                  [[28, 36], [40, 28], [40, 28], [24, 44], [32, 32], [32, 32]]],
 }
 
 
@@ -225,6 +229,14 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
                       multi_modal_projector=lambda x: x)
             got = mm._process_image_input({"pixel_values": embeds, "num_patches": torch.tensor(grid)})
             out.append({f"image{i}": e for i, e in enumerate(got)})
+        elif model == "minicpm-v":
+            # the padded batch's patch mask, as MiniCPMV4_6's get_vision_hidden_states builds it
+            tgt_sizes = torch.tensor(grid, dtype=torch.long)
+            num_patches = tgt_sizes.prod(-1)
+            mask = torch.arange(int(num_patches.max()))[None, :] < num_patches[:, None]
+            emb = bare(module.Idefics2VisionEmbeddings, num_patches_per_side=448 // 14,
+                       position_embedding=torch.nn.Embedding((448 // 14) ** 2, 8))
+            out.append({"position_ids": emb.get_position_ids(mask.unsqueeze(1), tgt_sizes)})
     return out
 
 

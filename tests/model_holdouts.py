@@ -1,6 +1,6 @@
 """Holdouts for the model matrix: historical slow patterns of vLLM's vision models, re-planted.
 
-For four models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
+For five models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
 vLLM once had (and fixed) in that model's code, and one that refactors the same function without
 changing its work. Each edits the installed vLLM 0.32 source as a pull request would (committed by
 tests/vllm_repo.py). ``guard pr --only ops --model MODEL`` must exit 1 on the slow head, naming
@@ -38,6 +38,15 @@ Where each pattern comes from:
   does the round trip per image in ``_process_image_input``; the placeholder mask, then a processor
   output built from the prompt's tokens, is built from the embeddings' shape (<start_of_image>,
   the image tokens, <end_of_image> per crop).
+- minicpm-v: MiniCPM-V's vision tower is ``idefics2_vision_model.py``. Its
+  ``Idefics2VisionEmbeddings.forward`` (e.g. at vLLM commit 68137261) built the position ids per
+  slice: ``arange(0, 1 - 1e-6, 1 / nb_patches_h)`` with a 0-d tensor as the step (an ``.item()``
+  per size), two ``bucketize`` and ``position_ids[batch_idx][p_attn_mask.view(-1).cpu()] =
+  pos_ids`` (a host copy of the mask and a ``nonzero`` per slice); 0.32's ``get_position_ids``
+  computes them for the whole batch at once. The slow head is that loop, as it was, inside 0.32's
+  ``get_position_ids``. The PR that vectorised it was not found; the two agree on the tiny
+  checkpoint's slice sizes, not on every size (at a 58-patch side, 29 * (1/58) in float32 falls
+  just below 0.5, the exact 29/58 on it: one bucket apart).
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ QWEN25 = f"{MODELS}/qwen2_5_vl.py"
 GLM = f"{MODELS}/glm4_1v.py"
 QWEN3 = f"{MODELS}/qwen3_vl.py"
 GEMMA3 = f"{MODELS}/gemma3_mm.py"
+IDEFICS2 = f"{MODELS}/idefics2_vision_model.py"  # MiniCPM-V's vision tower (``vpm``)
 
 Edits = Mapping[str, tuple[tuple[str, str], ...]]  # path -> (old, new) pairs, applied in order; each old once
 
@@ -351,6 +361,111 @@ _GEMMA3_HELPER = """    @staticmethod
 
 _GEMMA3_MM = "vllm/model_executor/models/gemma3_mm.py:Gemma3ForConditionalGeneration"
 
+# ----------------------------------------------------------------------------- minicpm-v
+_IDEFICS2_VECTORISED = """        boundaries = torch.arange(
+            1 / self.num_patches_per_side,
+            1.0,
+            1 / self.num_patches_per_side,
+            device=device,
+        )
+
+        flat_patch_attention_mask = patch_attention_mask.view(batch_size, -1)
+        max_patches = flat_patch_attention_mask.shape[-1]
+
+        if tgt_sizes is not None:
+            # tgt_sizes may come from CPU-side mm_kwargs; use a pinned async
+            # copy to stay clean under VLLM_GPU_SYNC_CHECK.
+            if tgt_sizes.device != device:
+                tgt_sizes = async_tensor_h2d(tgt_sizes, device)
+            nb_patches_h = tgt_sizes[:, 0]
+            nb_patches_w = tgt_sizes[:, 1]
+        else:
+            if patch_attention_mask.dim() == 3:
+                nb_patches_h = patch_attention_mask[:, :, 0].sum(dim=1)
+                nb_patches_w = patch_attention_mask[:, 0, :].sum(dim=1)
+            else:
+                # Fallback for unexpected 2D masks without tgt_sizes
+                nb_patches_h = torch.ones(batch_size, device=device)
+                nb_patches_w = patch_attention_mask.sum(dim=1)
+
+        nb_h = nb_patches_h.clamp(min=1).unsqueeze(1)
+        nb_w = nb_patches_w.clamp(min=1).unsqueeze(1)
+
+        i = torch.arange(max_patches, device=device)
+
+        if patch_attention_mask.dim() == 3 and patch_attention_mask.shape[1] > 1:
+            stride_w = patch_attention_mask.shape[2]  # padded 2D grid width
+        else:
+            stride_w = nb_w  # (batch, 1) \u2014 per-item actual patch width
+
+        h_idx = i.unsqueeze(0) // stride_w
+        w_idx = i.unsqueeze(0) % stride_w
+
+        fractional_h = h_idx / nb_h
+        fractional_w = w_idx / nb_w
+
+        bucket_h = torch.bucketize(fractional_h, boundaries, right=True)
+        bucket_w = torch.bucketize(fractional_w, boundaries, right=True)
+
+        pos_ids = bucket_h * self.num_patches_per_side + bucket_w
+
+        position_ids = torch.where(flat_patch_attention_mask, pos_ids.to(torch.long), 0)
+"""
+_IDEFICS2_PER_ITEM = """        boundaries = torch.arange(
+            1 / self.num_patches_per_side, 1.0, 1 / self.num_patches_per_side
+        )
+        max_patches = patch_attention_mask.view(batch_size, -1).shape[-1]
+        position_ids = torch.full(size=(batch_size, max_patches), fill_value=0)
+
+        for batch_idx, p_attn_mask in enumerate(patch_attention_mask):
+            if tgt_sizes is not None:
+                nb_patches_h = tgt_sizes[batch_idx][0]
+                nb_patches_w = tgt_sizes[batch_idx][1]
+            else:
+                nb_patches_h = p_attn_mask[:, 0].sum()
+                nb_patches_w = p_attn_mask[0].sum()
+            fractional_coords_h = torch.arange(0, 1 - 1e-6, 1 / nb_patches_h)
+            fractional_coords_w = torch.arange(0, 1 - 1e-6, 1 / nb_patches_w)
+            bucket_coords_h = torch.bucketize(
+                fractional_coords_h, boundaries, right=True
+            )
+            bucket_coords_w = torch.bucketize(
+                fractional_coords_w, boundaries, right=True
+            )
+            pos_ids = (
+                bucket_coords_h[:, None] * self.num_patches_per_side + bucket_coords_w
+            ).flatten()
+            position_ids[batch_idx][p_attn_mask.view(-1).cpu()] = pos_ids
+"""
+_IDEFICS2_BUCKETS = """        fractional_h = h_idx / nb_h
+        fractional_w = w_idx / nb_w
+
+        bucket_h = torch.bucketize(fractional_h, boundaries, right=True)
+        bucket_w = torch.bucketize(fractional_w, boundaries, right=True)
+
+        pos_ids = bucket_h * self.num_patches_per_side + bucket_w
+"""
+_IDEFICS2_BUCKETS_CALL = """        pos_ids = self._bucket_pos_ids(h_idx, w_idx, nb_h, nb_w, boundaries)
+"""
+_IDEFICS2_GET_IDS = """    def get_position_ids(
+"""
+_IDEFICS2_HELPER = """    def _bucket_pos_ids(
+        self,
+        h_idx: torch.Tensor,
+        w_idx: torch.Tensor,
+        nb_h: torch.Tensor,
+        nb_w: torch.Tensor,
+        boundaries: torch.Tensor,
+    ) -> torch.Tensor:
+        \"\"\"Each patch's fractional (h, w) in its image, bucketed onto the square position grid.\"\"\"
+        bucket_h = torch.bucketize(h_idx / nb_h, boundaries, right=True)
+        bucket_w = torch.bucketize(w_idx / nb_w, boundaries, right=True)
+        return bucket_h * self.num_patches_per_side + bucket_w
+
+""" + _IDEFICS2_GET_IDS
+
+_IDEFICS2_EMB = "vllm/model_executor/models/idefics2_vision_model.py:Idefics2VisionEmbeddings"
+
 HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
     Holdout(
         model="qwen2-5-vl",
@@ -401,6 +516,20 @@ HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
         refactor=HoldoutHead("gemma3: factor the per-image split out of _process_image_input", 0,
                              edits={GEMMA3: ((_GEMMA3_SPLIT, _GEMMA3_SPLIT_CALL), (_GEMMA3_EMBED, _GEMMA3_HELPER))}),
         helper=f"{_GEMMA3_MM}._per_image_embeds",
+    ),
+    Holdout(
+        model="minicpm-v",
+        pattern="vision position ids built per slice in a Python loop (a host copy of each mask, .item() per size)",
+        source="vLLM idefics2_vision_model.py Idefics2VisionEmbeddings.forward before the vectorised "
+               "get_position_ids (e.g. vLLM commit 68137261)",
+        function=f"{_IDEFICS2_EMB}.get_position_ids",
+        fails=(f"{_IDEFICS2_EMB}.get_position_ids",),
+        slow=HoldoutHead("minicpm-v: vision position ids per slice in a loop, as Idefics2VisionEmbeddings had them",
+                         1, edits={IDEFICS2: ((_IDEFICS2_VECTORISED, _IDEFICS2_PER_ITEM),)}),
+        refactor=HoldoutHead("minicpm-v: factor the bucketing out of Idefics2VisionEmbeddings.get_position_ids", 0,
+                             edits={IDEFICS2: ((_IDEFICS2_BUCKETS, _IDEFICS2_BUCKETS_CALL),
+                                               (_IDEFICS2_GET_IDS, _IDEFICS2_HELPER))}),
+        helper=f"{_IDEFICS2_EMB}._bucket_pos_ids",
     ),
 )}
 
