@@ -142,7 +142,8 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
     "glm-4-1v": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]]],
     "qwen3-vl": [[[1, 30, 40]], [[1, 26, 50]], [[1, 30, 40], [1, 26, 50]], [[2, 30, 40]]],
     # not grids: crops per image (num_patches). Gemma 3 resizes both sizes to one 224x224 crop
-    # (pan-and-scan is off in the tiny checkpoint); the last case is an image with two crops besides.
+    # (pan-and-scan is off in the tiny checkpoint); the last case: an image with two pan-and-scan crops
+    # besides the whole, then one without.
     "gemma3": [[1], [1], [1, 1], [3, 1]],
     # not grids: each slice's (h, w) in patches. MiniCPM-V 4.6 cuts each image into its overview and
     # two slices, all run through the vision tower as one batch (one request's image, or both).
