@@ -1,4 +1,4 @@
-"""Holdouts: historical slow patterns re-planted in five vision models, judged by `guard pr`.
+"""Holdouts: historical slow patterns re-planted in seven vision models, judged by `guard pr`.
 
 Builds a vLLM repository from the installed sources (tests/vllm_repo.py), commits each model's two
 heads from tests/model_holdouts.py on top of its base (a slow pattern vLLM once had and fixed, and
@@ -137,7 +137,8 @@ def report(rows: list[Row]) -> None:
 # image of 640x480, one of 800x400, both together; a two-frame grid where the model takes video),
 # gives exactly base's tensors. The functions are called on a bare instance holding only what they
 # read (no engine, no weights); the modules are the edited sources, compiled under their own path.
-GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoints' processors make them
+GRIDS = {  # what each holdout's function is given for the profile's images, as the tiny checkpoints'
+    # processors make them: (t, h, w) patch grids for the Qwen and GLM models
     "qwen2-5-vl": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]], [[2, 34, 46]]],
     "glm-4-1v": [[[1, 34, 46]], [[1, 28, 58]], [[1, 34, 46], [1, 28, 58]]],
     "qwen3-vl": [[[1, 30, 40]], [[1, 26, 50]], [[1, 30, 40], [1, 26, 50]], [[2, 30, 40]]],
@@ -145,6 +146,14 @@ GRIDS = {  # (t, h, w) patch grids of the profile's images, as the tiny checkpoi
     "llava-onevision": [[[480, 640, 13]], [[400, 800, 9]], [[480, 640, 13], [400, 800, 9]]],
     # tiles of 224 px: 12 and 8 crops plus the thumbnail
     "internvl": [[13], [9], [13, 9]],
+    # not grids: crops per image (num_patches). Gemma 3 resizes both sizes to one 224x224 crop
+    # (pan-and-scan is off in the tiny checkpoint); the last case: an image with two pan-and-scan crops
+    # besides the whole, then one without.
+    "gemma3": [[1], [1], [1, 1], [3, 1]],
+    # not grids: each slice's (h, w) in patches. MiniCPM-V 4.6 cuts each image into its overview and
+    # two slices, all run through the vision tower as one batch (one request's image, or both).
+    "minicpm-v": [[[28, 36], [40, 28], [40, 28]], [[24, 44], [32, 32], [32, 32]],
+                  [[28, 36], [40, 28], [40, 28], [24, 44], [32, 32], [32, 32]]],
 }
 
 
@@ -241,6 +250,22 @@ def outputs(model: str, module: ModuleType) -> list[dict[str, Any]]:
                        position_embeddings=torch.rand(1, 16 * 16 + 1, 64, generator=g).to(torch.bfloat16))
             embeddings, _ = emb.forward(torch.zeros(tiles, 3, 224, 224))
             out.append({"embeddings": embeddings})
+        elif model == "gemma3":
+            # vision tower and projector stand-ins pass through: the function's own work is the per-image split
+            g = torch.Generator().manual_seed(0)
+            embeds = torch.randn(sum(grid), 64, 128, generator=g).to(torch.bfloat16)  # 64 tokens per crop
+            mm = bare(module.Gemma3ForConditionalGeneration, vision_tower=lambda x: x,
+                      multi_modal_projector=lambda x: x)
+            got = mm._process_image_input({"pixel_values": embeds, "num_patches": torch.tensor(grid)})
+            out.append({f"image{i}": e for i, e in enumerate(got)})
+        elif model == "minicpm-v":
+            # the padded batch's patch mask, as MiniCPMV4_6's get_vision_hidden_states builds it
+            tgt_sizes = torch.tensor(grid, dtype=torch.long)
+            num_patches = tgt_sizes.prod(-1)
+            mask = torch.arange(int(num_patches.max()))[None, :] < num_patches[:, None]
+            emb = bare(module.Idefics2VisionEmbeddings, num_patches_per_side=448 // 14,
+                       position_embedding=torch.nn.Embedding((448 // 14) ** 2, 8))
+            out.append({"position_ids": emb.get_position_ids(mask.unsqueeze(1), tgt_sizes)})
     return out
 
 

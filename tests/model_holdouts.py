@@ -1,6 +1,6 @@
 """Holdouts for the model matrix: historical slow patterns of vLLM's vision models, re-planted.
 
-For five models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
+For seven models guard guards besides DeepSeek-OCR-2, a pull request that brings back a slow pattern
 vLLM once had (and fixed) in that model's code, and one that refactors the same function without
 changing its work. Each edits the installed vLLM 0.32 source as a pull request would (committed by
 tests/vllm_repo.py). ``guard pr --only ops --model MODEL`` must exit 1 on the slow head, naming
@@ -44,6 +44,25 @@ Where each pattern comes from:
   as it is when the grid matches (``_get_position_embedding``; the PR that added that check was not
   found), as ``interns1_vit.py``'s ``interpolate_pos_encoding`` does. The slow head is the
   always-resample form, written into ``InternS1VisionEmbeddings.forward``.
+- gemma3: vLLM's ``scatter_patch_features`` (``models/vision.py``) scattered each image's patch
+  features into a NaN-filled tensor of its placeholder's rows (``new_full(..., nan)``, then
+  ``embed_one[e_is_patch] = patches_one``), and ``select_patch_features`` took them back out
+  (``x[~x.isnan()].view(-1, *x.shape[1:])``): two boolean-mask indexings (``nonzero``) per image.
+  Gemma 3 ran both in the model (``get_multimodal_embeddings`` / ``get_input_embeddings``, e.g. at
+  vLLM commit 0004c540) until PR #16076 ("[V1] Scatter and gather placeholders in the model
+  runner") moved them out; 0.32's runner merges with an ``is_embed`` mask instead. The slow head
+  does the round trip per image in ``_process_image_input``; the placeholder mask, then a processor
+  output built from the prompt's tokens, is built from the embeddings' shape (<start_of_image>,
+  the image tokens, <end_of_image> per crop).
+- minicpm-v: MiniCPM-V's vision tower is ``idefics2_vision_model.py``. Its
+  ``Idefics2VisionEmbeddings.forward`` (e.g. at vLLM commit 68137261) built the position ids per
+  slice: ``arange(0, 1 - 1e-6, 1 / nb_patches_h)`` with a 0-d tensor as the step (an ``.item()``
+  per size), two ``bucketize`` and ``position_ids[batch_idx][p_attn_mask.view(-1).cpu()] =
+  pos_ids`` (a host copy of the mask and a ``nonzero`` per slice); 0.32's ``get_position_ids``
+  computes them for the whole batch at once. The slow head is that loop, as it was, inside 0.32's
+  ``get_position_ids``. The PR that vectorised it was not found; the two agree on the tiny
+  checkpoint's slice sizes, not on every size (at a 58-patch side, 29 * (1/58) in float32 falls
+  just below 0.5, the exact 29/58 on it: one bucket apart).
 """
 
 from __future__ import annotations
@@ -57,6 +76,8 @@ GLM = f"{MODELS}/glm4_1v.py"
 QWEN3 = f"{MODELS}/qwen3_vl.py"
 ONEVISION = f"{MODELS}/llava_onevision.py"
 INTERNVIT = f"{MODELS}/interns1_vit.py"
+GEMMA3 = f"{MODELS}/gemma3_mm.py"
+IDEFICS2 = f"{MODELS}/idefics2_vision_model.py"  # MiniCPM-V's vision tower (``vpm``)
 
 Edits = Mapping[str, tuple[tuple[str, str], ...]]  # path -> (old, new) pairs, applied in order; each old once
 
@@ -419,6 +440,156 @@ _INTERN_HELPER = """    def _with_cls_and_positions(
 """ + _INTERN_FORWARD
 
 _INTERN_EMB = "vllm/model_executor/models/interns1_vit.py:InternS1VisionEmbeddings"
+# ----------------------------------------------------------------------------- gemma3
+_GEMMA3_SPLIT = """        image_embeds = self.multi_modal_projector(image_features)
+
+        return [e.flatten(0, 1) for e in image_embeds.split(num_patches.tolist())]
+"""
+_GEMMA3_SCATTER_SELECT = """        image_embeds = self.multi_modal_projector(image_features)
+
+        # Scatter each image's patch features into its placeholder's rows (NaN in
+        # the others), then select the patch features back by the NaN mask.
+        embeds = []
+        for patches in image_embeds.split(num_patches.tolist()):
+            # each crop's placeholder: <start_of_image>, its image tokens, <end_of_image>
+            embed_is_patch = torch.ones(
+                patches.shape[0],
+                patches.shape[1] + 2,
+                dtype=torch.bool,
+                device=patches.device,
+            )
+            embed_is_patch[:, 0] = False
+            embed_is_patch[:, -1] = False
+            embed_is_patch = embed_is_patch.flatten()
+            embed_one = patches.new_full(
+                (embed_is_patch.shape[0], patches.shape[-1]),
+                fill_value=torch.nan,
+            )
+            embed_one[embed_is_patch] = patches.flatten(0, 1)
+            embeds.append(embed_one[~embed_one.isnan()].view(-1, *embed_one.shape[1:]))
+        return embeds
+"""
+_GEMMA3_SPLIT_CALL = """        image_embeds = self.multi_modal_projector(image_features)
+
+        return self._per_image_embeds(image_embeds, num_patches)
+"""
+_GEMMA3_EMBED = """    def embed_multimodal(self, **kwargs: object) -> MultiModalEmbeddings:
+"""
+_GEMMA3_HELPER = """    @staticmethod
+    def _per_image_embeds(
+        image_embeds: torch.Tensor, num_patches: torch.Tensor
+    ) -> list[torch.Tensor]:
+        \"\"\"The projector's output split per image, its crops' tokens in one run.\"\"\"
+        return [e.flatten(0, 1) for e in image_embeds.split(num_patches.tolist())]
+
+""" + _GEMMA3_EMBED
+
+_GEMMA3_MM = "vllm/model_executor/models/gemma3_mm.py:Gemma3ForConditionalGeneration"
+
+# ----------------------------------------------------------------------------- minicpm-v
+_IDEFICS2_VECTORISED = """        boundaries = torch.arange(
+            1 / self.num_patches_per_side,
+            1.0,
+            1 / self.num_patches_per_side,
+            device=device,
+        )
+
+        flat_patch_attention_mask = patch_attention_mask.view(batch_size, -1)
+        max_patches = flat_patch_attention_mask.shape[-1]
+
+        if tgt_sizes is not None:
+            # tgt_sizes may come from CPU-side mm_kwargs; use a pinned async
+            # copy to stay clean under VLLM_GPU_SYNC_CHECK.
+            if tgt_sizes.device != device:
+                tgt_sizes = async_tensor_h2d(tgt_sizes, device)
+            nb_patches_h = tgt_sizes[:, 0]
+            nb_patches_w = tgt_sizes[:, 1]
+        else:
+            if patch_attention_mask.dim() == 3:
+                nb_patches_h = patch_attention_mask[:, :, 0].sum(dim=1)
+                nb_patches_w = patch_attention_mask[:, 0, :].sum(dim=1)
+            else:
+                # Fallback for unexpected 2D masks without tgt_sizes
+                nb_patches_h = torch.ones(batch_size, device=device)
+                nb_patches_w = patch_attention_mask.sum(dim=1)
+
+        nb_h = nb_patches_h.clamp(min=1).unsqueeze(1)
+        nb_w = nb_patches_w.clamp(min=1).unsqueeze(1)
+
+        i = torch.arange(max_patches, device=device)
+
+        if patch_attention_mask.dim() == 3 and patch_attention_mask.shape[1] > 1:
+            stride_w = patch_attention_mask.shape[2]  # padded 2D grid width
+        else:
+            stride_w = nb_w  # (batch, 1) \u2014 per-item actual patch width
+
+        h_idx = i.unsqueeze(0) // stride_w
+        w_idx = i.unsqueeze(0) % stride_w
+
+        fractional_h = h_idx / nb_h
+        fractional_w = w_idx / nb_w
+
+        bucket_h = torch.bucketize(fractional_h, boundaries, right=True)
+        bucket_w = torch.bucketize(fractional_w, boundaries, right=True)
+
+        pos_ids = bucket_h * self.num_patches_per_side + bucket_w
+
+        position_ids = torch.where(flat_patch_attention_mask, pos_ids.to(torch.long), 0)
+"""
+_IDEFICS2_PER_ITEM = """        boundaries = torch.arange(
+            1 / self.num_patches_per_side, 1.0, 1 / self.num_patches_per_side
+        )
+        max_patches = patch_attention_mask.view(batch_size, -1).shape[-1]
+        position_ids = torch.full(size=(batch_size, max_patches), fill_value=0)
+
+        for batch_idx, p_attn_mask in enumerate(patch_attention_mask):
+            if tgt_sizes is not None:
+                nb_patches_h = tgt_sizes[batch_idx][0]
+                nb_patches_w = tgt_sizes[batch_idx][1]
+            else:
+                nb_patches_h = p_attn_mask[:, 0].sum()
+                nb_patches_w = p_attn_mask[0].sum()
+            fractional_coords_h = torch.arange(0, 1 - 1e-6, 1 / nb_patches_h)
+            fractional_coords_w = torch.arange(0, 1 - 1e-6, 1 / nb_patches_w)
+            bucket_coords_h = torch.bucketize(
+                fractional_coords_h, boundaries, right=True
+            )
+            bucket_coords_w = torch.bucketize(
+                fractional_coords_w, boundaries, right=True
+            )
+            pos_ids = (
+                bucket_coords_h[:, None] * self.num_patches_per_side + bucket_coords_w
+            ).flatten()
+            position_ids[batch_idx][p_attn_mask.view(-1).cpu()] = pos_ids
+"""
+_IDEFICS2_BUCKETS = """        fractional_h = h_idx / nb_h
+        fractional_w = w_idx / nb_w
+
+        bucket_h = torch.bucketize(fractional_h, boundaries, right=True)
+        bucket_w = torch.bucketize(fractional_w, boundaries, right=True)
+
+        pos_ids = bucket_h * self.num_patches_per_side + bucket_w
+"""
+_IDEFICS2_BUCKETS_CALL = """        pos_ids = self._bucket_pos_ids(h_idx, w_idx, nb_h, nb_w, boundaries)
+"""
+_IDEFICS2_GET_IDS = """    def get_position_ids(
+"""
+_IDEFICS2_HELPER = """    def _bucket_pos_ids(
+        self,
+        h_idx: torch.Tensor,
+        w_idx: torch.Tensor,
+        nb_h: torch.Tensor,
+        nb_w: torch.Tensor,
+        boundaries: torch.Tensor,
+    ) -> torch.Tensor:
+        \"\"\"Each patch's fractional (h, w) in its image, bucketed onto the square position grid.\"\"\"
+        bucket_h = torch.bucketize(h_idx / nb_h, boundaries, right=True)
+        bucket_w = torch.bucketize(w_idx / nb_w, boundaries, right=True)
+        return bucket_h * self.num_patches_per_side + bucket_w
+
+""" + _IDEFICS2_GET_IDS
+
+_IDEFICS2_EMB = "vllm/model_executor/models/idefics2_vision_model.py:Idefics2VisionEmbeddings"
 
 HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
     Holdout(
@@ -484,6 +655,33 @@ HOLDOUTS: dict[str, Holdout] = {h.model: h for h in (
         refactor=HoldoutHead("internvl: factor the class token and position table out of the embeddings' forward", 0,
                              edits={INTERNVIT: ((_INTERN_POS, _INTERN_POS_CALL), (_INTERN_FORWARD, _INTERN_HELPER))}),
         helper=f"{_INTERN_EMB}._with_cls_and_positions",
+    ),
+    Holdout(
+        model="gemma3",
+        pattern="each image's embeddings scattered into a NaN-filled placeholder and selected back by an isnan mask",
+        source="vLLM's scatter_patch_features / select_patch_features (models/vision.py), run for Gemma 3 in the "
+               "model until PR #16076 moved them to the model runner",
+        function=f"{_GEMMA3_MM}._process_image_input",
+        fails=(f"{_GEMMA3_MM}._process_image_input",),
+        slow=HoldoutHead("gemma3: scatter each image's features into its placeholder and select them back by NaN", 1,
+                         edits={GEMMA3: ((_GEMMA3_SPLIT, _GEMMA3_SCATTER_SELECT),)}),
+        refactor=HoldoutHead("gemma3: factor the per-image split out of _process_image_input", 0,
+                             edits={GEMMA3: ((_GEMMA3_SPLIT, _GEMMA3_SPLIT_CALL), (_GEMMA3_EMBED, _GEMMA3_HELPER))}),
+        helper=f"{_GEMMA3_MM}._per_image_embeds",
+    ),
+    Holdout(
+        model="minicpm-v",
+        pattern="vision position ids built per slice in a Python loop (a host copy of each mask, .item() per size)",
+        source="vLLM idefics2_vision_model.py Idefics2VisionEmbeddings.forward before the vectorised "
+               "get_position_ids (e.g. vLLM commit 68137261)",
+        function=f"{_IDEFICS2_EMB}.get_position_ids",
+        fails=(f"{_IDEFICS2_EMB}.get_position_ids",),
+        slow=HoldoutHead("minicpm-v: vision position ids per slice in a loop, as Idefics2VisionEmbeddings had them",
+                         1, edits={IDEFICS2: ((_IDEFICS2_VECTORISED, _IDEFICS2_PER_ITEM),)}),
+        refactor=HoldoutHead("minicpm-v: factor the bucketing out of Idefics2VisionEmbeddings.get_position_ids", 0,
+                             edits={IDEFICS2: ((_IDEFICS2_BUCKETS, _IDEFICS2_BUCKETS_CALL),
+                                               (_IDEFICS2_GET_IDS, _IDEFICS2_HELPER))}),
+        helper=f"{_IDEFICS2_EMB}._bucket_pos_ids",
     ),
 )}
 
