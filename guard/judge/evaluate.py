@@ -425,8 +425,8 @@ def environment_notice(rec: ABRecord, pr: PullRequestDiff) -> list[str]:
     said = ", ".join(f"{what} {a} → {b}" for what, a, b in diffs)
     own = any(unmeasurable(f) == "dependencies" for f in pr.changed_files)
     why = ("the pull request changes dependency files, so they are its own change" if own else
-           "the pull request changes no dependency file: the environments were built at different times or from "
-           "different indexes")
+           "the pull request changes no dependency file: the environments were built apart, from other "
+           "requirements, on another day or from another index")
     return [f"{ENVIRONMENTS_DIFFER} {said} ({why}); census changes in functions that call into them may be the "
             "dependency's, not vLLM's Python"]
 
