@@ -509,6 +509,19 @@ def test_a_run_stage_that_stopped_is_reported_by_its_own_reason_alone(ab_profile
     assert any("baseline side measured no census" in r.text and r.kind == ReasonKind.CENSUS_MISSING for r in reasons)
 
 
+def test_a_side_profiled_by_itself_that_stopped_says_why_on_its_own_record(ab_profile):
+    """guard pr --only ops profiles base, then head, each in its own run: a base whose engine never
+    started (vLLM 0.30.0's GLM-4.1V processor against the transformers its venv resolved) keeps its
+    reason on its own record, and that reason, not the gaps it left, is why nothing compares."""
+    rec = ab_record(1.0)
+    rec.baseline.outcomes, rec.baseline.op_counts, rec.baseline.census = [], [], {}
+    reason = InvalidReason(ReasonKind.ENGINE, "base worker: InvalidRunError: engine failed to start: ValueError: ...")
+    rec.baseline.invalid_reasons.append(reason)
+    res = evaluate_ab(dataclasses.replace(ab_profile, ttft_vs_baseline_pct={}), rec)
+    assert res.exit_code == 3
+    assert res.invalid_reasons == [reason.prefixed("baseline: ")]
+
+
 def test_a_busy_machine_is_reported_but_never_invalidates_the_ratio(ab_profile):
     """One busy core (0.81 of 2 cores, measured live: docs/campaigns/2026-11-30-ab-live-busy-core.md) would make an absolute
     check invalid; in A/B mode both members of every pair ran under it, so it is said, and the ratio

@@ -24,7 +24,7 @@ from guard.measure import harness
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
 from guard.judge.opnames import check_op_names, problems, vacuous_budgets
 from guard.model.results import RunRecord, ScopeCounts
-from guard.sanitize import no_workflow_commands, one_line
+from guard.sanitize import clipped, no_workflow_commands, one_line
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -426,6 +426,14 @@ def test_no_workflow_commands(raw, want):
 ])
 def test_one_line(raw, want):
     assert one_line(raw) == want
+
+
+def test_an_engine_error_that_quotes_a_whole_prompt_is_clipped_and_says_so():
+    quoted = "Failed to apply Glm4vProcessor on data={'text': '" + "<|video|>" * 600 + "'}\nwith kwargs"
+    said = clipped(quoted, 100)
+    assert said.startswith("Failed to apply Glm4vProcessor") and "\n" not in said
+    assert said.endswith(f"… ({len(one_line(quoted)) - 100} more characters)")
+    assert clipped("short") == "short"
 
 
 # ----------------------------------------------------------------------------- 7. guard check's run stage, without an engine

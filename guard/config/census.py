@@ -17,7 +17,7 @@ from typing import Any
 from guard.config.budgets import CensusRule
 from guard.errors import ConfigError
 from guard.files import read_input
-from guard.model.readings import Census, folded, op_deltas, parse_size, size, total_calls, without
+from guard.model.readings import Census, counts_only, folded, op_deltas, parse_size, size, total_calls, without
 from guard.model.results import first_refused, parse_strict_json
 
 CENSUS_SCHEMA = "guard/census"
@@ -155,7 +155,7 @@ def plan_census(profile, model: str, run_census: Census, *, provenance: Mapping[
         raise ConfigError(str(results_path), None, "run.census",
                           f"this run has no census for {', '.join(missing)}",
                           hint=f"run `guard check --profile {profile.name}` with the census rule in place")
-    census = {s: without(folded(run_census[s]), rule.exclude) for s in sizes}
+    census = {s: counts_only(without(folded(run_census[s]), rule.exclude)) for s in sizes}  # a baseline holds counts
     old: Baseline | None = load_baseline(rule.baseline) if rule.baseline.exists() else None
     old_text = rule.baseline.read_text(encoding="utf-8") if old is not None else None
     ups: list[tuple[int, str]] = []

@@ -33,7 +33,7 @@ from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import read_input, write_text_atomic
-from guard.model.readings import parse_size
+from guard.model.readings import counts_only, parse_size, total_calls
 from guard.model.results import (ImageSize, Results, Verdict, first_refused, parse_strict_json, reasons_text,
                                  to_ms)
 from guard.judge.stats import percentile
@@ -104,7 +104,7 @@ def census_totals(census: dict[str, dict[str, dict[str, int]]]) -> tuple[CensusT
     out = []
     for size, functions in census.items():
         w, h = parse_size(size)
-        out.append(CensusTotal((w, h), sum(sum(ops.values()) for ops in functions.values()), len(functions)))
+        out.append(CensusTotal((w, h), sum(total_calls(ops) for ops in functions.values()), len(functions)))
     return tuple(sorted(out, key=lambda c: (c.image_size[0] * c.image_size[1], c.image_size)))
 
 
@@ -132,7 +132,7 @@ def commit_flag(flag: str, value: str) -> str:
 def census_digest(census: dict[str, dict[str, dict[str, int]]]) -> str | None:
     if not census:
         return None
-    text = json.dumps(census, sort_keys=True, separators=(",", ":"))
+    text = json.dumps({k: counts_only(v) for k, v in census.items()}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_HEX]
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from guard.config.budgets import CensusRule
 from guard.config.census import Baseline
-from guard.model.readings import Census, FunctionCounts, folded, op_deltas, parse_size, size, total_calls, without
+from guard.model.readings import (Census, FunctionCounts, folded, input_processing_only, op_deltas, parse_size, size,
+                                  total_calls, without)
 from guard.model.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
 
 
@@ -68,11 +69,20 @@ def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCou
       ``min_growth_calls``; or when a watched op grew here and in the whole request;
     - new: fails above ``new_function_max_calls``, or with any watched op that grew in the request;
     - shrunk or vanished: passes (a notice: the baseline can be ratcheted down).
+
+    A function whose every call ran in vLLM's input processing (``input_processing_only``, as the
+    measured side saw it) is held to the growth rules only: its watched ops act on the processor's
+    host tensors and wait for no device. The request's watched ops are summed over the other
+    functions, so a sync that moves from the processor into the model still fails.
     """
     watch = set(rule.watch)
     judged_base = {fn: ops for fn, ops in baseline.items() if fn not in rule.exclude}
     judged_got = {fn: ops for fn, ops in measured.items() if fn not in rule.exclude}
     request = request_deltas(judged_base, judged_got)
+    host = ({fn for fn, ops in judged_got.items() if input_processing_only(ops)}
+            | {fn for fn, ops in judged_base.items() if fn not in judged_got and input_processing_only(ops)})
+    on_device = request_deltas({fn: ops for fn, ops in judged_base.items() if fn not in host},
+                               {fn: ops for fn, ops in judged_got.items() if fn not in host})
     out = []
     for fn in sorted(set(judged_base) | set(judged_got)):
         base, got = judged_base.get(fn), judged_got.get(fn)
@@ -83,7 +93,8 @@ def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCou
             continue
         moved_ops = _moved_in(deltas, request)
         moved = total_calls(moved_ops)
-        grew_watched = tuple(op for op, d in deltas if d > 0 and op in watch and request.get(op, 0) > 0)
+        grew_watched = () if fn in host else tuple(op for op, d in deltas
+                                                   if d > 0 and op in watch and on_device.get(op, 0) > 0)
         b = total_calls(base) if base is not None else None
         m = total_calls(got) if got is not None else None
         reason = ""
@@ -103,7 +114,7 @@ def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCou
         out.append(CensusCheck(function=fn, image_size=tuple(image_size), baseline_calls=b, measured_calls=m,
                                op_deltas=tuple(CensusOpDelta(op, d) for op, d in deltas),
                                status=Status.FAIL if reason else Status.PASS, reason=reason, watched_ops=grew_watched,
-                               moved_calls=moved,
+                               input_processing=fn in host, moved_calls=moved,
                                moved_from=_donors(moved_ops, judged_base, judged_got) if moved else ()))
     out.sort(key=_check_order)
     return out

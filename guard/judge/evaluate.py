@@ -302,7 +302,10 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)
     cand = evaluate(no_abs, rec.candidate, guard_version=guard_version, output=output)
     reasons = list(cand.judged_invalid_reasons)
-    stopped = bool(rec.candidate.invalid_reasons)  # the run stage's own reasons, for either side
+    # The run stage's own reasons: an A/B run keeps both sides' on the candidate; a side profiled by
+    # itself (guard pr --only ops) keeps its own, and a base that never ran is why nothing compares.
+    reasons += [r.prefixed("baseline: ") for r in rec.baseline.invalid_reasons]
+    stopped = bool(rec.candidate.invalid_reasons or rec.baseline.invalid_reasons)
     reasons += [r.prefixed("baseline: ") for r in invalid_reasons(no_abs, rec.baseline, stopped)
                 if r not in hardware_reasons(profile, rec.baseline.environment)]  # same machine: said once
     paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes)

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from guard.config.budgets import DEFAULT_ROOTS
-from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD, FunctionCounts, fold, total_calls
+from guard.model.readings import CUDA_SYNC, INPUT_CALLS, MEMCPY_HTOD, FunctionCounts, fold, total_calls
 from guard.measure.probes import FRAME_RE, HTOD_PREFIX, SYNC_CALLS, ProfEvent
 
 # Profiler events that ProfEvent.is_op lets through but that are Python calls, not operators:
@@ -87,10 +87,27 @@ def bare_name(file: str, line: int, name: str) -> str:
     return name
 
 
+# vLLM's input processing: where a request's prompt and images become tensors before the engine
+# schedules it (LLMEngine.add_request -> InputProcessor.process_inputs -> renderer -> multimodal
+# processor; `processor.py` is the input processor's older name). An op with one of these on its
+# stack works on the processor's host tensors.
+INPUT_PROCESSING = ("vllm/v1/engine/input_processor.py", "vllm/v1/engine/processor.py", "vllm/renderers",
+                    "vllm/inputs/preprocess.py", "vllm/multimodal/processing")
+
+
 # ----------------------------------------------------------------------------- counting
 def _under(file: str, roots: tuple[str, ...]) -> bool:
     file = file.replace("\\", "/")
     return any(file == r or file.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def in_input_processing(stack: tuple[str, ...]) -> bool:
+    """Whether a frame of vLLM's input processing is on the stack."""
+    for frame in stack:
+        m = FRAME_RE.match(frame)
+        if m and _under(m.group("file"), INPUT_PROCESSING):
+            return True
+    return False
 
 
 def function_of(stack: tuple[str, ...], roots: tuple[str, ...],
@@ -110,9 +127,12 @@ def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAUL
 
     CUDA runtime calls are not operators; the blocking ones count as ``cuda::sync``, and a device
     "Memcpy HtoD" an operator launched counts once more as ``cuda::memcpy_htod`` on its function.
+    An operator call made in vLLM's input processing that launched nothing on a device counts once
+    more as ``input::calls``: where it ran, so that the judge knows its tensors were host tensors.
     """
     counts: dict[str, Counter[str]] = {}
     memo: dict[tuple[str, ...], str | None] = {}
+    processing: dict[tuple[str, ...], bool] = {}
     for e in events:
         if not e.is_op or e.name.startswith(NOT_OPS):
             continue
@@ -132,6 +152,11 @@ def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAUL
         htod = sum(1 for k in e.device_activity if k.startswith(HTOD_PREFIX))
         if htod:
             c[MEMCPY_HTOD] += htod
+        if label != CUDA_SYNC and not e.device_activity:
+            if e.stack not in processing:
+                processing[e.stack] = in_input_processing(e.stack)
+            if processing[e.stack]:
+                c[INPUT_CALLS] += 1
     return {fn: dict(sorted(c.items())) for fn, c in sorted(counts.items())}
 
 

@@ -25,6 +25,7 @@ from guard.errors import InvalidRunError
 from guard.measure import enginelog
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
 from guard.model.results import RequestOutcome, ScopeCounts
+from guard.sanitize import clipped
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
@@ -114,7 +115,7 @@ def start_engine(engine: EngineArgs, seed: int):
             llm = LLM(**kwargs)
     except Exception as exc:  # noqa: BLE001
         enginelog.note("start", mode="in-process", ok=False, s=round(time.perf_counter() - t, 2))
-        raise InvalidRunError(f"engine failed to start: {type(exc).__name__}: {exc}") from exc
+        raise InvalidRunError(f"engine failed to start: {type(exc).__name__}: {clipped(exc)}") from exc
     enginelog.note("start", mode="in-process", ok=True, s=round(time.perf_counter() - t, 2))
     return llm
 

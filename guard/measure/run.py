@@ -48,7 +48,7 @@ from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
 from guard.measure.stopping import StoppingRule, measure_until_decided
 from guard.model.environment import Environment, OpCountsCacheNote, SpeedReference, WorkerReading, busy
-from guard.model.readings import size as size_key
+from guard.model.readings import size as size_key, total_calls
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
                                   RequestOutcome, RunRecord, ScopeCounts, pairs)
 
@@ -437,7 +437,7 @@ class RunStage:
         if census is not None:
             rec.census[size_key(size)] = census
             if census_s is not None:
-                calls = sum(n for ops in census.values() for n in ops.values())
+                calls = sum(total_calls(ops) for ops in census.values())
                 roots = ", ".join(self.profile.census.roots) if self.profile.census else ""
                 self.progress(f"{prefix}  census [{fmt.size(size)}]: {len(census)} functions under {roots}, "
                               f"{calls} op calls ({census_s:.2f} s)")

@@ -16,6 +16,7 @@ from functools import singledispatch
 from collections.abc import Mapping
 
 from guard.model.environment import ContentionReading, SpeedReference
+from guard.model.readings import input_processing_only
 from guard.model.readings import size  # noqa: F401 - the one writing of an image size, a census key's too
 from guard.model.results import (TOTAL_OPS, CensusCheck, Check, OpCheck, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
@@ -169,12 +170,13 @@ def host_syncs(census: Mapping[str, Mapping[str, Mapping[str, int]]],
     """Per profiled image size, the request's host-sync ops (SYNC_COUNTED) as measured and, where
     the census was judged, as the baseline had them, with the functions that added any: ``640x480:
     14 (.item() 12, nonzero 2); baseline 12: +2 .item() in vllm/x.py:f``. Counts, not syncs: on a
-    CPU the same ops sync nothing."""
+    CPU the same ops sync nothing. Functions that ran only in vLLM's input processing are left out:
+    their tensors are host tensors on any machine."""
     out = []
     for key in sorted(census):
-        got = {op: sum(f.get(op, 0) for f in census[key].values()) for op in SYNC_COUNTED}
+        got = {op: sum(f.get(op, 0) for f in census[key].values() if not input_processing_only(f)) for op in SYNC_COUNTED}
         deltas = [(c.function, d.op, d.delta_calls) for c in checks if size(c.image_size) == key
-                  for d in c.op_deltas if d.op in SYNC_COUNTED]
+                  and not c.input_processing for d in c.op_deltas if d.op in SYNC_COUNTED]
         base = sum(got.values()) - sum(d for _, _, d in deltas)
         parts = ", ".join(f"{HOST_SYNCS[op]} {n}" for op, n in got.items() if n)
         line = f"{key}: {sum(got.values())}" + (f" ({parts})" if parts else "")
@@ -190,6 +192,8 @@ def census_change(c: CensusCheck, *, donor: bool = False) -> str:
     A function that issues fewer calls, and did not just give them to another (``donor``), is an
     improvement, and says which host syncs it dropped."""
     line = f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls ({census_ops(c)})"
+    if c.input_processing and any(d.delta_calls > 0 and d.op in HOST_SYNCS for d in c.op_deltas):
+        line += "; in vLLM's input processing, on host tensors: not a host sync on a GPU"
     if c.moved_calls:
         donors = ", ".join(c.moved_from[:3]) + (f" and {len(c.moved_from) - 3} more" if len(c.moved_from) > 3 else "")
         return f"moved: {c.moved_calls} op calls from {donors or 'elsewhere in the request'} to {line}"

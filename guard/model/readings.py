@@ -3,9 +3,10 @@
 An image size is written ``WxH`` (``size``, the one writing of it: a census key, a label, a table
 cell). A census (guard.measure.census counts it) is ``"WxH" -> function -> op -> calls``; a
 comprehension's calls are its function's (``fold``), and pseudo-ops (CUDA activity the profiler
-saw, ``cuda::*``) are counted beside the operator calls but are not operator calls
-(``total_calls``). The counting lives in measure, the rule that judges a change in judge; both,
-and the baseline file in config, read a census by these definitions.
+saw, ``cuda::*``; how many calls ran in vLLM's input processing, ``input::calls``) are counted
+beside the operator calls but are not operator calls (``total_calls``). The counting lives in
+measure, the rule that judges a change in judge; both, and the baseline file in config, read a
+census by these definitions.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ ImageSize = tuple[int, int]
 
 # Pseudo-ops: CUDA runtime activity charged to the code that caused it, counted beside the operators
 MEMCPY_HTOD, CUDA_SYNC = "cuda::memcpy_htod", "cuda::sync"
+# Of a function's operator calls, those issued while vLLM processed the request's inputs (renderer,
+# tokenizer, multimodal processor) and launching nothing on a device: a where, not an op. It rides
+# beside the counts so that it folds and travels with them; it is never compared as an op.
+INPUT_CALLS = "input::calls"
+PSEUDO_PREFIXES = ("cuda::", "input::")
 
 # function "file:qualname" -> op -> calls, for one profiled request
 FunctionCounts = dict[str, dict[str, int]]
@@ -54,8 +60,21 @@ def folded(census: FunctionCounts) -> FunctionCounts:
 
 
 def total_calls(ops: Mapping[str, int]) -> int:
-    """Operator calls of one function; pseudo-ops (CUDA activity) are not operator calls."""
-    return sum(n for op, n in ops.items() if not op.startswith("cuda::"))
+    """Operator calls of one function; pseudo-ops (CUDA activity, where calls ran) are not operator calls."""
+    return sum(n for op, n in ops.items() if not op.startswith(PSEUDO_PREFIXES))
+
+
+def input_processing_only(ops: Mapping[str, int]) -> bool:
+    """Every op call of the function ran in vLLM's input processing and none touched a device. Its
+    tensors are the processor's host tensors on any machine, so an ``.item()`` or ``nonzero`` there
+    waits for no device: not a host sync, however often it runs."""
+    n = total_calls(ops)
+    return n > 0 and ops.get(INPUT_CALLS, 0) >= n and not any(op.startswith("cuda::") for op in ops)
+
+
+def counts_only(census: FunctionCounts) -> FunctionCounts:
+    """The census without the where-it-ran reading: what a baseline file, a digest or a total holds."""
+    return {fn: {op: n for op, n in ops.items() if op != INPUT_CALLS} for fn, ops in census.items()}
 
 
 def without(census: FunctionCounts, excluded: Iterable[str]) -> FunctionCounts:
@@ -65,5 +84,5 @@ def without(census: FunctionCounts, excluded: Iterable[str]) -> FunctionCounts:
 
 def op_deltas(base: Mapping[str, int], got: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     """Per op, how one function's calls changed, largest growth first; unchanged ops left out."""
-    deltas = [(op, got.get(op, 0) - base.get(op, 0)) for op in set(base) | set(got)]
+    deltas = [(op, got.get(op, 0) - base.get(op, 0)) for op in set(base) | set(got) if op != INPUT_CALLS]
     return tuple(sorted(((op, d) for op, d in deltas if d), key=lambda od: (-od[1], od[0])))

@@ -420,6 +420,8 @@ class CensusCheck:
     status: Status  # FAIL: beyond the rule; PASS: a change within it (shrinkage, small growth)
     reason: str = ""  # why it failed
     watched_ops: tuple[str, ...] = ()  # watched ops that grew (any growth fails)
+    # every call ran in vLLM's input processing, on host tensors: held to the growth rules only
+    input_processing: bool = False
     # calls this function gained that the rest of the request gave up (a refactor moved them here):
     # a notice, never growth; ``moved_from`` names the functions that gave them up, most first
     moved_calls: int = 0

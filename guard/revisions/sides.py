@@ -100,8 +100,11 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
         broken = [r.text for r in record.invalid_reasons if r.kind == ReasonKind.REVISION]
         if broken:
             raise InvalidRunError(f"{rev.rev} ({rev.sha[:12]}): {broken[0]}", hint=overlay.IMPORT_HINT)
-    say(f"{name} {rev.sha[:12]}: profiled in {time.perf_counter() - t0:.0f} s")
-    if not record.invalid_reasons:  # a stopped or broken run says why there, and is never kept
+    took = f"{time.perf_counter() - t0:.0f} s"
+    if record.invalid_reasons:  # a stopped or broken run says why, and is never kept
+        say(f"{name} {rev.sha[:12]}: not profiled ({took}): {record.invalid_reasons[0].text}")
+    else:
+        say(f"{name} {rev.sha[:12]}: profiled in {took}")
         opcache.store(cache.folder, cache.key, record)
     return record, False
 
