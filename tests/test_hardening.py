@@ -432,7 +432,7 @@ def test_an_engine_error_that_quotes_a_whole_prompt_is_clipped_and_says_so():
     quoted = "Failed to apply Glm4vProcessor on data={'text': '" + "<|video|>" * 600 + "'}\nwith kwargs"
     said = clipped(quoted, 100)
     assert said.startswith("Failed to apply Glm4vProcessor") and "\n" not in said
-    assert said.endswith(f"… ({len(one_line(quoted)) - 100} more characters)")
+    assert said.endswith(f"… ({len(one_line(quoted, None)) - 100} more characters)")
     assert clipped("short") == "short"
 
 
