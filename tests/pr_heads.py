@@ -15,6 +15,8 @@ from guard.measure.mutants import MUTANTS
 
 ENC2 = "vllm/model_executor/models/deepencoder2.py"
 SAM = "vllm/model_executor/models/deepencoder.py"
+PROCESSOR = "vllm/transformers_utils/processors/deepseek_ocr.py"
+PROCESSOR_FN = f"{PROCESSOR}:DeepseekOCRProcessor.tokenize_with_images"
 
 MASK_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model.<locals>."
            "CustomQwen2ModelInner._create_custom_4d_mask")
@@ -72,6 +74,14 @@ HEADS: dict[str, Head] = {
     # edit, committed), and a function renamed
     "refactor": Head("deepencoder: factor out the relative coordinates, rename window_partition", 0,
                      edits={SAM: (_MOVE.old, _MOVE.new)}, renames={SAM: ("window_partition(", "partition_windows(")}),
+    # one index write and .item() per request on the processor's CPU token ids, as vLLM 0.31's GLM-4.1V
+    # processor remaps video to image tokens: input processing, which waits for no device
+    "processor-remap": Head("deepseek_ocr processor: write the image placeholder back as itself", 0, edits={PROCESSOR: (
+        """        input_ids[input_ids < 0] = self.pad_id
+""",
+        """        input_ids[input_ids < 0] = self.pad_id
+        input_ids[input_ids == self.image_token_id] = self.image_token_id
+""")}),
     # a pure rename of the function the mask_path op budget names: behaviour-preserving, but the budget
     # now counts nothing in head (guard pr says so by name: exit 3, reason scope_gone)
     "rename-mask-scope": Head("deepencoder2: rename _update_causal_mask to _build_causal_mask", 3,
