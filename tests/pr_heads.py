@@ -71,17 +71,17 @@ HEADS: dict[str, Head] = {
         self.token_scale = [y[0, i, 0].item() for i in range(n_query)]
 """)}),
     # the same work, reorganised: coordinates moved into a new helper (the move-rel-coords mutant's
-    # edit, committed), and a function renamed
-    "refactor": Head("deepencoder: factor out the relative coordinates, rename window_partition", 0,
-                     edits={SAM: (_MOVE.old, _MOVE.new)}, renames={SAM: ("window_partition(", "partition_windows(")}),
-    # one index write and .item() per request on the processor's CPU token ids, as vLLM 0.31's GLM-4.1V
-    # processor remaps video to image tokens: input processing, which waits for no device
-    "processor-remap": Head("deepseek_ocr processor: write the image placeholder back as itself", 0, edits={PROCESSOR: (
-        """        input_ids[input_ids < 0] = self.pad_id
+    # edit, committed), and a function renamed; and in the processor one index write and .item() per
+    # request on its CPU token ids, as vLLM 0.31's GLM-4.1V processor remaps video to image tokens:
+    # input processing, which waits for no device
+    "refactor": Head("deepencoder: factor out the relative coordinates, rename window_partition; "
+                     "processor: write the image placeholder back as itself", 0,
+                     edits={SAM: (_MOVE.old, _MOVE.new), PROCESSOR: (
+                         """        input_ids[input_ids < 0] = self.pad_id
 """,
-        """        input_ids[input_ids < 0] = self.pad_id
+                         """        input_ids[input_ids < 0] = self.pad_id
         input_ids[input_ids == self.image_token_id] = self.image_token_id
-""")}),
+""")}, renames={SAM: ("window_partition(", "partition_windows(")}),
     # a pure rename of the function the mask_path op budget names: behaviour-preserving, but the budget
     # now counts nothing in head (guard pr says so by name: exit 3, reason scope_gone)
     "rename-mask-scope": Head("deepencoder2: rename _update_causal_mask to _build_causal_mask", 3,
