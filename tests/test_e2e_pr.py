@@ -3,10 +3,11 @@
 One base and three heads (tests/pr_heads.py): the pre-#49531 mask loop and a per-token `.item()`
 loop must fail naming their functions and the lines that added them; a refactor that moves code
 into a new helper and renames a function, and adds an index write to the multimodal processor,
-must pass with a "moved" notice and the processor's calls known as input processing. The cache directory is
-the session's (conftest.engine_cache, shared with test_e2e_bisect, whose good is this base), so
-base is profiled once in the session: at most five profile passes of one 640x480 request each
-(the fifth: a head that renames the mask scope's function, judged by budgets committed in the tree).
+must pass with a "moved" notice and the processor's calls known as input processing. The cache
+directory is the session's (conftest.engine_cache, shared with test_e2e_bisect, whose good is this
+base), so base is profiled once in the session: at most five profile passes of one 640x480 request
+each (the fifth: a head that renames the mask scope's function, judged by budgets committed in the
+tree).
 """
 
 from __future__ import annotations

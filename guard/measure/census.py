@@ -101,24 +101,27 @@ def _under(file: str, roots: tuple[str, ...]) -> bool:
     return any(file == r or file.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def in_input_processing(stack: tuple[str, ...]) -> bool:
-    """Whether a frame of vLLM's input processing is on the stack."""
+def _frames_under(stack: tuple[str, ...], roots: tuple[str, ...]):
+    """The stack's frames whose file lies under a root, innermost first, as FRAME_RE matches."""
     for frame in stack:
         m = FRAME_RE.match(frame)
-        if m and _under(m.group("file"), INPUT_PROCESSING):
-            return True
-    return False
+        if m and _under(m.group("file"), roots):
+            yield m
+
+
+def in_input_processing(stack: tuple[str, ...]) -> bool:
+    """Whether a frame of vLLM's input processing is on the stack."""
+    return next(_frames_under(stack, INPUT_PROCESSING), None) is not None
 
 
 def function_of(stack: tuple[str, ...], roots: tuple[str, ...],
                 resolve: Callable[[str, int, str], str]) -> str | None:
     """The innermost frame under a root, as ``file:qualname``; None when no frame is under one."""
-    for frame in stack:
-        m = FRAME_RE.match(frame)
-        if m and _under(m.group("file"), roots):
-            file = m.group("file").replace("\\", "/")
-            return f"{file}:{fold(resolve(file, int(m.group('line')), m.group('func')))}"
-    return None
+    m = next(_frames_under(stack, roots), None)
+    if m is None:
+        return None
+    file = m.group("file").replace("\\", "/")
+    return f"{file}:{fold(resolve(file, int(m.group('line')), m.group('func')))}"
 
 
 def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAULT_ROOTS,
@@ -131,8 +134,7 @@ def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAUL
     more as ``input::calls``: where it ran, so that the judge knows its tensors were host tensors.
     """
     counts: dict[str, Counter[str]] = {}
-    memo: dict[tuple[str, ...], str | None] = {}
-    processing: dict[tuple[str, ...], bool] = {}
+    memo: dict[tuple[str, ...], tuple[str | None, bool]] = {}  # stack -> (its function, in input processing)
     for e in events:
         if not e.is_op or e.name.startswith(NOT_OPS):
             continue
@@ -142,9 +144,9 @@ def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAUL
             label = CUDA_SYNC
         else:
             label = e.name
-        fn = memo.get(e.stack, "?")
-        if fn == "?":
-            fn = memo[e.stack] = function_of(e.stack, roots, resolve)
+        if e.stack not in memo:
+            memo[e.stack] = function_of(e.stack, roots, resolve), in_input_processing(e.stack)
+        fn, processing = memo[e.stack]
         if fn is None:
             continue
         c = counts.setdefault(fn, Counter())
@@ -152,11 +154,8 @@ def count_functions(events: Iterable[ProfEvent], roots: tuple[str, ...] = DEFAUL
         htod = sum(1 for k in e.device_activity if k.startswith(HTOD_PREFIX))
         if htod:
             c[MEMCPY_HTOD] += htod
-        if label != CUDA_SYNC and not e.device_activity:
-            if e.stack not in processing:
-                processing[e.stack] = in_input_processing(e.stack)
-            if processing[e.stack]:
-                c[INPUT_CALLS] += 1
+        if processing and label != CUDA_SYNC and not e.device_activity:
+            c[INPUT_CALLS] += 1
     return {fn: dict(sorted(c.items())) for fn, c in sorted(counts.items())}
 
 

@@ -16,8 +16,7 @@ from functools import singledispatch
 from collections.abc import Mapping
 
 from guard.model.environment import ContentionReading, SpeedReference
-from guard.model.readings import input_processing_only
-from guard.model.readings import size  # noqa: F401 - the one writing of an image size, a census key's too
+from guard.model.readings import input_processing_only, size  # noqa: F401 - size: the one writing of an image size
 from guard.model.results import (TOTAL_OPS, CensusCheck, Check, OpCheck, RevisionInfo, Rule, Status, TtftCheck,
                            TtftRatioCheck, to_ms)
 
@@ -174,7 +173,8 @@ def host_syncs(census: Mapping[str, Mapping[str, Mapping[str, int]]],
     their tensors are host tensors on any machine."""
     out = []
     for key in sorted(census):
-        got = {op: sum(f.get(op, 0) for f in census[key].values() if not input_processing_only(f)) for op in SYNC_COUNTED}
+        on_device = [ops for ops in census[key].values() if not input_processing_only(ops)]
+        got = {op: sum(ops.get(op, 0) for ops in on_device) for op in SYNC_COUNTED}
         deltas = [(c.function, d.op, d.delta_calls) for c in checks if size(c.image_size) == key
                   and not c.input_processing for d in c.op_deltas if d.op in SYNC_COUNTED]
         base = sum(got.values()) - sum(d for _, _, d in deltas)
