@@ -9,6 +9,7 @@ invalid run (exit 3): never a crash, never a verdict.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 from collections.abc import Iterator
 from importlib import metadata
@@ -254,13 +255,21 @@ def dummy_weights_from_one_stream() -> Iterator[None]:
         yield
         return
     streams: dict[tuple[Any, float, float, int], Any] = {}
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        signature = None
 
-    def fill(param: Any, low: float = -1e-3, high: float = 1e-3, seed: int = 1234) -> None:
-        if (param.device.type != "cpu" or not param.is_contiguous() or not torch.is_floating_point(param)
-                or torch.finfo(param.dtype).bits < 16 or getattr(param, "dummy_weight_value", None) is not None
-                or not _fills_in_order(param.dtype)):
-            original(param, low, high, seed)
+    def fill(param: Any, *args: Any, **kwargs: Any) -> None:
+        # vLLM 0.33 added `name=` and made low/high default to None (+-1e-3 for floats of 16 bits
+        # or more, the only ones copied here); anything else this wrapper does not know goes to vLLM.
+        known = _dummy_fill_arguments(signature, param, args, kwargs)
+        if (known is None or param.device.type != "cpu" or not param.is_contiguous()
+                or not torch.is_floating_point(param) or torch.finfo(param.dtype).bits < 16
+                or getattr(param, "dummy_weight_value", None) is not None or not _fills_in_order(param.dtype)):
+            original(param, *args, **kwargs)
             return
+        low, high, seed = known
         key, n = (param.dtype, low, high, seed), param.numel()
         if key not in streams or streams[key].numel() < n:
             streams[key] = _uniform(n, param.dtype, low, high, seed)
@@ -273,6 +282,34 @@ def dummy_weights_from_one_stream() -> Iterator[None]:
     finally:
         dummy_loader.initialize_single_dummy_weight = original
         streams.clear()
+
+
+_DUMMY_FILL_PARAMETERS = {"param", "low", "high", "seed", "name"}  # vLLM 0.24-0.34
+
+
+def _dummy_fill_arguments(signature: Any, param: Any, args: tuple, kwargs: dict) -> tuple[float, float, int] | None:
+    """(low, high, seed) of a call to vLLM's ``initialize_single_dummy_weight`` for a float tensor
+    of 16 bits or more, bound as that vLLM's own signature binds it; None when the call or the
+    signature holds anything else (then vLLM fills the tensor itself)."""
+    if signature is None:
+        return None
+    variadic = {n for n, p in signature.parameters.items() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    if set(signature.parameters) - variadic - _DUMMY_FILL_PARAMETERS:
+        return None
+    try:
+        bound = signature.bind(param, *args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    a = bound.arguments
+    if any(a.get(n) for n in variadic):
+        return None  # arguments this wrapper cannot name
+    low = -1e-3 if a.get("low") is None else a["low"]
+    high = 1e-3 if a.get("high") is None else a["high"]
+    seed = a.get("seed", 1234)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high, seed)):
+        return None
+    return float(low), float(high), int(seed)
 
 
 def first_token_latency_s(output: Any) -> float | None:

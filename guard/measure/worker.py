@@ -76,8 +76,12 @@ def worker_command(python: str) -> list[str]:
 
 
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The inherited environment with this checkout's guard first on the path."""
-    env = dict(os.environ if base is None else base)
+    """The inherited environment with this checkout's guard first on the path, and on a machine
+    without CUDA devices vLLM's CPU platform chosen by name (a side's own vLLM may be upstream's,
+    which does not find it otherwise: guard.measure.hardware.vllm_platform_environment)."""
+    from guard.measure.hardware import machine_has_cuda_devices, vllm_platform_environment
+
+    env = vllm_platform_environment(dict(os.environ if base is None else base), cpu=not machine_has_cuda_devices())
     env["PYTHONPATH"] = os.pathsep.join([str(GUARD_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     return env

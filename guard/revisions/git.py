@@ -113,3 +113,9 @@ def describe(repo: Path, rev: Revision) -> str | None:
 def file_at(repo: Path, rev: Revision, path: str) -> str | None:
     done = git(repo, "show", f"{rev.sha}:{path}", check=False)
     return done.stdout if done.returncode == 0 else None
+
+
+def blob_at(repo: Path, rev: Revision, path: str) -> str | None:
+    """git's object id of ``path`` as ``rev`` holds it (None: not a file there)."""
+    done = git(repo, "rev-parse", "--verify", "--quiet", f"{rev.sha}:{path}", check=False)
+    return done.stdout.strip() or None if done.returncode == 0 else None

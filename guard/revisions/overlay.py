@@ -33,6 +33,7 @@ from pathlib import Path
 
 from guard.errors import InvalidRunError, UsageError
 from guard.files import read_input, write_text_atomic
+from guard.revisions import upstream
 from guard.revisions.git import PACKAGE, Revision, git
 
 ENTRY_META = "guard-env.json"
@@ -103,10 +104,24 @@ class SideEnvironment:
     key: str
     reused: bool  # found in the cache
     linked: int  # files borrowed from the engine stack
+    shims: tuple[upstream.AppliedShim, ...] = ()  # the revision's files replaced by the stack's (guard.revisions.upstream)
+    platform: tuple[tuple[str, str], ...] = ()  # variables the side runs with so vLLM picks the stack's platform
+
+
+ENTRY_LAYOUT = "2"  # what an entry holds besides the tree: 2 = upstream shims and the platform variable
 
 
 def entry_key(revision: Revision, stack: EngineStack) -> str:
-    return f"{revision.package_tree[:16]}-{stack.key}"
+    layout = hashlib.sha256(f"{ENTRY_LAYOUT}:{stack.key}".encode()).hexdigest()[:12]
+    return f"{revision.package_tree[:16]}-{layout}"
+
+
+def platform_variables(stack: EngineStack) -> tuple[tuple[str, str], ...]:
+    """What a revision's vLLM needs to find the stack's platform: upstream's Python finds a CPU
+    build only by its version or by name (guard.measure.hardware.vllm_platform_environment)."""
+    from guard.measure.hardware import vllm_platform_environment
+
+    return tuple(vllm_platform_environment({}, cpu=upstream.is_cpu_build(stack.version)).items())
 
 
 def _entry_meta(meta: Path) -> dict | None:
@@ -150,10 +165,32 @@ def _link_stack(package: Path, stack: EngineStack) -> int:
 
 
 def _wrapper(root: Path, stack: EngineStack, revision: Revision) -> str:
+    platform = "".join(f"{k}=${{{k}:-{shlex.quote(v)}}}\nexport {k}\n" for k, v in platform_variables(stack))
     return (f"#!/bin/sh\n# guard pr: vLLM {revision.sha} (vllm/ tree {revision.package_tree}) over the engine stack "
             f"of {stack.python} ({stack.version})\n"
             f"PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}\nexport PYTHONPATH\n"
-            f"exec {shlex.quote(stack.python)} \"$@\"\n")
+            f"{platform}exec {shlex.quote(stack.python)} \"$@\"\n")
+
+
+def describe(stack: EngineStack, shims: tuple[upstream.AppliedShim, ...] = ()) -> str:
+    """How an overlay side runs, for the reports: the stack, the platform variable, each shim."""
+    extra = [f"{k}={v}" for k, v in platform_variables(stack)] + [f"shim: {s.describe()}" for s in shims]
+    return f"its vllm/ over {stack.version}'s compiled files (overlay{''.join('; ' + e for e in extra)})"
+
+
+def planned_shims(repo: Path, revision: Revision, stack: EngineStack) -> tuple[upstream.AppliedShim, ...]:
+    """The shims ``prepare`` will apply to this revision, read from git without unpacking it."""
+    from guard.revisions.git import blob_at
+
+    return upstream.shims_for(lambda path: blob_at(repo, revision, path), stack.package_dir)
+
+
+def _shims_from(info: dict) -> tuple[upstream.AppliedShim, ...]:
+    out = []
+    for s in info.get("shims") or ():
+        if isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("path", "replaced_by", "why")):
+            out.append(upstream.AppliedShim(s["path"], s["replaced_by"], s["why"]))
+    return tuple(out)
 
 
 def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
@@ -167,7 +204,8 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
     info = _entry_meta(meta)
     if info is not None:
         (root / LAST_USED).touch()
-        return SideEnvironment(revision, root, root / "bin" / "python", key, reused=True, linked=info.get("linked", 0))
+        return SideEnvironment(revision, root, root / "bin" / "python", key, reused=True, linked=info.get("linked", 0),
+                               shims=_shims_from(info), platform=platform_variables(stack))
     if root.exists():  # damaged (an interrupted build, a power loss): built again
         progress(f"the cached environment {root} is damaged: building it again")
         shutil.rmtree(root, ignore_errors=True)
@@ -180,6 +218,9 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
     progress(f"building the environment of {revision.rev} ({revision.sha[:12]}): its {PACKAGE}/ over {stack.version}")
     try:
         _extract(repo, revision, tmp)
+        shims = upstream.apply(tmp, stack.package_dir)
+        for s in shims:
+            progress(f"{revision.rev} ({revision.sha[:12]}): shim: {s.describe()}")
         linked = _link_stack(tmp / PACKAGE, stack)
         (tmp / "bin").mkdir()
         script = tmp / "bin" / "python"
@@ -188,6 +229,7 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
         write_text_atomic(tmp / ENTRY_META, json.dumps({
             "sha": revision.sha, "package_tree": revision.package_tree, "engine_stack": stack.key,
             "engine_version": stack.version, "python": stack.python, "linked": linked,
+            "shims": [{"path": s.path, "replaced_by": s.replaced_by, "why": s.why} for s in shims],
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2) + "\n")
         (tmp / LAST_USED).touch()
         try:
@@ -197,7 +239,8 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return SideEnvironment(revision, root, root / "bin" / "python", key, reused=False, linked=linked)
+    return SideEnvironment(revision, root, root / "bin" / "python", key, reused=False, linked=linked,
+                           shims=shims, platform=platform_variables(stack))
 
 
 IMPORT_CHECK = """
