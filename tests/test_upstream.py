@@ -147,3 +147,24 @@ def test_an_unrunnable_revision_is_never_measured_as_a_pass(upstream_repo: Path,
     with pytest.raises(InvalidRunError, match=r"does not import against the installed engine stack .*SyntaxError"):
         overlay.check_imports([env], ["vllm._custom_ops"])
     assert sys.executable  # guard's own interpreter ran the check through the side's wrapper
+
+
+def test_a_stack_given_by_its_python_is_probed_and_its_sides_run_as_workers(upstream_repo: Path, tmp_path: Path) -> None:
+    python = str(Path(sys.executable).parent / "python")
+    stack = overlay.engine_stack(python)
+    own = overlay.engine_stack()
+    assert not stack.guards_own and stack.python == python
+    assert stack.package_dir == own.package_dir and stack.version == own.version and stack.key != own.key
+    env = overlay.prepare(upstream_repo, git.resolve(upstream_repo, "v0.33.0", "--head"), tmp_path, stack)
+    assert env.as_worker and f"exec {python} " in env.python.read_text()
+    assert f"compiled files in {python} (overlay; VLLM_TARGET_DEVICE=cpu)" in overlay.describe(stack)
+    overlay.check_imports([env], ["vllm._custom_ops"])  # raises if not
+
+
+def test_a_stack_python_without_vllm_is_a_usage_error(tmp_path: Path) -> None:
+    from guard.errors import UsageError
+
+    bare = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(UsageError, match=r"--stack-python .*: no vllm installed there"):
+        overlay.engine_stack(str(bare / "bin" / "python"))

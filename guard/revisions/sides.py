@@ -92,7 +92,9 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     side_out = output / name
     clear_run_files(side_out)  # an own environment's pass writes its run.json itself
     t0 = time.perf_counter()
-    if isinstance(env, InstalledEnvironment):
+    if isinstance(env, InstalledEnvironment) or env.as_worker:
+        if imports and not isinstance(env, InstalledEnvironment):  # a worker has no import check of its own
+            overlay.check_imports([env], list(imports))
         record = own_environment_pass(name, env, profile, thresholds, side_out, say)
     else:
         record = record_suite(thresholds, profile, side_out, measures=Measures.OPS, python=str(env.python),
@@ -109,15 +111,16 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     return record, False
 
 
-def own_environment_pass(name: str, env: InstalledEnvironment, profile: Profile, thresholds: Thresholds,
-                         output: Path, say: Callable[[str], None]) -> RunRecord:
-    """The op-count pass in the side's own interpreter: the run stage over one worker side, which
-    imports guard from here and needs nothing installed there but vLLM (guard.measure.worker)."""
+def own_environment_pass(name: str, env: InstalledEnvironment | overlay.SideEnvironment, profile: Profile,
+                         thresholds: Thresholds, output: Path, say: Callable[[str], None]) -> RunRecord:
+    """The op-count pass in an interpreter without guard (the side's own, or an overlay over another
+    environment's stack): the run stage over one worker side, which imports guard from here and needs
+    nothing installed there but vLLM (guard.measure.worker)."""
     from guard.measure.hardware import detect, fingerprint
     from guard.measure.run import GuardRun, run_side
     from guard.measure.worker import WORKER_REPORTED, WorkerSide
 
-    side = WorkerSide(name, env.python, output, thresholds=thresholds.path.resolve(), profile=profile,
+    side = WorkerSide(name, str(env.python), output, thresholds=thresholds.path.resolve(), profile=profile,
                       progress=lambda m: say(f"{name} {m}"))
     hw = detect()
     environment = fingerprint(hw, profile)  # this machine's; the versions are the worker's to say
