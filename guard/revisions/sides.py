@@ -92,8 +92,8 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     side_out = output / name
     clear_run_files(side_out)  # an own environment's pass writes its run.json itself
     t0 = time.perf_counter()
-    if isinstance(env, InstalledEnvironment) or env.as_worker:
-        if imports and not isinstance(env, InstalledEnvironment):  # a worker has no import check of its own
+    if env.as_worker:
+        if imports and isinstance(env, overlay.SideEnvironment):  # a worker has no import check of its own
             overlay.check_imports([env], list(imports))
         record = own_environment_pass(name, env, profile, thresholds, side_out, say)
     else:

@@ -87,7 +87,7 @@ def apply(tree: Path, stack_package: Path, shims: tuple[Shim, ...] = SHIMS) -> t
     shim names by the engine stack's copy, when ``shims_for`` says the revision needs it."""
     applied = shims_for(lambda path: _blob_of(tree / path), stack_package, shims)
     for s in applied:
-        os.remove(tree / s.path)
+        os.remove(tree / s.path)  # a link in the tree is replaced, never written through
         shutil.copyfile(s.replaced_by, tree / s.path)
     return applied
 
