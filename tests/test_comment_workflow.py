@@ -191,7 +191,7 @@ def test_a_tampered_real_run_is_refused_and_nothing_posted(name, tamper, github,
     code, out, err = comment(capsys, artifact(tmp_path, d))
     assert code == 2, out + err
     assert expected in err and "Refusing to post" in err, err
-    assert github.log == []  # refused before GitHub was asked anything
+    assert github.writes() == []  # GitHub was read (the PR, its files), nothing was written
     code, out, err = comment(capsys, artifact(tmp_path / "dry", d), "--dry-run")
     assert code == 2 and expected in err and "would post" not in out
 
@@ -208,7 +208,7 @@ def test_a_census_regression_hidden_by_its_artifact_is_refused(github, checkout,
     d["verdict"] = "pass"
     code, _, err = comment(capsys, artifact(tmp_path, d))
     assert code == 2 and "_encode_global_features" in err and "says 'pass'" in err, err
-    assert github.log == []
+    assert github.writes() == []
 
 
 def test_an_ab_pair_edited_in_its_artifact_is_refused(github, checkout, tmp_path, capsys):
@@ -216,7 +216,7 @@ def test_an_ab_pair_edited_in_its_artifact_is_refused(github, checkout, tmp_path
     d["ab"]["pairs"][0]["candidate_s"] *= 0.5
     code, _, err = comment(capsys, artifact(tmp_path, d))
     assert code == 2 and "A/B pairs" in err, err
-    assert github.log == []
+    assert github.writes() == []
 
 
 # ----------------------------------------------------------------------------- the baselines re-judging reads

@@ -267,7 +267,8 @@ def test_an_artifact_that_contradicts_itself_is_refused_and_nothing_posted(gh_en
                            results=tampered(tmp_path, edit))
     assert code == 2, err
     assert message in err and "Refusing to post" in err
-    assert gh_env.writes() == [] and gh_env.log == []  # refused before GitHub was even asked
+    # the pull request is read first (what it changes decides the status a broken artifact gets); nothing written
+    assert gh_env.writes() == [] and [c.path for c in gh_env.log][0] == "/repos/acme/guarded/pulls/7"
 
 
 def test_the_status_comes_from_the_default_branchs_budgets(gh_env, guard, tmp_path, repo_root):

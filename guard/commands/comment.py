@@ -10,12 +10,14 @@ failing after retries. ``--dry-run`` prints what it would post and needs neither
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
-from guard.github import publish
+from guard.github import approval, budget_files, buildkite, publish
 from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
 from guard.files import read_input
@@ -24,11 +26,13 @@ from guard.history.store import commit_flag, load_history
 from guard.report.findings import has_finding, summary_line
 from guard.report.markdown import render_markdown, text
 from guard.judge.rejudge import rejudge
-from guard.model.results import load_results
+from guard.model.results import Results, load_results
 from guard.sanitize import no_workflow_commands, one_line
-from guard.github.trust import TrustPolicy
+from guard.github.trust import PROTECTED_PATTERNS, TrustPolicy
 
 DEFAULT_RESULTS = "guard-results/results.json"
+# a vLLM pull request that changes these changes how it is measured: its own run cannot vouch for it
+VLLM_PROTECTED = (".buildkite/*", ".github/*")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +58,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the thresholds file as the default branch has it, repository-relative; a PR that "
                              "changes it (or .github/workflows/, guard/, tests/perf/) needs a maintainer's approval "
                              "(default: %(default)s)")
+    parser.add_argument("--thresholds-in-repo", default=None, metavar="PATH",
+                        help="the budgets live in the vLLM repository at this path ({model}: the run's model): "
+                             "base's copy, read through the API at the pull request's base, judges; head's copy when "
+                             "the change is accepted (--accept-label, or a code owner's approving review); guard's "
+                             "--trusted-thresholds only where base has none (docs/github.md, \"Budgets in vLLM's tree\")")
+    parser.add_argument("--accept-label", default=approval.DEFAULT_LABEL, metavar="NAME",
+                        help="with --thresholds-in-repo: the label that accepts head's budget change when applied by "
+                             "someone with write permission (default: %(default)s)")
+    parser.add_argument("--protected", action="append", default=None, metavar="PATTERN",
+                        help="a changed path matching this (fnmatch, repository-relative) needs a maintainer's "
+                             "approved run; repeat for more (default: guard's own layout, or with "
+                             f"--thresholds-in-repo vLLM's: {' '.join(VLLM_PROTECTED)})")
+    parser.add_argument("--buildkite-measuring-pipeline", default=None, metavar="SLUG",
+                        help="post for the Buildkite build of this pipeline that triggered this job: the PR, commit, "
+                             "head repository and artifacts come from Buildkite's API (BUILDKITE_API_TOKEN), never "
+                             "from what the measured build set (docs/github.md, \"Buildkite\")")
     parser.add_argument("--check-pr-files", choices=("auto", "on", "off"), default="auto",
                         help="treat results.json as the PR's claim: re-judge its run record against "
                              "--trusted-thresholds and check the PR's changed files before posting. auto = when "
@@ -169,7 +189,8 @@ def _trust_policy(args: argparse.Namespace, verify: bool) -> TrustPolicy | None:
         text = None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--trusted-thresholds {rel}: cannot read: {exc}") from None
-    return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=text)
+    patterns = tuple(args.protected) if args.protected else (VLLM_PROTECTED if args.thresholds_in_repo else PROTECTED_PATTERNS)
+    return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=text, patterns=patterns)
 
 
 def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha: str | None,
@@ -256,19 +277,60 @@ def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
+    if args.buildkite_measuring_pipeline is not None:
+        return run_for_buildkite(args, env)
     if args.no_results is not None or args.not_run is not None:
         return run_without_results(args, env)
     results = load_results(Path(args.results))
-    policy = _trust_policy(args, verify=bool(args.pr_file or args.sha_file or args.expected_head_repo))
-    if policy is not None:  # the artifact's verdict is a claim: guard's own verdict replaces it
-        if policy.thresholds_text is None:
-            raise UsageError(f"--trusted-thresholds {policy.thresholds_path}: not found in this checkout; the "
-                             "results cannot be re-judged against the default branch's budgets, so nothing is posted")
-        trusted = load_thresholds(policy.thresholds_path, text=policy.thresholds_text)
-        results = rejudge(results, trusted, source=args.results)
+    pr, sha, head_repo, verify = _target(args, env)
+    policy = _trust_policy(args, verify)
+    if policy is not None and not args.dry_run:  # the artifact's verdict is a claim: judged again at post time
+        return _post_judged(args, env, results, policy, pr, sha, head_repo, verify)
+    if policy is not None:
+        if args.thresholds_in_repo:
+            raise UsageError("--dry-run cannot read the budgets from vLLM's tree (that needs GitHub's API)",
+                             hint="give --trusted-thresholds alone for an offline re-judge")
+        results = rejudge(results, _trusted(policy), source=args.results)
     elif contradiction := results.self_contradiction():  # trusted, yet damaged: its verdict is not its checks'
         raise UsageError(f"{args.results}: verdict: {contradiction}; refusing to post",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
+    body, status, finding, summary, report_text = _rendered(args, results)
+    for line in publish.annotations(results):
+        print(line)
+    if args.dry_run:
+        _print_dry_run(body, status, pr, sha, env, finding)
+        return 0
+    _summarise(env, finding, summary, report_text)
+    gh, owner, name = _client(args, env)
+    if pr is None:
+        raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")
+    report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=publish.marker(results.run.model, results.run.profile),
+                             body=body, status=status, sha=sha, author=args.author, verify=verify,
+                             expected_head_repo=head_repo, finding=finding, summary=summary)
+    return _said(report)
+
+
+def _trusted(policy: TrustPolicy):
+    if policy.thresholds_text is None:
+        raise UsageError(f"--trusted-thresholds {policy.thresholds_path}: not found in this checkout; the "
+                         "results cannot be re-judged against the default branch's budgets, so nothing is posted")
+    return load_thresholds(policy.thresholds_path, text=policy.thresholds_text)
+
+
+def _client(args: argparse.Namespace, env: dict[str, str]):
+    token = _token(env, "the comment or the status")
+    owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
+    gh = publish.github_client(token, _api_url(env),
+                               retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
+    return gh, owner, name
+
+
+def _api_url(env: dict[str, str]) -> str:
+    return env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL
+
+
+def _rendered(args: argparse.Namespace, results, budgets: str | None = None, extra: str = ""):
+    """(comment body, status, finding?, one-line summary, the whole report) of a judged result."""
     report_md = None
     if args.report is not None:
         try:
@@ -282,32 +344,125 @@ def run(args: argparse.Namespace) -> int:
         commit_flag("--history-base", args.history_base)
     history = pr_standing(results, load_history(args.history), args.history_base) if args.history else None
     report_text = report_md if report_md is not None else render_markdown(
-        results, run_url=run_url, thresholds=args.trusted_thresholds, history=history)
+        results, run_url=run_url, thresholds=budgets or args.trusted_thresholds, history=history)
+    if extra:
+        report_text = f"{extra}\n{report_text}"
     body = publish.comment_body(results, run_url=run_url, report=report_text)
-    mark = publish.marker(results.run.model, results.run.profile)
-    status = publish.commit_status(results, run_url)
-    pr, sha, head_repo, verify = _target(args, env)
-    finding, summary = has_finding(results), summary_line(results)
+    return body, publish.commit_status(results, run_url), has_finding(results), summary_line(results), report_text
 
-    for line in publish.annotations(results):
-        print(line)
-    if args.dry_run:
-        _print_dry_run(body, status, pr, sha, env, finding)
-        return 0
 
-    # first, so the verdict is visible even if GitHub then fails: one line always, the report with a finding
-    _job_summary(env, text(summary) + ("\n\n" + publish.trim_body(report_text, publish.SUMMARY_LIMIT) if finding else ""))
-    token = _token(env, "the comment or the status")
-    owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
+def _post_judged(args: argparse.Namespace, env: dict[str, str], results, policy: TrustPolicy, pr: int | None,
+                 sha: str | None, head_repo: str | None, verify: bool) -> int:
+    """The privileged post: read the pull request from GitHub (head, changed files, reviews, budgets,
+    approvals), judge the run record again, post. A PR that changes what judges it still gets its
+    ``error`` status when its artifact does not re-judge (a guard with other rules wrote it)."""
+    judged: Results | UsageError | None = None
+    if not args.thresholds_in_repo:  # guard's own budgets judge offline: the job summary has the verdict even if GitHub fails
+        judged = _rejudged(results, _trusted(policy), args.results)
+        if isinstance(judged, Results):
+            _summarise(env, *_rendered(args, judged)[2:])
+    gh, owner, name = _client(args, env)
     if pr is None:
         raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")
+    pull = publish.open_pull_request(gh, owner=owner, repo=name, number=pr, sha=sha, verify=verify,
+                                     expected_head_repo=head_repo)
+    head = (sha or pull.head.sha).lower()
+    files = publish.read("list the pull request's files", lambda: publish.pr_changed_files(pull))
+    reviews = publish.read("list the pull request's reviews", lambda: publish.pr_reviews(pull))
+    mark = publish.marker(results.run.model, results.run.profile)
+    choice, path = None, None
+    if args.thresholds_in_repo:
+        path = args.thresholds_in_repo.replace("{model}", results.run.model)
+        reads = approval.GitHubReads(gh, _api_url(env), owner, name)
+        choice = publish.read("read the budgets in the repository", lambda: budget_files.choose(
+            pull.base.repository, reads, pr, str(pull.base.sha).lower(), head, path, [f.filename for f in files],
+            reviews, policy, args.accept_label, results.run.model))
+        say(f"guard comment: budgets: {one_line(choice.source)}")
+        policy = dataclasses.replace(policy, budget_files=choice.files)
+        judged = _rejudged(results, choice.thresholds, args.results)
+    report = publish.PublishReport()
+    if isinstance(judged, UsageError):
+        body = f"{mark}\n## guard: not judged\n\nThe run's results could not be judged again here: {text(str(judged))}\n"
+        status = publish.no_results_status(results.run.model, results.run.profile, "results not re-judged")
+        body, status = publish.apply_trust(pull, head, body, status, policy, report, files=files, reviews=reviews)
+        if not report.protected or report.approved:
+            raise judged
+        # judged by code the pull request changes: its status says that, not "inconsistent"
+        say(f"guard comment: the artifact does not re-judge ({one_line(str(judged), 200)}); the pull request changes "
+            "what judges it, so it gets the status that asks for a maintainer's approved run")
+        return _said(publish.post(gh, pull, head=head, mark=mark, body=body, status=status, author=args.author,
+                                  finding=True, report=report))
+    notice = budget_files.notice_markdown(choice, path) if choice else ""
+    body, status, finding, summary, report_text = _rendered(args, judged, budgets=path, extra=notice)
+    if choice is not None:
+        status = dataclasses.replace(status, description=publish.clip(f"{choice.short}: {status.description}",
+                                                                       publish.STATUS_DESCRIPTION_LIMIT))
+        finding = finding or (bool(choice.changed) and choice.accepted is None)
+        _summarise(env, finding, summary, report_text)
+    for line in publish.annotations(judged):
+        print(line)
+    body, status = publish.apply_trust(pull, head, body, status, policy, report, files=files, reviews=reviews)
+    finding = finding or (bool(report.protected) and not report.approved)
+    return _said(publish.post(gh, pull, head=head, mark=mark, body=body, status=status, author=args.author,
+                              finding=finding, summary=summary, report=report))
 
-    gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
-                               retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
-    report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=mark, body=body, status=status, sha=sha,
-                             author=args.author, verify=verify, expected_head_repo=head_repo, trust=policy,
-                             finding=finding, summary=summary)
 
+def _rejudged(results: Results, thresholds, source: str) -> Results | UsageError:
+    """The run judged again, or why it cannot be (decided once the pull request's changes are known)."""
+    try:
+        return rejudge(results, thresholds, source=source)
+    except UsageError as exc:
+        return exc
+
+
+def _summarise(env: dict[str, str], finding: bool, summary: str, report_text: str) -> None:
+    """The job summary: one line always, the report with a finding."""
+    _job_summary(env, text(summary) + ("\n\n" + publish.trim_body(report_text, publish.SUMMARY_LIMIT) if finding else ""))
+
+
+def run_for_buildkite(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """--buildkite-measuring-pipeline: the target and the artifacts from Buildkite's own records."""
+    if args.pr or args.pr_file or args.sha or args.sha_file or args.expected_head_repo:
+        raise UsageError("--buildkite-measuring-pipeline takes the PR, the commit and the head repository from "
+                         "Buildkite's records: give none of --pr, --pr-file, --sha, --sha-file, --expected-head-repo")
+    measuring = buildkite.slug(args.buildkite_measuring_pipeline, "--buildkite-measuring-pipeline")
+    token = (env.get("BUILDKITE_API_TOKEN") or "").strip()
+    if not token:
+        raise UsageError("BUILDKITE_API_TOKEN is not set: the poster reads the measured build from Buildkite's API",
+                         hint="a token with read_builds and read_artifacts, in the poster pipeline's environment")
+    api = buildkite.BuildkiteAPI(token, buildkite.slug(env.get("BUILDKITE_ORGANIZATION_SLUG", ""),
+                                                       "BUILDKITE_ORGANIZATION_SLUG"),
+                                 env.get("BUILDKITE_API_URL") or buildkite.DEFAULT_API_URL)
+    try:
+        build = buildkite.measured_build(api, env, measuring)
+    except buildkite.ForgedTarget as exc:
+        say(f"guard comment: nothing posted: {one_line(str(exc), 300)}")
+        raise
+    say(f"guard comment: measured by {build.describe()}")
+    art = Path(tempfile.mkdtemp(prefix="guard-buildkite-"))
+    got = buildkite.download_artifacts(api, build, art, ("guard-results/", "guard-pr/"))
+    args.sha, args.expected_head_repo = build.commit, build.head_repo
+    args.run_url = args.run_url or build.web_url
+    if "guard-results/results.json" not in got:
+        args.no_results = args.no_results or f"the Buildkite build {build.number} ended before writing results"
+        args.model, args.profile = args.model or "deepseek-ocr-2", args.profile or "cpu"
+        return run_without_results(args, env)
+    for name, flag in (("pr_number.txt", "pr_file"), ("head_sha.txt", "sha_file")):
+        if f"guard-pr/{name}" not in got:
+            raise buildkite.ForgedTarget(f"build {build.number} of {measuring} uploaded no guard-pr/{name}; refusing to post")
+        setattr(args, flag, str(art / "guard-pr" / name))
+    claimed = publish.parse_pr_number(publish.read_small_file(args.pr_file, what="guard-pr/pr_number.txt"),
+                                      source="guard-pr/pr_number.txt")
+    if claimed != build.pr:
+        raise buildkite.ForgedTarget(f"the artifact names pull request #{claimed}, but Buildkite built #{build.pr}; "
+                                     "refusing to post")
+    args.results = str(art / "guard-results" / "results.json")
+    args.buildkite_measuring_pipeline = None  # the target is settled: post as for an Actions artifact
+    return run(args)
+
+
+def _said(report: publish.PublishReport) -> int:
+    """Print what was posted; exit 4 when GitHub kept failing."""
     for line in report.retries:
         say(f"guard comment: retried {one_line(line)}")
     if report.comment:

@@ -20,6 +20,7 @@ from pathlib import Path
 from guard import __version__
 from guard.model.results import ABRecord, Measures
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
+from guard.config.census import read_baseline
 from guard.files import prepare_output
 from guard.report.output import write_report
 from guard.commands.matrix import add_model_argument, run_models
@@ -186,7 +187,8 @@ def _run_one(args: argparse.Namespace) -> int:
         rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
                      progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh,
                      candidate_python=str(envs["head"].python), rule=stopping_rule(profile))
-    results = evaluate_pr(profile, rec, pr, guard_version=__version__, output=output)
+    results = evaluate_pr(profile, rec, pr, guard_version=__version__, output=output,
+                          census_baseline=read_baseline(profile.census))
     results = _with_function_changes(results, repo, base, head)
     results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
     return finish(results, output, t0, thresholds=_named(args))

@@ -11,9 +11,10 @@ from __future__ import annotations
 ARTIFACT_RESULTS = "guard-results/results.json"  # where the comment tells people to unpack the artifact
 
 
-def update_thresholds(results: str, thresholds: str, profile: str, only: str | None = None) -> str:
+def update_thresholds(results: str, thresholds: str, profile: str, only: str | None = None,
+                      allow_increase: bool = False) -> str:
     return (f"guard update-thresholds --from {results} --profile {profile} --thresholds {thresholds}"
-            + (f" --only {only}" if only else ""))
+            + (f" --only {only}" if only else "") + (" --allow-increase" if allow_increase else ""))
 
 
 def check(thresholds: str, profile: str, *, only: str | None = None, baseline: bool = False) -> str:

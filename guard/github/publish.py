@@ -122,7 +122,7 @@ class CommitStatus:
     target_url: str | None = None
 
 
-def _clip(s: str, limit: int) -> str:
+def clip(s: str, limit: int) -> str:
     s = " ".join(s.split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
@@ -143,7 +143,7 @@ def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
         first = results.invalid_reasons[0].text if results.invalid_reasons else f"verdict {results.verdict!r}"
         state, desc = "error", f"invalid run: {first}"
     return CommitStatus(state=state, context=f"guard/{_slug(results.run.model)}/{_slug(results.run.profile)}",
-                        description=_clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
+                        description=clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
 def no_results_status(model: str, profile: str, reason: str, run_url: str | None = None, *,
@@ -154,7 +154,7 @@ def no_results_status(model: str, profile: str, reason: str, run_url: str | None
     ``success`` saying it did not run."""
     state, desc = ("error", f"no results: {reason}") if requested else ("success", f"not run: {reason}")
     return CommitStatus(state=state, context=f"guard/{_slug(model)}/{_slug(profile)}",
-                        description=_clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
+                        description=clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
 # ----------------------------------------------------------------------------- job summary, annotations
@@ -545,10 +545,12 @@ def pr_reviews(pr: Any) -> list[Review]:
 
 
 def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: TrustPolicy,
-                report: PublishReport) -> tuple[str, CommitStatus]:
+                report: PublishReport, *, files: list[ChangedFile] | None = None,
+                reviews: list[Review] | None = None) -> tuple[str, CommitStatus]:
     """When the PR changes what guard trusts, say so in the comment (right under the marker line)
-    and make the status ``error`` unless a maintainer approved the head commit in a review."""
-    changed = protected_changes(pr_changed_files(pr), policy)
+    and make the status ``error`` unless a maintainer approved the head commit in a review.
+    ``files``/``reviews``: the PR's, when the caller has read them already."""
+    changed = protected_changes(pr_changed_files(pr) if files is None else files, policy)
     report.protected = [f.filename for f in changed]
     if not changed:
         return body, status
@@ -557,7 +559,7 @@ def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: Tru
         new_text = _call("read the pull request's thresholds file",
                          lambda: file_at(pr.base.repository, policy.thresholds_path, head))
         lines = thresholds_change_lines(policy, new_text)
-    approved_by = approver(pr_reviews(pr), head, policy)
+    approved_by = approver(pr_reviews(pr) if reviews is None else reviews, head, policy)
     report.approved = approved_by is not None
     notice = notice_markdown(changed, lines, approved_by, head)
     first, _, rest = body.partition("\n")
@@ -566,7 +568,7 @@ def apply_trust(pr: Any, head: str, body: str, status: CommitStatus, policy: Tru
         return new_body, status
     names = ", ".join(f.filename for f in changed[:3]) + (" ..." if len(changed) > 3 else "")
     return new_body, CommitStatus(state="error", context=status.context, target_url=status.target_url,
-                                  description=_clip(f"needs a run approved by a maintainer: this PR changes {names}",
+                                  description=clip(f"needs a run approved by a maintainer: this PR changes {names}",
                                                     STATUS_DESCRIPTION_LIMIT))
 
 
@@ -576,6 +578,32 @@ def _cannot_read(f: _Forbidden) -> UsageError:
     return UsageError(f"{f}: the token may not even read here, so nothing was posted",
                       hint="grant the workflow `permissions: pull-requests: write, statuses: write` (reads come with "
                            "them), or give a token with access to this repository")
+
+
+def open_pull_request(gh: github3.GitHub, *, owner: str, repo: str, number: int, sha: str | None = None,
+                      verify: bool = False, expected_head_repo: str | None = None) -> Any:
+    """The pull request, read through the API, its head verified as the measured commit when asked.
+    UsageError (exit 2) for a PR that does not exist or does not match what was measured."""
+    try:
+        pr = _call(f"read pull request #{number} of {owner}/{repo}", lambda: gh.pull_request(owner, repo, number),
+                   not_found=f"{owner}/{repo} has no pull request #{number} (or the token cannot see it)")
+    except _Forbidden as f:
+        raise _cannot_read(f) from None
+    if pr is None:
+        raise UsageError(f"{owner}/{repo} has no pull request #{number}")
+    if verify or expected_head_repo is not None:
+        if sha is None:
+            raise UsageError("verifying the PR needs the SHA that was measured (--sha or --sha-file)")
+        verify_head(pr, sha, expected_head_repo)
+    return pr
+
+
+def read(what: str, fn: Callable[[], T]) -> T:
+    """A read the post depends on (files, reviews, budgets): a refusal means nothing can be posted."""
+    try:
+        return _call(what, fn)
+    except _Forbidden as f:
+        raise _cannot_read(f) from None
 
 
 def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str, body: str,
@@ -594,22 +622,22 @@ def publish(gh: github3.GitHub, *, owner: str, repo: str, number: int, mark: str
     403s in ``forbidden``.
     """
     report = PublishReport()
-    try:
-        pr = _call(f"read pull request #{number} of {owner}/{repo}", lambda: gh.pull_request(owner, repo, number),
-                   not_found=f"{owner}/{repo} has no pull request #{number} (or the token cannot see it)")
-    except _Forbidden as f:
-        raise _cannot_read(f) from None
-    if pr is None:
-        raise UsageError(f"{owner}/{repo} has no pull request #{number}")
-    report.pr_url = pr.html_url
-    if verify or expected_head_repo is not None:
-        if sha is None:
-            raise UsageError("verifying the PR needs the SHA that was measured (--sha or --sha-file)")
-        verify_head(pr, sha, expected_head_repo)
+    pr = open_pull_request(gh, owner=owner, repo=repo, number=number, sha=sha, verify=verify,
+                           expected_head_repo=expected_head_repo)
     head = (sha or pr.head.sha).lower()  # the PR's head commit, never the merge commit
     if trust is not None:  # before anything is posted: a PR that edits guard cannot vouch for itself
         body, status = apply_trust(pr, head, body, status, trust, report)
         finding = finding or (bool(report.protected) and not report.approved)
+    return post(gh, pr, head=head, mark=mark, body=body, status=status, author=author, finding=finding,
+                summary=summary, report=report)
+
+
+def post(gh: github3.GitHub, pr: Any, *, head: str, mark: str, body: str, status: CommitStatus,
+         author: str = DEFAULT_AUTHOR, finding: bool = True, summary: str = "",
+         report: PublishReport | None = None) -> PublishReport:
+    """The comment (or its resolution) and the status on ``head`` of an opened pull request."""
+    report = report or PublishReport()
+    report.pr_url = pr.html_url
 
     def comment() -> None:
         if finding:

@@ -48,10 +48,14 @@ class TrustPolicy:
     thresholds_text: str | None  # its content on the default branch (None: not there)
     approver_associations: tuple[str, ...] = APPROVER_ASSOCIATIONS
     patterns: tuple[str, ...] = PROTECTED_PATTERNS
+    # budgets kept in the measured repository: judged by base's copy until accepted (guard.github.budget_files)
+    budget_files: tuple[str, ...] = ()
 
 
 def is_protected(path: str, policy: TrustPolicy) -> bool:
     path = path.lstrip("/")
+    if path in policy.budget_files:
+        return False
     return path == policy.thresholds_path or any(fnmatch.fnmatchcase(path, p) for p in policy.patterns)
 
 

@@ -9,6 +9,7 @@ here, a label and failure sentence in guard.model.format, a table in each view.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from guard.model import format as fmt
@@ -21,7 +22,7 @@ from guard.judge.census import CensusJudgement, judge
 from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
 from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
-from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
+from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, CensusCheck, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
@@ -448,12 +449,16 @@ def budget_notices(source: BudgetSource) -> list[str]:
 
 
 def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, guard_version: str = "",
-                output: str | Path = DEFAULT_OUTPUT) -> Results:
+                output: str | Path = DEFAULT_OUTPUT, census_baseline: Baseline | None = None) -> Results:
     """``guard pr``: head is the candidate, base the baseline side (evaluate_ab), so the census and
     the op budgets are judged side against side and no committed file is needed. An op budget
     that base already exceeded by as much fails nobody's pull request: a notice. What the pull
     request changed that this engine stack cannot measure (compiled code, dependencies) turns a
-    pass into ``not_measurable``; a regression it could measure stays one."""
+    pass into ``not_measurable``; a regression it could measure stays one.
+
+    ``census_baseline``: the committed census of the budgets that judge (read_baseline). A function
+    that grew against base but holds within it was accepted there: the budgets that judge carry head's
+    counts (guard.github.budget_files: head's copy, accepted), so it passes with a notice."""
     ops_only = not rec.candidate.measures.ttft  # `--only ops`: the sides were profiled, no pairs timed
     judged = dataclasses.replace(profile, ttft_ms={}, ttft_vs_baseline_pct={}) if ops_only else profile
     res = evaluate_ab(judged, rec, guard_version=guard_version, output=output)
@@ -467,5 +472,29 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, guard_v
                            f"({before}) already; this pull request did not add to it")
             c = dataclasses.replace(c, status=Status.PASS)
         ops.append(c)
+    census = res.census_checks
+    if census_baseline is not None and any(c.status == Status.FAIL for c in census) \
+            and not census_against_bf16(profile, rec.candidate.environment):
+        census, accepted = _accepted_census(profile, rec, census_baseline, census, output)
+        notices += accepted
     notices[:0] = pr_notices(pr) + environment_notice(rec, pr)
-    return dataclasses.replace(res, op_checks=tuple(ops), notices=tuple(notices), pr=pr).settled()
+    return dataclasses.replace(res, op_checks=tuple(ops), census_checks=tuple(census), notices=tuple(notices),
+                               pr=pr).settled()
+
+
+def _accepted_census(profile: Profile, rec: ABRecord, baseline: Baseline, checks: Sequence[CensusCheck],
+                     output: str | Path) -> tuple[list[CensusCheck], list[str]]:
+    """Side-against-side census failures that the committed baseline holds: passed, each with a notice."""
+    committed = census_judgement(profile, rec.candidate, baseline, output)
+    if committed is None or committed.invalid:
+        return list(checks), []
+    failing_there = {c.key for c in committed.checks if c.status == Status.FAIL}
+    out, notices = [], []
+    for c in checks:
+        # a function with no record against the committed baseline counts exactly what it holds
+        if c.status == Status.FAIL and c.key not in failing_there:
+            notices.append(f"{c.label}: grew against base, within the committed census baseline "
+                           f"{Path(profile.census.baseline).name} (the budgets that judged this accept it)")
+            c = dataclasses.replace(c, status=Status.PASS)
+        out.append(c)
+    return out, notices

@@ -124,7 +124,8 @@ def recompute(stored: Results, profile: Profile) -> Results:
         rec = ABRecord(candidate=stored.run, baseline=stored.ab.baseline, baseline_python=stored.ab.baseline_python,
                        order=list(stored.ab.order))
         if stored.pr is not None:  # guard pr: base is the baseline side, judged as guard pr judges it
-            return evaluate_pr(profile, rec, stored.pr, guard_version=stored.guard_version)
+            return evaluate_pr(profile, rec, stored.pr, guard_version=stored.guard_version,
+                               census_baseline=read_baseline(profile.census))
         return evaluate_ab(profile, rec, guard_version=stored.guard_version)
     return evaluate(profile, stored.run, guard_version=stored.guard_version,
                     census_baseline=read_baseline(profile.census))

@@ -483,12 +483,21 @@ def _recipes(results: Results, thresholds: str | None) -> list[str]:
     named = person_path(thresholds) if thresholds else recorded_as_person_path(run.thresholds_path)
     budgets = _path_token(named, "THRESHOLDS")
     only = None if results.ttft_checks or results.ab_checks else "ops"
-    if results.pr is not None:  # both sides are measured: there are no numbers to accept
+    if results.pr is not None:
         pr = results.pr
-        return [""] + _folded("Reproduce locally", [
+        reproduce = [""] + _folded("Reproduce locally", [
             "In a clone of vLLM that has both commits, from guard's repository root:", "",
             "```sh", recipes.pr(_token(pr.base.sha, "BASE"), _token(pr.head.sha, "HEAD"), budgets, profile, only=only),
             "```"])
+        if results.verdict != Verdict.REGRESSION or results.ttft_checks or results.ab_checks:
+            return reproduce  # TTFT side against side has no budget to move; nothing grew, nothing to accept
+        return reproduce + [""] + _folded("Accept this growth (if the pull request intends it)", [
+            "Head's op counts become the budgets and the census baseline: unpack this run's `guard-results` artifact "
+            "into `guard-results/` at the root of the checkout that holds the budget file, then commit the diff in "
+            "this pull request. Budgets in vLLM's tree are judged by base's copy until someone with write "
+            "permission accepts the change (docs/github.md, \"Accepting intended growth\").", "",
+            "```sh", *(recipes.update_thresholds(recipes.ARTIFACT_RESULTS, budgets, profile, only=part,
+                                                 allow_increase=True) for part in ("ops", "census")), "```"])
     reproduce = [""] + _folded("Reproduce locally", [
         "On a machine that matches the profile (the profile pins the hardware), from the repository's root:", "",
         "```sh", recipes.check(budgets, profile, only=only, baseline=results.ab is not None), "```"])

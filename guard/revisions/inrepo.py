@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from guard.config.budgets import Thresholds, load_thresholds
@@ -95,15 +96,23 @@ def load_at(repo: Path, rev: git.Revision, path: str, side: str, flag: str = FLA
     UsageError (exit 2) naming the path and the revision when ``rev`` has no such file."""
     path = repo_path(path, flag)
     where = f"{side} {rev.rev} ({rev.sha[:12]})"
-    kind = _in_revision(repo, rev, path)
+    hint = (f"the budget file must be committed in {side} (the trusted side: its copy judges both sides); check with "
+            f"`git -C {repo} show {rev.sha[:12]}:{path}`, or pass --thresholds PATH for a file outside the repository")
+    return load_from(lambda p: _in_revision(repo, rev, p), lambda p, root: _write(repo, rev, p, root),
+                     path, where, flag, into, hint=hint)
+
+
+def load_from(kind_of: Callable[[str], str | None], write: Callable[[str, Path], bool], path: str, where: str,
+              flag: str = FLAG, into: Path | None = None, hint: str | None = None) -> tuple[Thresholds, tuple[str, ...]]:
+    """``load_at`` over any reader of one revision: ``kind_of(path)`` says 'blob', 'tree' or None,
+    ``write(path, root)`` writes it under ``root`` (False: not there). The poster reads through
+    GitHub's contents API with it (guard.github.budgets)."""
+    kind = kind_of(path)
     if kind != "blob":
         what = "is a folder, not a file" if kind == "tree" else "does not exist"
-        raise UsageError(f"{flag} {path}: {what} in {where}",
-                         hint=f"the budget file must be committed in {side} (the trusted side: its copy judges both "
-                              f"sides); check with `git -C {repo} show {rev.sha[:12]}:{path}`, or pass --thresholds "
-                              "PATH for a file outside the repository")
+        raise UsageError(f"{flag} {path}: {what} in {where}", hint=hint)
     root = Path(into) if into is not None else Path(tempfile.mkdtemp(prefix="guard-budgets-"))
-    _write(repo, rev, path, root)
+    write(path, root)
     try:
         thresholds = load_thresholds(root / path)
     except ConfigError as exc:  # name the file as the repository has it, not the temporary copy
@@ -112,7 +121,7 @@ def load_at(repo: Path, rev: git.Revision, path: str, side: str, flag: str = FLA
     if outside:
         raise UsageError(f"{flag} {path} (in {where}) names {outside}, outside the repository: a budget file in the "
                          "vLLM tree may name only files of the same revision")
-    files = [path] + [f for f in named_files(thresholds, root) if _write(repo, rev, f, root)]
+    files = [path] + [f for f in named_files(thresholds, root) if write(f, root)]
     return thresholds, tuple(files)
 
 

@@ -52,6 +52,10 @@ class FakeGitHub:
         self.reviews: dict[int, list[dict]] = {7: [], 8: []}
         self.contents: dict[tuple[str, str], str] = {}  # (path, ref) -> text, for the contents API
         self.runs: dict[int, list[dict]] = {}  # workflow id -> its runs (Actions API), as add_run makes them
+        self.labels: dict[int, list[str]] = {7: [], 8: []}  # the labels on each pull request now
+        self.events: dict[int, list[dict]] = {7: [], 8: []}  # its issue events (labeled / unlabeled)
+        self.permissions: dict[str, str] = {}  # login -> admin | write | read | none (collaborator permission API)
+        self.teams: dict[str, set[str]] = {}  # "org/slug" -> its active members
         server.expect_request(re.compile(".*")).respond_with_handler(self.handle)
 
     # --- state helpers
@@ -76,6 +80,17 @@ class FakeGitHub:
                                      "body_html": "", "body_text": "", "state": state, "commit_id": commit,
                                      "author_association": association, "html_url": f"{u}#review",
                                      "pull_request_url": u, "submitted_at": "2025-01-01T00:00:00Z"})
+
+    def label(self, number: int, name: str, actor: str, event: str = "labeled") -> None:
+        """``actor`` applies (or removes) label ``name``, as GitHub records it in the issue's events."""
+        self.next_id += 1
+        self.events[number].append({"id": self.next_id, "event": event, "actor": self.user(actor),
+                                    "label": {"name": name, "color": "ededed"}, "commit_id": None,
+                                    "created_at": "2026-12-01T00:00:00Z"})
+        if event == "labeled" and name not in self.labels[number]:
+            self.labels[number].append(name)
+        elif event == "unlabeled" and name in self.labels[number]:
+            self.labels[number].remove(name)
 
     def add_run(self, workflow_id: int, run_number: int, head_sha: str, conclusion: str | None = None,
                 head_repo: str = FORK, event: str = "pull_request") -> dict:
@@ -214,6 +229,18 @@ class FakeGitHub:
                                "path": m[1], "content": base64.b64encode(text.encode()).decode(), "sha": "0" * 40,
                                "url": u, "git_url": u, "html_url": u, "download_url": u,
                                "_links": {"self": u, "git": u, "html": u}})
+        if (m := re.fullmatch(rf"{repo}/issues/(\d+)/labels", path)) and req.method == "GET":
+            return self.reply([{"id": i, "name": n, "color": "ededed"} for i, n in enumerate(self.labels[int(m[1])])])
+        if (m := re.fullmatch(rf"{repo}/issues/(\d+)/events", path)) and req.method == "GET":
+            return self.reply(self.events[int(m[1])])
+        if (m := re.fullmatch(rf"{repo}/collaborators/([^/]+)/permission", path)) and req.method == "GET":
+            if m[1] not in self.permissions:
+                return self.reply({"message": "Not Found"}, 404)
+            return self.reply({"permission": self.permissions[m[1]], "user": self.user(m[1])})
+        if (m := re.fullmatch(r"/orgs/([^/]+)/teams/([^/]+)/memberships/([^/]+)", path)) and req.method == "GET":
+            if m[3] not in self.teams.get(f"{m[1]}/{m[2]}", set()):
+                return self.reply({"message": "Not Found"}, 404)
+            return self.reply({"state": "active", "role": "member"})
         if m := re.fullmatch(rf"{repo}/issues/(\d+)/comments", path):
             n = int(m[1])
             if req.method == "GET":
