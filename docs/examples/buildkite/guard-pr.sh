@@ -33,8 +33,8 @@ if [ "${BUILDKITE_PULL_REQUEST:-false}" = false ]; then
   exit 0
 fi
 # After whatever happens below: the results (if any) as artifacts, then the poster's trigger, so a
-# regression, a broken run or a failed setup all get their status. The trigger carries only what
-# Buildkite itself set; the posting pipeline re-checks all of it against GitHub (guard comment).
+# regression, a broken run or a failed setup all get their status. The trigger carries nothing: the
+# poster reads this build from Buildkite's API (its triggered_from) and checks it against GitHub.
 post() {
   local rc=$?
   mkdir -p guard-pr
@@ -48,12 +48,6 @@ steps:
   - label: ":speech_balloon: guard status"
     trigger: vllm-guard-post
     async: true
-    build:
-      env:
-        MEASURED_BUILD_ID: "$BUILDKITE_BUILD_ID"
-        MEASURED_COMMIT: "$head"
-        MEASURED_PULL_REQUEST: "$BUILDKITE_PULL_REQUEST"
-        MEASURED_PULL_REQUEST_REPO: "${BUILDKITE_PULL_REQUEST_REPO:-}"
 EOF
   exit "$rc"
 }
