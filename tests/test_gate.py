@@ -224,3 +224,74 @@ def test_without_protected_changes_an_inconsistent_artifact_posts_nothing(gh_env
     code, _, err = post(guard, tmp_path, results=claimed)
     assert code == 2 and "Refusing to post" in err
     assert gh_env.writes() == []
+
+
+# ----------------------------------------------------------------------------- one verdict for every model
+def post_dir(guard, tmp_path, folder: Path, *extra: str):
+    art = tmp_path / "artifact"
+    art.mkdir(exist_ok=True)
+    return guard(*artifact(art, "7\n", HEAD + "\n"), "--sha", HEAD, "--expected-head-repo", FORK,
+                 "--results-dir", str(folder), "--trusted-thresholds", "thresholds/{model}.yaml", *extra)
+
+
+@pytest.fixture
+def auto_output(tmp_path) -> Path:
+    """What `guard pr --model auto` leaves when it judged deepseek-ocr-2 alone: OUTPUT/<model>/results.json."""
+    folder = tmp_path / "guard-results"
+    (folder / "deepseek-ocr-2").mkdir(parents=True)
+    shutil.copy(MASK_LOOP, folder / "deepseek-ocr-2" / "results.json")
+    return folder
+
+
+def test_a_model_files_change_gets_one_status_for_the_profile_and_one_comment(gh_env, guard, tmp_path, checkout,
+                                                                             auto_output):
+    gh_env.change(7, "vllm/model_executor/models/deepencoder2.py")  # deepseek-ocr-2's own code only
+    code, _, err = post_dir(guard, tmp_path, auto_output)
+    assert code == 0, err
+    status = only_status(gh_env)
+    assert status["context"] == "guard/cpu" and status["state"] == "failure"
+    assert status["description"].startswith("1 model(s), 0 fine; deepseek-ocr-2: ")
+    [c] = gh_env.comments[7]
+    assert c["body"].startswith("<!-- guard:v1 model=all profile=cpu -->")
+    assert "| `deepseek-ocr-2` | failure |" in c["body"] and "<details open><summary><b>deepseek-ocr-2</b>" in c["body"]
+
+
+def test_a_shared_code_change_expects_every_model_and_a_missing_one_is_an_error(gh_env, guard, tmp_path, checkout,
+                                                                                auto_output):
+    """The poster works out which models the pull request concerns from GitHub's file list; a run
+    that left only one model's results cannot pass for the others."""
+    from guard.config import models
+
+    gh_env.change(7, "vllm/multimodal/processing.py")  # shared: every model runs it
+    code, _, err = post_dir(guard, tmp_path, auto_output)
+    assert code == 0, err
+    status = only_status(gh_env)
+    assert status["context"] == "guard/cpu" and status["state"] == "error"
+    [c] = gh_env.comments[7]
+    missing = [m for m in models.names() if m != "deepseek-ocr-2"]
+    assert len(missing) == 8
+    for m in missing:
+        assert f"| `{m}` | error | the pull request concerns this model, but its run left no results |" in c["body"]
+
+
+def test_a_docs_only_pull_request_is_a_success_with_no_results_at_all(gh_env, guard, tmp_path, checkout):
+    gh_env.change(7, "docs/usage.md")
+    empty = tmp_path / "guard-results"
+    empty.mkdir()
+    code, _, err = post_dir(guard, tmp_path, empty)
+    assert code == 0, err
+    status = only_status(gh_env)
+    assert status["context"] == "guard/cpu" and status["state"] == "success"
+    assert status["description"].startswith("nothing guard measures changed")
+    assert gh_env.comments[7] == []  # nothing to say: no comment
+
+
+def test_an_empty_results_folder_cannot_hide_a_change_to_vllm(gh_env, guard, tmp_path, checkout):
+    """A measuring run that skipped measuring (or lost its results) while the PR changes a model's code."""
+    gh_env.change(7, "vllm/model_executor/models/deepencoder2.py")
+    empty = tmp_path / "guard-results"
+    empty.mkdir()
+    code, _, err = post_dir(guard, tmp_path, empty)
+    assert code == 0, err
+    status = only_status(gh_env)
+    assert status["state"] == "error" and "deepseek-ocr-2" in status["description"]

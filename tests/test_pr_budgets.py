@@ -117,7 +117,8 @@ def test_heads_budget_change_is_reported_for_approval_and_never_judges(small: Pa
     # what the command judges with: base's copy, though head (checked out) has 100
     args = argparse.Namespace(thresholds_in_repo=IN_REPO, thresholds=pr_command.DEFAULT_THRESHOLDS,
                               vllm_repo=str(small), base="main")
-    thresholds, _ = pr_command._budgets(args)
+    thresholds, _, in_repo = pr_command._budgets(args)
+    assert in_repo == IN_REPO
     assert thresholds.profiles["cpu"].ops[0].ops["aten::_index_put_impl_"].count == 0
 
     done = run_guard("pr", "--vllm-repo", str(small), "--base", "main", "--head", head, "--only", "ops",

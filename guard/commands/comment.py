@@ -17,7 +17,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from guard.github import approval, budget_files, buildkite, publish
+from guard.github import approval, buildkite, gate, publish
 from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
 from guard.errors import UsageError
 from guard.files import read_input
@@ -37,6 +37,10 @@ VLLM_PROTECTED = (".buildkite/*", ".github/*")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default=DEFAULT_RESULTS, help="results.json to publish (default: %(default)s)")
+    parser.add_argument("--results-dir", default=None, metavar="DIR",
+                        help="every model's results under DIR (DIR/<model>/results.json, what `guard pr --model auto` "
+                             "writes): one status guard/<profile> and at most one comment for all of them; the models "
+                             "the pull request concerns are worked out here from its files, so a missing one is an error")
     parser.add_argument("--report", default=None,
                         help="post this Markdown instead of rendering results.json (only for reports you trust: "
                              "the rendered one escapes everything that came from the run)")
@@ -183,13 +187,15 @@ def _trust_policy(args: argparse.Namespace, verify: bool) -> TrustPolicy | None:
     rel = Path(args.trusted_thresholds)
     if rel.is_absolute() or ".." in rel.parts:
         raise UsageError(f"--trusted-thresholds {rel}: give the path relative to the repository root")
+    patterns = tuple(args.protected) if args.protected else (VLLM_PROTECTED if args.thresholds_in_repo else PROTECTED_PATTERNS)
+    if gate.MODEL_FIELD in args.trusted_thresholds:  # read per model (guard.github.gate.for_model)
+        return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=None, patterns=patterns)
     try:
         text = rel.read_text(encoding="utf-8")
     except FileNotFoundError:
         text = None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--trusted-thresholds {rel}: cannot read: {exc}") from None
-    patterns = tuple(args.protected) if args.protected else (VLLM_PROTECTED if args.thresholds_in_repo else PROTECTED_PATTERNS)
     return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=text, patterns=patterns)
 
 
@@ -281,32 +287,39 @@ def run(args: argparse.Namespace) -> int:
         return run_for_buildkite(args, env)
     if args.no_results is not None or args.not_run is not None:
         return run_without_results(args, env)
-    results = load_results(Path(args.results))
     pr, sha, head_repo, verify = _target(args, env)
     policy = _trust_policy(args, verify)
+    if args.results_dir is not None:
+        if policy is None or args.dry_run:
+            raise UsageError("--results-dir posts one verdict for every model the pull request concerns, judged "
+                             "again against GitHub's view of it: give the artifact's --pr-file/--sha-file (or "
+                             "--check-pr-files on), and no --dry-run")
+        runs = [(str(p), r) for p, r in gate.results_in(Path(args.results_dir))]
+        return _post_judged(args, env, runs, policy, pr, sha, head_repo, verify, folder=True)
+    results = load_results(Path(args.results))
     if policy is not None and not args.dry_run:  # the artifact's verdict is a claim: judged again at post time
-        return _post_judged(args, env, results, policy, pr, sha, head_repo, verify)
+        return _post_judged(args, env, [(args.results, results)], policy, pr, sha, head_repo, verify, folder=False)
     if policy is not None:
         if args.thresholds_in_repo:
             raise UsageError("--dry-run cannot read the budgets from vLLM's tree (that needs GitHub's API)",
                              hint="give --trusted-thresholds alone for an offline re-judge")
-        results = rejudge(results, _trusted(policy), source=args.results)
+        results = rejudge(results, _trusted(gate.for_model(policy, results.run.model)), source=args.results)
     elif contradiction := results.self_contradiction():  # trusted, yet damaged: its verdict is not its checks'
         raise UsageError(f"{args.results}: verdict: {contradiction}; refusing to post",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
-    body, status, finding, summary, report_text = _rendered(args, results)
+    shown = _rendered(args, results)
     for line in publish.annotations(results):
         print(line)
     if args.dry_run:
-        _print_dry_run(body, status, pr, sha, env, finding)
+        _print_dry_run(shown.body, shown.status, pr, sha, env, shown.finding)
         return 0
-    _summarise(env, finding, summary, report_text)
+    _summarise(env, shown)
     gh, owner, name = _client(args, env)
     if pr is None:
         raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")
     report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=publish.marker(results.run.model, results.run.profile),
-                             body=body, status=status, sha=sha, author=args.author, verify=verify,
-                             expected_head_repo=head_repo, finding=finding, summary=summary)
+                             body=shown.body, status=shown.status, sha=sha, author=args.author, verify=verify,
+                             expected_head_repo=head_repo, finding=shown.finding, summary=shown.summary)
     return _said(report)
 
 
@@ -329,8 +342,8 @@ def _api_url(env: dict[str, str]) -> str:
     return env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL
 
 
-def _rendered(args: argparse.Namespace, results, budgets: str | None = None, extra: str = ""):
-    """(comment body, status, finding?, one-line summary, the whole report) of a judged result."""
+def _rendered(args: argparse.Namespace, results: Results, budgets: str | None = None, extra: str = "") -> gate.Rendered:
+    """A judged result as posted: comment body, status, finding?, one-line summary, the whole report."""
     report_md = None
     if args.report is not None:
         try:
@@ -348,76 +361,73 @@ def _rendered(args: argparse.Namespace, results, budgets: str | None = None, ext
     if extra:
         report_text = f"{extra}\n{report_text}"
     body = publish.comment_body(results, run_url=run_url, report=report_text)
-    return body, publish.commit_status(results, run_url), has_finding(results), summary_line(results), report_text
+    return gate.Rendered(body, publish.commit_status(results, run_url), has_finding(results), summary_line(results),
+                         report_text)
 
 
-def _post_judged(args: argparse.Namespace, env: dict[str, str], results, policy: TrustPolicy, pr: int | None,
-                 sha: str | None, head_repo: str | None, verify: bool) -> int:
-    """The privileged post: read the pull request from GitHub (head, changed files, reviews, budgets,
-    approvals), judge the run record again, post. A PR that changes what judges it still gets its
-    ``error`` status when its artifact does not re-judge (a guard with other rules wrote it)."""
-    judged: Results | UsageError | None = None
+def _post_judged(args: argparse.Namespace, env: dict[str, str], runs: list[tuple[str, Results]], policy: TrustPolicy,
+                 pr: int | None, sha: str | None, head_repo: str | None, verify: bool, folder: bool) -> int:
+    """The privileged post (guard.github.gate): read the pull request, judge each run again, post once."""
     if not args.thresholds_in_repo:  # guard's own budgets judge offline: the job summary has the verdict even if GitHub fails
-        judged = _rejudged(results, _trusted(policy), args.results)
-        if isinstance(judged, Results):
-            _summarise(env, *_rendered(args, judged)[2:])
+        for source, results in runs:
+            try:
+                trusted = _trusted(gate.for_model(policy, results.run.model))
+                _summarise(env, _rendered(args, rejudge(results, trusted, source=source)))
+            except UsageError:
+                pass  # decided below, once the pull request's changes are known
     gh, owner, name = _client(args, env)
     if pr is None:
         raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")
-    pull = publish.open_pull_request(gh, owner=owner, repo=name, number=pr, sha=sha, verify=verify,
-                                     expected_head_repo=head_repo)
-    head = (sha or pull.head.sha).lower()
-    files = publish.read("list the pull request's files", lambda: publish.pr_changed_files(pull))
-    reviews = publish.read("list the pull request's reviews", lambda: publish.pr_reviews(pull))
-    mark = publish.marker(results.run.model, results.run.profile)
-    choice, path = None, None
-    if args.thresholds_in_repo:
-        path = args.thresholds_in_repo.replace("{model}", results.run.model)
-        reads = approval.GitHubReads(gh, _api_url(env), owner, name)
-        choice = publish.read("read the budgets in the repository", lambda: budget_files.choose(
-            pull.base.repository, reads, pr, str(pull.base.sha).lower(), head, path, [f.filename for f in files],
-            reviews, policy, args.accept_label, results.run.model))
-        say(f"guard comment: budgets: {one_line(choice.source)}")
-        policy = dataclasses.replace(policy, budget_files=choice.files)
-        judged = _rejudged(results, choice.thresholds, args.results)
+    ctx = gate.open_context(gh, owner, name, _api_url(env), pr, sha, head_repo, verify)
+    render = lambda judged, path, notice: _rendered(args, judged, budgets=path, extra=notice)  # noqa: E731
+    posts = []
+    for source, results in runs:
+        post, policy = gate.judge_one(ctx, results, source, args.thresholds_in_repo, policy, args.accept_label,
+                                      render, say)
+        posts.append(post)
+    profile = runs[0][1].run.profile if runs else (args.profile or "cpu")
+    why_none = ""
+    if folder:
+        missing, why = gate.missing_models(ctx, [p.model for p in posts])
+        posts += [gate.ModelPost(m, None, "the pull request concerns this model, but its run left no results")
+                  for m in missing]
+        why_none = f"nothing guard measures changed ({why})"
+        mark = publish.marker(gate.ALL_MODELS, profile)
+        status = gate.combined_status(profile, posts, args.run_url or None, why_none)
+        body = gate.combined_body(mark, posts, why_none)
+    else:
+        mark = publish.marker(runs[0][1].run.model, profile)
+        only = posts[0]
+        status = only.rendered.status if only.rendered else publish.no_results_status(
+            only.model, profile, "results not re-judged")
+        body = only.rendered.body if only.rendered else (
+            f"{mark}\n## guard: not judged\n\nThe run's results could not be judged again here: {text(only.problem)}\n")
+    finding = any(p.rendered is None or p.rendered.finding for p in posts)
+    if folder:
+        _summarise(env, gate.Rendered(body, status, finding, status.description, body))
+    elif args.thresholds_in_repo and posts[0].rendered:
+        _summarise(env, posts[0].rendered)
     report = publish.PublishReport()
-    if isinstance(judged, UsageError):
-        body = f"{mark}\n## guard: not judged\n\nThe run's results could not be judged again here: {text(str(judged))}\n"
-        status = publish.no_results_status(results.run.model, results.run.profile, "results not re-judged")
-        body, status = publish.apply_trust(pull, head, body, status, policy, report, files=files, reviews=reviews)
-        if not report.protected or report.approved:
-            raise judged
-        # judged by code the pull request changes: its status says that, not "inconsistent"
-        say(f"guard comment: the artifact does not re-judge ({one_line(str(judged), 200)}); the pull request changes "
-            "what judges it, so it gets the status that asks for a maintainer's approved run")
-        return _said(publish.post(gh, pull, head=head, mark=mark, body=body, status=status, author=args.author,
-                                  finding=True, report=report))
-    notice = budget_files.notice_markdown(choice, path) if choice else ""
-    body, status, finding, summary, report_text = _rendered(args, judged, budgets=path, extra=notice)
-    if choice is not None:
-        status = dataclasses.replace(status, description=publish.clip(f"{choice.short}: {status.description}",
-                                                                       publish.STATUS_DESCRIPTION_LIMIT))
-        finding = finding or (bool(choice.changed) and choice.accepted is None)
-        _summarise(env, finding, summary, report_text)
-    for line in publish.annotations(judged):
-        print(line)
-    body, status = publish.apply_trust(pull, head, body, status, policy, report, files=files, reviews=reviews)
+    body, status = publish.apply_trust(ctx.pull, ctx.head, body, status, policy, report, files=ctx.files,
+                                       reviews=ctx.reviews)
+    refused = [p for p in posts if p.refused]
+    if refused and (not report.protected or report.approved):
+        raise UsageError(refused[0].problem)
+    if refused:  # judged by code the pull request changes: its status says that, not "inconsistent"
+        say("guard comment: the artifact does not re-judge; the pull request changes what judges it, so it gets the "
+            "status that asks for a maintainer's approved run")
+    for p in posts:
+        for line in publish.annotations(p.judged) if p.judged else ():
+            print(line)
     finding = finding or (bool(report.protected) and not report.approved)
-    return _said(publish.post(gh, pull, head=head, mark=mark, body=body, status=status, author=args.author,
-                              finding=finding, summary=summary, report=report))
+    return _said(publish.post(gh, ctx.pull, head=ctx.head, mark=mark, body=body, status=status, author=args.author,
+                              finding=finding, summary=status.description, report=report))
 
 
-def _rejudged(results: Results, thresholds, source: str) -> Results | UsageError:
-    """The run judged again, or why it cannot be (decided once the pull request's changes are known)."""
-    try:
-        return rejudge(results, thresholds, source=source)
-    except UsageError as exc:
-        return exc
-
-
-def _summarise(env: dict[str, str], finding: bool, summary: str, report_text: str) -> None:
+def _summarise(env: dict[str, str], shown: gate.Rendered) -> None:
     """The job summary: one line always, the report with a finding."""
-    _job_summary(env, text(summary) + ("\n\n" + publish.trim_body(report_text, publish.SUMMARY_LIMIT) if finding else ""))
+    _job_summary(env, text(shown.summary) + ("\n\n" + publish.trim_body(shown.report, publish.SUMMARY_LIMIT)
+                                             if shown.finding else ""))
 
 
 def run_for_buildkite(args: argparse.Namespace, env: dict[str, str]) -> int:

@@ -37,6 +37,7 @@ from guard.report.terminal import render_terminal, say_dtype
 
 SIDES = ("base", "head")
 AUTO = "auto"  # --model auto: the models the pull request's changed files concern
+MODEL_FIELD = "{model}"  # in --thresholds-in-repo with --model: each model's own budget file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,8 +85,9 @@ def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "model", None) is not None:
-        if args.thresholds_in_repo is not None:
-            raise UsageError("give --model or --thresholds-in-repo, not both")
+        if args.thresholds_in_repo is not None and MODEL_FIELD not in args.thresholds_in_repo:
+            raise UsageError(f"--model with --thresholds-in-repo needs {MODEL_FIELD} in the path, one budget file per "
+                             "model", hint=f"e.g. --thresholds-in-repo .buildkite/guard/{MODEL_FIELD}.yaml")
         if models.canonical(args.model) == AUTO:
             return _run_auto(args)
         return run_models(args, _run_one, "pr")
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    thresholds, budget_files = _budgets(args)
+    thresholds, budget_files, in_repo = _budgets(args)
     hw = detect(quick=True)
     profile = select_profile(thresholds, args.profile, hw)
     ops_only = args.only == Measures.OPS
@@ -126,20 +128,20 @@ def _run_one(args: argparse.Namespace) -> int:
                  for name, rev in (("base", base), ("head", head))}
     pr = PullRequestDiff(repository=str(repo), base=revisions["base"], head=revisions["head"],
                          changed_files=tuple(changed), unmeasured_files=unmeasured, measured=measured)
-    pr = _with_budget_source(pr, args, repo, base, head, budget_files, changed)
+    pr = _with_budget_source(pr, in_repo, repo, base, head, budget_files, changed)
     say(f"{thresholds.model}, profile '{profile.name}' on {hw.describe()}")
     for name, rev in (("base", base), ("head", head)):
         info = revisions[name]
         say(f"{name} {rev.sha[:12]} {rev.subject[:70]}")
         say(f"     {info.version or 'no version tag'}; runs in {info.environment}")
     if broken is not None:
-        return _unmeasurable_revision(broken, profile, thresholds, pr, output, time.perf_counter(), args)
+        return _unmeasurable_revision(broken, profile, thresholds, pr, output, time.perf_counter(), _named(args, in_repo))
     say(f"{len(changed)} file(s) changed, {len(git.runtime_files(changed))} under {git.PACKAGE}/, "
         f"{len(unmeasured)} not measurable here (compiled code, dependencies)")
     t0 = time.perf_counter()
     if not measured:
         results = unjudged(profile, thresholds, pr)
-        return finish(results, output, t0, thresholds=_named(args))
+        return finish(results, output, t0, thresholds=_named(args, in_repo))
 
     envs: dict = dict(own)
     try:
@@ -162,7 +164,7 @@ def _run_one(args: argparse.Namespace) -> int:
             say(f"checking that {' and '.join(e.revision.rev for e in upfront)} import against the engine stack ...")
             overlay.check_imports(upfront, modules)
     except InvalidRunError as exc:
-        return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, args)
+        return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, _named(args, in_repo))
     finally:
         dropped = overlay.evict(cache_dir, cache_limit,
                                 keep={e.root for n, e in envs.items() if n not in own})
@@ -177,7 +179,7 @@ def _run_one(args: argparse.Namespace) -> int:
                                           cache=caches[name])[0]
                        for name in SIDES}
         except InvalidRunError as exc:  # the self-checked side did not import: nothing was measured
-            return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, args)
+            return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, _named(args, in_repo))
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
         from guard.judge.ab import stopping_rule
@@ -191,15 +193,15 @@ def _run_one(args: argparse.Namespace) -> int:
                           census_baseline=read_baseline(profile.census))
     results = _with_function_changes(results, repo, base, head)
     results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
-    return finish(results, output, t0, thresholds=_named(args))
+    return finish(results, output, t0, thresholds=_named(args, in_repo))
 
 
 def _unmeasurable_revision(exc: InvalidRunError, profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
-                           output: Path, t0: float, args: argparse.Namespace) -> int:
+                           output: Path, t0: float, named: str) -> int:
     """A side's revision cannot be measured here (it does not import against the engine stack, or
     its environment cannot be built): an invalid run with the reason and its hint, nothing judged."""
     return finish(unjudged(profile, thresholds, pr, [InvalidReason(ReasonKind.REVISION, exc.args[0])]),
-                  output, t0, hint=exc.hint, thresholds=_named(args))
+                  output, t0, hint=exc.hint, thresholds=named)
 
 
 def _run_auto(args: argparse.Namespace) -> int:
@@ -211,12 +213,7 @@ def _run_auto(args: argparse.Namespace) -> int:
     base, head = git.resolve(repo, args.base, "--base"), git.resolve(repo, args.head, "--head")
     git.require_vllm(repo, base, head)
     changed = git.changed_files(repo, base, head)
-    own = {}
-    for name, path in models.resolve(models.ALL):
-        thresholds = load_thresholds(path)
-        own[name] = set().union(*(models.model_files(p.census.baseline) for p in thresholds.profiles.values()
-                                  if p.census is not None))
-    chosen, why = models.models_touched(changed, own)
+    chosen, why = models.chosen_for(changed)
     say(f"--model auto: {why}: {', '.join(chosen) if chosen else 'no model'} (docs/pr.md, \"Which models\")")
     if not chosen:
         print(f"guard pr: nothing to measure: no guarded model runs the Python this pull request changed "
@@ -246,28 +243,37 @@ def _with_function_changes(results: Results, repo: Path, base: git.Revision, hea
     return dataclasses.replace(results, pr=dataclasses.replace(results.pr, function_changes=changes))
 
 
-def _budgets(args: argparse.Namespace) -> tuple[Thresholds, tuple[str, ...]]:
+def _budgets(args: argparse.Namespace) -> tuple[Thresholds, tuple[str, ...], str | None]:
     """The budgets: ``--thresholds``, or ``--thresholds-in-repo`` as base has it (guard.revisions.inrepo),
-    with the repository-relative files read for it (none for --thresholds)."""
+    with the repository-relative files read for it (none for --thresholds) and the in-repo path (None:
+    guard's own file judges)."""
     if args.thresholds_in_repo is None:
-        return load_thresholds(args.thresholds), ()
-    if args.thresholds != DEFAULT_THRESHOLDS:
-        raise UsageError("give --thresholds or --thresholds-in-repo, not both")
+        return load_thresholds(args.thresholds), (), None
     repo = git.open_repository(args.vllm_repo)
-    return inrepo.load_at(repo, git.resolve(repo, args.base, "--base"), args.thresholds_in_repo, "base")
+    base = git.resolve(repo, args.base, "--base")
+    path = args.thresholds_in_repo
+    if MODEL_FIELD in path:  # one model of --model: its file in vLLM's tree, else guard's own
+        path = path.replace(MODEL_FIELD, Path(args.thresholds).stem)
+        if git.file_at(repo, base, inrepo.repo_path(path)) is None:
+            say(f"{path} is not in base {base.sha[:12]}: guard's own {args.thresholds} judges")
+            return load_thresholds(args.thresholds), (), None
+    elif args.thresholds != DEFAULT_THRESHOLDS:
+        raise UsageError("give --thresholds or --thresholds-in-repo, not both")
+    thresholds, files = inrepo.load_at(repo, base, path, "base")
+    return thresholds, files, inrepo.repo_path(path)
 
 
-def _named(args: argparse.Namespace) -> str:
+def _named(args: argparse.Namespace, in_repo: str | None) -> str:
     """The budget file as report.md's recipes name it."""
-    return inrepo.repo_path(args.thresholds_in_repo) if args.thresholds_in_repo else args.thresholds
+    return in_repo or args.thresholds
 
 
-def _with_budget_source(pr: PullRequestDiff, args: argparse.Namespace, repo: Path, base: git.Revision,
+def _with_budget_source(pr: PullRequestDiff, in_repo: str | None, repo: Path, base: git.Revision,
                         head: git.Revision, files: tuple[str, ...], changed: list[str]) -> PullRequestDiff:
     """--thresholds-in-repo: where the budgets came from, and what head's copy would change (reported)."""
-    if not args.thresholds_in_repo:
+    if not in_repo:
         return pr
-    source = inrepo.budget_source(repo, base, head, inrepo.repo_path(args.thresholds_in_repo), files, changed)
+    source = inrepo.budget_source(repo, base, head, in_repo, files, changed)
     for line in budget_notices(source):
         say(line)
     return dataclasses.replace(pr, budgets=source)

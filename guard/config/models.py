@@ -106,3 +106,16 @@ def models_touched(changed: Iterable[str], own_files: dict[str, set[str]]) -> tu
         touched = sorted({f for f in runtime if any(f in own_files[m] for m in hit)})
         return hit, f"only model code changed ({', '.join(touched[:3])}{', ...' if len(touched) > 3 else ''})"
     return [], "no Python file any guarded model runs changed"
+
+
+def chosen_for(changed: Iterable[str], folder: Path | None = None) -> tuple[list[str], str]:
+    """``--model auto``'s choice for a pull request changing ``changed``: models_touched over every
+    guarded model's own files (from its budget file's census baselines), and why."""
+    from guard.config.budgets import load_thresholds
+
+    own: dict[str, set[str]] = {}
+    for name, path in resolve(ALL, folder):
+        thresholds = load_thresholds(path)
+        own[name] = set().union(*(model_files(p.census.baseline) for p in thresholds.profiles.values()
+                                  if p.census is not None))
+    return models_touched(changed, own)

@@ -58,7 +58,7 @@ class GitHubSideError(GuardError):
 
 
 # ----------------------------------------------------------------------------- what to post
-def _slug(value: str) -> str:
+def slug(value: str) -> str:
     return _SLUG.sub("_", str(value)) or "_"
 
 
@@ -69,7 +69,7 @@ def marker(model: str, profile: str) -> str:
     comment an older one wrote. Values are slugged: they come from results.json and must not be able
     to close the HTML comment.
     """
-    return f"<!-- guard:v{MARKER_VERSION} model={_slug(model)} profile={_slug(profile)} -->"
+    return f"<!-- guard:v{MARKER_VERSION} model={slug(model)} profile={slug(profile)} -->"
 
 
 def trim_body(body: str, limit: int = COMMENT_LIMIT) -> str:
@@ -142,7 +142,7 @@ def commit_status(results: Results, run_url: str | None = None) -> CommitStatus:
     else:  # invalid, or a verdict this guard does not know: never report it as a pass
         first = results.invalid_reasons[0].text if results.invalid_reasons else f"verdict {results.verdict!r}"
         state, desc = "error", f"invalid run: {first}"
-    return CommitStatus(state=state, context=f"guard/{_slug(results.run.model)}/{_slug(results.run.profile)}",
+    return CommitStatus(state=state, context=f"guard/{slug(results.run.model)}/{slug(results.run.profile)}",
                         description=clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
@@ -153,7 +153,7 @@ def no_results_status(model: str, profile: str, reason: str, run_url: str | None
     never a missing status a branch rule waits on. Not requested (the A10 run without its label):
     ``success`` saying it did not run."""
     state, desc = ("error", f"no results: {reason}") if requested else ("success", f"not run: {reason}")
-    return CommitStatus(state=state, context=f"guard/{_slug(model)}/{_slug(profile)}",
+    return CommitStatus(state=state, context=f"guard/{slug(model)}/{slug(profile)}",
                         description=clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
