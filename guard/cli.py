@@ -32,8 +32,11 @@ COMMANDS = {
     "selftest": ("selftest", "prove the op-count probe still catches the pre-#49531 mask regression"),
     "update-thresholds": ("update_thresholds", "rewrite a profile's budgets from a results.json, as a minimal diff"),
     "comment": ("comment", "post the verdict on the pull request (sticky comment, status, summary)"),
-    "record": ("record", "append a `guard check` run of main to the history store"),
-    "history": ("history", "print and chart main's history: TTFT per commit, census changes, lasting shifts"),
+    "record": ("record", "append a `guard check` run of main to the history store, or a pull request's findings "
+                         "(--findings)"),
+    "history": ("history", "print and chart main's history: TTFT per commit, census changes, lasting shifts; "
+                           "--findings: pull requests' findings and how each was judged"),
+    "judge-finding": ("judge_finding", "say how a pull request's finding ended: accepted, fixed, false alarm (shadow mode)"),
     "weights": ("weights", "download a profile's model weights, resolving a moving revision to its commit"),
 }
 CRASH_LOG_ENV = "GUARD_CRASH_LOG"  # where the traceback of an internal error goes (default: a temp file)

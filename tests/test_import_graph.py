@@ -171,7 +171,7 @@ def test_imports_follow_the_stage_order():
     assert not gone, f"no longer imported, drop them from KNOWN_BACK_IMPORTS: {gone}"
 
 
-@pytest.mark.parametrize("command", ["bisect", "check", "comment", "history", "pr", "record", "selftest",
+@pytest.mark.parametrize("command", ["bisect", "check", "comment", "history", "judge_finding", "pr", "record", "selftest",
                                      "update_thresholds", "weights"])
 def test_an_argparse_namespace_stops_at_the_commands(command):
     """Each command turns its Namespace into typed values: the Namespace itself, passed on by name,

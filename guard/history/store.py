@@ -304,7 +304,7 @@ def append(path: Path | str, record: HistoryRecord, *, replace: bool = False) ->
     Returns the new history and whether a record was replaced. Atomic: the new file is re-read
     before it takes the old one's place."""
     path = Path(path)
-    with _locked(Path(os.path.realpath(path)).parent):  # read, change, replace: one writer at a time
+    with locked_folder(Path(os.path.realpath(path)).parent):  # read, change, replace: one writer at a time
         records = load_history(path) if path.exists() else []
         at = next((i for i, r in enumerate(records) if r.key == record.key), None)
         if at is not None and not replace:
@@ -317,7 +317,7 @@ def append(path: Path | str, record: HistoryRecord, *, replace: bool = False) ->
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def locked_folder(folder: Path) -> Iterator[None]:
     """An exclusive lock on the store's folder (flock on its descriptor: no lock file to commit by
     mistake): two `guard record` runs at once would each read the old file and one record be lost."""
     folder.mkdir(parents=True, exist_ok=True)
