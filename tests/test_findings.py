@@ -100,7 +100,7 @@ def test_the_poster_s_re_judgement_is_what_is_recorded(tmp_path):
     """--trusted-thresholds judges the run again as `guard comment` does: the shipped budgets give
     the same six findings; a clean run judged the same way has none."""
     store = tmp_path / "f.jsonl"
-    record(store, MASK_LOOP, 7, "--trusted-thresholds", BUDGETS)
+    record(store, MASK_LOOP, 7, "--trusted-thresholds", "thresholds/{model}.yaml")
     record(store, CLEAN, 8, "--trusted-thresholds", BUDGETS)
     mask, clean = load_findings(store)
     assert [f.key for f in mask.findings] == MASK_KEYS and mask.verdict == "regression"

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the head commit measured (default: guard pr's head, else the run's environment.git_commit)")
     pull.add_argument("--trusted-thresholds", default=None, metavar="PATH",
                       help="judge the run again against these budgets before recording, as `guard comment "
-                           "--trusted-thresholds` does (default: the verdict results.json holds)")
+                           "--trusted-thresholds` does ({model}: the run's model; default: the verdict results.json "
+                           "holds)")
     pull.add_argument("--accepted-by", default=None, metavar="LOGIN",
                       help="the poster judged with head's budgets because LOGIN accepted the change: every "
                            "finding of this run is recorded as accepted by LOGIN")
@@ -102,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 def _as_the_poster_judged(results: Results, source: str, trusted_thresholds: str | None) -> Results:
     """The run judged again against the trusted budgets, as ``guard comment`` does; without them,
     the file's own verdict, which its checks must support."""
-    if trusted_thresholds is not None:
-        return rejudge(results, load_thresholds(trusted_thresholds), source=source)
+    if trusted_thresholds is not None:  # {model}: the run's, as guard comment reads the flag
+        return rejudge(results, load_thresholds(trusted_thresholds.replace("{model}", results.run.model)), source=source)
     if contradiction := results.self_contradiction():
         raise UsageError(f"{source}: verdict: {contradiction}; not recorded",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
