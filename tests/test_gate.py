@@ -19,6 +19,7 @@ import pytest
 from guard.commands.update_thresholds import update_thresholds
 from tests.conftest import REPO
 from tests.test_comment import (FORK, HEAD, artifact, clean_env, fake, gh_env, guard)  # noqa: F401
+from tests.workflow_commands import workflow_argv
 
 MASK_LOOP = REPO / "tests" / "fixtures" / "pr" / "mask-loop.results.json"  # a real guard pr run: regression
 BASE = "e" * 40  # the pull request's base commit as the fake GitHub reports it
@@ -295,3 +296,34 @@ def test_an_empty_results_folder_cannot_hide_a_change_to_vllm(gh_env, guard, tmp
     assert code == 0, err
     status = only_status(gh_env)
     assert status["state"] == "error" and "deepseek-ocr-2" in status["description"]
+
+
+# ----------------------------------------------------------------------------- shadow mode
+def test_shadow_mode_records_what_was_posted_and_who_accepted(gh_env, guard, tmp_path, checkout, accepting):
+    """The poster appends each model's run as it judged it; the history job merges it into the
+    branch's store once; guard history --findings reads it back as accepted by the writer."""
+    import subprocess
+    import sys
+
+    in_repo(gh_env, shipped_budgets(), accepting)
+    gh_env.permissions["maintainer"] = "write"
+    posted = tmp_path / "posted.jsonl"
+    code, out, err = post(guard, tmp_path, "--findings", str(posted), "--run-url", "https://ci.example/run/1")
+    assert code == 0, err  # base's copy judges: the growth is a finding, open
+    assert "deepseek-ocr-2: findings recorded on line 1" in out
+    gh_env.label(7, "guard: accept", "maintainer")
+    code, out, err = post(guard, tmp_path, "--findings", str(posted), "--run-url", "https://ci.example/run/2")
+    assert code == 0, err  # head's copy judges now; the record keeps what was accepted
+    assert "deepseek-ocr-2: findings recorded on line 2" in out
+    store = tmp_path / "branch"
+    exe = [str(Path(sys.executable).parent / "guard")]
+    # guard-comment.yml's findings job, flag for flag
+    merge = workflow_argv("guard-comment.yml", "record", {"store": str(store), "POSTED": str(posted)})
+    for appended in (2, 0):  # a re-run of the history job merges nothing twice
+        done = subprocess.run([*exe, *merge], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert f"{appended} of 2 run(s)" in done.stdout
+    shown = subprocess.run([*exe, "history", "--findings", str(store / "findings.jsonl")], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "@maintainer" in shown.stdout or "maintainer" in shown.stdout, shown.stdout
+    assert " 0 accepted" not in shown.stdout and "accepted" in shown.stdout, shown.stdout

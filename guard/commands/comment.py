@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="post for the Buildkite build of this pipeline that triggered this job: the PR, commit, "
                              "head repository and artifacts come from Buildkite's API (BUILDKITE_API_TOKEN), never "
                              "from what the measured build set (docs/github.md, \"Buildkite\")")
+    parser.add_argument("--findings", default=None, metavar="PATH",
+                        help="shadow mode: also append each model's run, as judged here (who accepted head's budgets "
+                             "included), to this findings store (guard record --findings; docs/history.md)")
     parser.add_argument("--check-pr-files", choices=("auto", "on", "off"), default="auto",
                         help="treat results.json as the PR's claim: re-judge its run record against "
                              "--trusted-thresholds and check the PR's changed files before posting. auto = when "
@@ -389,7 +392,9 @@ def _post_judged(args: argparse.Namespace, env: dict[str, str], runs: list[tuple
     why_none = ""
     if folder:
         missing, why = gate.missing_models(ctx, [p.model for p in posts])
-        posts += [gate.ModelPost(m, None, "the pull request concerns this model, but its run left no results")
+        skipped = gate.not_run_in(Path(args.results_dir))
+        posts += [gate.ModelPost(m, None, f"not run on this runner: {skipped[m]}", not_run=True) if m in skipped
+                  else gate.ModelPost(m, None, "the pull request concerns this model, but its run left no results")
                   for m in missing]
         why_none = f"nothing guard measures changed ({why})"
         mark = publish.marker(gate.ALL_MODELS, profile)
@@ -420,8 +425,25 @@ def _post_judged(args: argparse.Namespace, env: dict[str, str], runs: list[tuple
         for line in publish.annotations(p.judged) if p.judged else ():
             print(line)
     finding = finding or (bool(report.protected) and not report.approved)
-    return _said(publish.post(gh, ctx.pull, head=ctx.head, mark=mark, body=body, status=status, author=args.author,
+    code = _said(publish.post(gh, ctx.pull, head=ctx.head, mark=mark, body=body, status=status, author=args.author,
                               finding=finding, summary=status.description, report=report))
+    if args.findings is not None:
+        _record_findings(args.findings, posts, pr, ctx.head, args.run_url or "")
+    return code
+
+
+def _record_findings(path: str, posts: list[gate.ModelPost], pr: int, head: str, note: str) -> None:
+    """Shadow mode: each judged model's run, as posted, into the findings store."""
+    from guard.files import writing
+    from guard.history.findings import record_run, run_from_results
+
+    with writing(path, "--findings"):
+        for p in posts:
+            if p.recorded is None:
+                continue
+            done = record_run(path, run_from_results(p.recorded, pr=pr, head=head, accepted_by=p.accepted_by, note=note))
+            say(f"guard comment: {p.model}: findings {'recorded' if done.appended else 'already recorded'} "
+                f"on line {done.line} of {path}")
 
 
 def _summarise(env: dict[str, str], shown: gate.Rendered) -> None:

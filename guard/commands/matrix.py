@@ -109,6 +109,7 @@ def run_models(args: argparse.Namespace, run_one: Callable[[argparse.Namespace],
             if not many:
                 return int(ExitCode.NOT_MEASURABLE)
             outcomes.append(Outcome(name, int(ExitCode.NOT_MEASURABLE), 0.0, output, skip))
+            _not_run(output, skip)
             continue
         if not many:
             return run_one(sub)
@@ -162,3 +163,14 @@ def write_summary(root: Path, command: str, outcomes: list[Outcome], code: int) 
         write_text_atomic(root / "matrix.md", text)
     except OSError as exc:
         raise UsageError(f"cannot write {root / 'matrix.md'}: {exc.strerror or exc}") from None
+
+
+NOT_RUN = "not-run.txt"  # OUTPUT/<model>/: why this machine could not run the model (read by guard comment)
+
+
+def _not_run(output: Path, why: str) -> None:
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(output / NOT_RUN, why + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write {output / NOT_RUN}: {exc.strerror or exc}") from None

@@ -23,7 +23,7 @@ from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_t
 from guard.config.census import read_baseline
 from guard.files import prepare_output
 from guard.report.output import write_report
-from guard.commands.matrix import add_model_argument, run_models
+from guard.commands.matrix import add_model_argument, run_models, write_summary
 from guard.config import models
 from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
@@ -218,6 +218,7 @@ def _run_auto(args: argparse.Namespace) -> int:
     if not chosen:
         print(f"guard pr: nothing to measure: no guarded model runs the Python this pull request changed "
               f"({len(changed)} file(s)); pass, exit 0")
+        write_summary(Path(args.output), "pr", [], 0)  # the output folder says so too (a CI artifact keeps its shape)
         return 0
     return run_models(args, _run_one, "pr", chosen=chosen)
 

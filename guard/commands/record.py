@@ -23,7 +23,8 @@ from guard.model import format as fmt
 from guard.config.budgets import load_thresholds
 from guard.errors import UsageError
 from guard.files import writing
-from guard.history.findings import login_flag, pr_number_flag, record_run, run_from_results
+from guard.history.findings import (PullRequestRun, load_findings, login_flag, pr_number_flag, record_run,
+                                    run_from_results)
 from guard.history.store import DATE_EXAMPLE, append, commit_flag, date_problem, record_from_results
 from guard.judge.rejudge import rejudge
 from guard.model.results import Results, load_results
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="judge the run again against these budgets before recording, as `guard comment "
                            "--trusted-thresholds` does ({model}: the run's model; default: the verdict results.json "
                            "holds)")
+    pull.add_argument("--from-findings", default=None, metavar="PATH",
+                      help="merge the run lines of another findings store (what `guard comment --findings` wrote "
+                           "on the poster) into --findings, each once; in place of --from")
     pull.add_argument("--accepted-by", default=None, metavar="LOGIN",
                       help="the poster judged with head's budgets because LOGIN accepted the change: every "
                            "finding of this run is recorded as accepted by LOGIN")
@@ -66,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 MAIN_ONLY = (("--commit", "commit"), ("--replace", "replace"), ("--skip-unmeasured", "skip_unmeasured"))
 PULL_REQUEST_ONLY = (("--pr", "pr"), ("--sha", "sha"), ("--trusted-thresholds", "trusted_thresholds"),
-                     ("--accepted-by", "accepted_by"))
+                     ("--accepted-by", "accepted_by"), ("--from-findings", "from_findings"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,8 +115,29 @@ def _as_the_poster_judged(results: Results, source: str, trusted_thresholds: str
     return results
 
 
+def merge_findings(args: argparse.Namespace) -> int:
+    """--from-findings: the poster's run lines into the store, each once (a re-run merges nothing twice)."""
+    if args.pr is not None or args.sha is not None or args.accepted_by is not None or args.trusted_thresholds:
+        raise UsageError("--from-findings takes the runs as the poster recorded them: give no --pr, --sha, "
+                         "--accepted-by or --trusted-thresholds")
+    runs = [line for line in load_findings(args.from_findings) if isinstance(line, PullRequestRun)]
+    appended = 0
+    with writing(args.findings, "--findings"):
+        have = [r for r in (load_findings(args.findings) if Path(args.findings).exists() else [])
+                if isinstance(r, PullRequestRun)]
+        for run in runs:  # one post (its note: the posting run's URL) is merged once, however often
+            if any(r.identity == run.identity and r.same_result(run) and r.note == run.note for r in have):
+                continue
+            appended += record_run(args.findings, run).appended
+            have.append(run)
+    print(f"guard record: {appended} of {len(runs)} run(s) from {args.from_findings} appended to {args.findings}")
+    return 0
+
+
 def record_findings(args: argparse.Namespace) -> int:
     """--findings: a pull request's run, as the poster judged it, into the findings store."""
+    if args.from_findings is not None:
+        return merge_findings(args)
     if args.pr is None:
         raise UsageError("--findings records a pull request's run: pass --pr N")
     sha = commit_flag("--sha", args.sha) if args.sha is not None else None

@@ -43,6 +43,7 @@ class BudgetChoice:
     accepted: Acceptance | None = None
     refused: tuple[Refused, ...] = field(default_factory=tuple)
     label: str = ""
+    base: Thresholds | None = None  # base's copy, when head's judged: what was accepted is what base's would fail
 
     @property
     def short(self) -> str:
@@ -132,7 +133,7 @@ def choose(repository: Any, reads: GitHubReads, number: int, base_sha: str, head
         raise UsageError(f"{FLAG} {path}: head's copy is for model '{accepted_thresholds.model}', the run measured "
                          f"'{model}'; nothing is posted")
     return BudgetChoice(accepted_thresholds, source=f"vLLM's {path} at head {head_sha[:12]}, accepted by "
-                        f"{accepted.describe()}", accepted=accepted, **common)
+                        f"{accepted.describe()}", accepted=accepted, base=thresholds, **common)
 
 
 def notice_markdown(choice: BudgetChoice, path: str) -> str:

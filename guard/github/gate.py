@@ -59,6 +59,19 @@ class ModelPost:
     problem: str = ""  # why there is nothing
     refused: bool = False  # its results do not re-judge here: nothing is posted unless protected paths explain it
     judged: Results | None = None
+    not_run: bool = False  # the runner could not run it (a hardware need, e.g. native bf16): neutral, like exit 6
+    accepted_by: str | None = None  # head's budgets judged it, accepted by this login
+    recorded: Results | None = None  # what shadow mode records: as judged, or as base's budgets judge it when accepted
+
+    @property
+    def state(self) -> str:
+        if self.rendered is not None:
+            return self.rendered.status.state
+        return "success" if self.not_run else "error"
+
+    @property
+    def says(self) -> str:
+        return self.rendered.status.description if self.rendered is not None else self.problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +148,14 @@ def judge_one(ctx: Context, results: Results, source: str, in_repo: str | None, 
             f"{choice.short}: {rendered.status.description}", publish.STATUS_DESCRIPTION_LIMIT))
         rendered = dataclasses.replace(rendered, status=status,
                                        finding=rendered.finding or (bool(choice.changed) and choice.accepted is None))
-    return ModelPost(model, rendered, judged=judged), policy
+    accepted_by, recorded = None, judged
+    if choice is not None and choice.accepted is not None and choice.base is not None:
+        accepted_by = choice.accepted.login
+        try:  # shadow mode records what was accepted: the findings base's copy gives
+            recorded = rejudge(results, choice.base, source=source)
+        except UsageError:
+            recorded = judged
+    return ModelPost(model, rendered, judged=judged, accepted_by=accepted_by, recorded=recorded), policy
 
 
 def combined_status(profile: str, posts: list[ModelPost], run_url: str | None, why_none: str) -> publish.CommitStatus:
@@ -144,10 +164,9 @@ def combined_status(profile: str, posts: list[ModelPost], run_url: str | None, w
     if not posts:
         return publish.CommitStatus("success", context, publish.clip(why_none, publish.STATUS_DESCRIPTION_LIMIT),
                                     run_url)
-    states = {p.model: (p.rendered.status.state if p.rendered else "error") for p in posts}
-    worst = min(states.values(), key=STATE_ORDER.index)
-    bad = [p for p in posts if states[p.model] != "success"]
-    named = "; ".join(f"{p.model}: {p.rendered.status.description if p.rendered else p.problem}" for p in bad)
+    worst = min((p.state for p in posts), key=STATE_ORDER.index)
+    bad = [p for p in posts if p.state != "success"]
+    named = "; ".join(f"{p.model}: {p.says}" for p in bad)
     held = len(posts) - len(bad)
     desc = f"{len(posts)} model(s), {held} fine" + (f"; {named}" if named else "")
     return publish.CommitStatus(worst, context, publish.clip(desc, publish.STATUS_DESCRIPTION_LIMIT), run_url)
@@ -157,12 +176,11 @@ def combined_body(mark: str, posts: list[ModelPost], why_none: str) -> str:
     """One comment: a table of the models, then each model's report folded (open when it is a finding)."""
     if not posts:
         return f"{mark}\n## ✅ guard: nothing to judge\n\n{text(why_none)}.\n"
-    rows = [f"| `{p.model}` | {p.rendered.status.state if p.rendered else 'error'} | "
-            f"{text(p.rendered.status.description if p.rendered else p.problem).replace('|', '/')} |" for p in posts]
+    rows = [f"| `{p.model}` | {p.state} | {text(p.says).replace('|', '/')} |" for p in posts]
     parts = [mark, f"## guard: {len(posts)} model(s) judged", "", "| model | status | says |", "|---|---|---|", *rows]
     for p in posts:
         if p.rendered is None:
-            parts += ["", f"### {p.model}: not judged", "", text(p.problem)]
+            parts += ["", f"### {p.model}: {'not run here' if p.not_run else 'not judged'}", "", text(p.problem)]
             continue
         report = p.rendered.report
         opened = " open" if p.rendered.finding else ""
@@ -177,6 +195,14 @@ def missing_models(ctx: Context, found: list[str]) -> tuple[list[str], str]:
 
     chosen, why = models.chosen_for([f.filename for f in ctx.files])
     return [m for m in chosen if m not in found], why
+
+
+def not_run_in(folder: Path) -> dict[str, str]:
+    """The models the measuring runner could not run (``guard pr --model auto``'s OUTPUT/<model>/not-run.txt)."""
+    from guard.commands.matrix import NOT_RUN
+
+    return {p.parent.name: p.read_text(encoding="utf-8", errors="replace").strip()[:300]
+            for p in sorted(folder.glob(f"*/{NOT_RUN}"))}
 
 
 def results_in(folder: Path) -> list[tuple[Path, Results]]:

@@ -39,6 +39,7 @@ COMMENT_LIMIT = 65536  # GitHub rejects a longer issue-comment body ("body is to
 SUMMARY_LIMIT = 250_000  # characters; GitHub takes 1 MiB per step summary, and a character is up to 4 bytes
 STATUS_DESCRIPTION_LIMIT = 140  # GitHub's limit for a commit status description
 DEFAULT_API_URL = "https://api.github.com"
+ALL_MODELS = ("auto", "all")  # a run of every model the pull request concerns: one status, guard/<profile>
 DEFAULT_AUTHOR = "github-actions[bot]"  # whom GITHUB_TOKEN posts as
 API_VERSION = "2022-11-28"
 
@@ -153,7 +154,8 @@ def no_results_status(model: str, profile: str, reason: str, run_url: str | None
     never a missing status a branch rule waits on. Not requested (the A10 run without its label):
     ``success`` saying it did not run."""
     state, desc = ("error", f"no results: {reason}") if requested else ("success", f"not run: {reason}")
-    return CommitStatus(state=state, context=f"guard/{slug(model)}/{slug(profile)}",
+    context = f"guard/{slug(profile)}" if model in ALL_MODELS else f"guard/{slug(model)}/{slug(profile)}"
+    return CommitStatus(state=state, context=context,
                         description=clip(desc, STATUS_DESCRIPTION_LIMIT), target_url=run_url)
 
 
