@@ -236,7 +236,12 @@ class Runner:
         run = JobRun(ran=True)
         for step in job["steps"]:
             name = step.get("name", step.get("uses", ""))
-            go = (not run.failed) if "if" not in step else evaluate(str(step["if"]), ctx, workspace)
+            # GitHub: a condition without a status function (always(), cancelled(), failure(), success())
+            # is `success() && condition`
+            cond = str(step.get("if", ""))
+            status_function = any(f in cond for f in ("always()", "cancelled()", "failure()", "success()"))
+            go = (not run.failed) and (not cond or evaluate(cond, ctx, workspace)) if not status_function \
+                else evaluate(cond, ctx, workspace)
             if not go:
                 run.steps.append((name, "skipped"))
                 continue
@@ -325,7 +330,8 @@ def measuring_ctx(vllm: dict[str, str], head: str, profile: str, **more: Any) ->
     return {"inputs.guard-repository": "acme/guard", "inputs.guard-ref": GUARD_SHA, "inputs.base": "",
             "inputs.head": head, "inputs.pr-number": "7", "inputs.head-sha": HEAD, "inputs.model": "deepseek-ocr-2",
             "inputs.profile": profile, "inputs.thresholds": "thresholds/deepseek-ocr-2.yaml",
-            "inputs.fetch-depth": 2, "inputs.runs-on": runs_on, "inputs.engine-stack": "vllm-cpu", **more}
+            "inputs.fetch-depth": 2, "inputs.runs-on": runs_on, "inputs.engine-stack": "vllm-cpu",
+            "inputs.thresholds-in-repo": "", "inputs.shadow": False, **more}
 
 
 def comment_ctx(conclusion: str, expected: str = "deepseek-ocr-2/cpu", optional: str = "") -> dict[str, Any]:
@@ -333,7 +339,8 @@ def comment_ctx(conclusion: str, expected: str = "deepseek-ocr-2/cpu", optional:
             "github.event.workflow_run.path": ".github/workflows/guard.yml",
             "inputs.measuring-workflow-path": ".github/workflows/guard.yml", "inputs.guard-repository": "acme/guard",
             "inputs.guard-ref": GUARD_SHA, "inputs.expected": expected, "inputs.optional": optional,
-            "inputs.trusted-thresholds": "thresholds/deepseek-ocr-2.yaml",
+            "inputs.trusted-thresholds": "thresholds/deepseek-ocr-2.yaml", "inputs.thresholds-in-repo": "",
+            "inputs.accept-label": "guard: accept", "inputs.findings-branch": "",
             "github.event.workflow_run.conclusion": conclusion, "github.event.workflow_run.head_sha": HEAD,
             "github.event.workflow_run.head_repository.full_name": FORK,
             "github.event.workflow_run.head_branch": "feature", "github.event.workflow_run.html_url": RUN_URL,
@@ -404,6 +411,54 @@ def test_a_pull_request_outside_vllm_runs_the_real_guard_pr_and_still_gets_a_sta
     assert not post.failed, ok(post)
     assert statuses(github)["guard/deepseek-ocr-2/cpu"] == (
         "success", "not measured: the pull request changes nothing under vllm/")
+
+
+AUTO = {"inputs.model": "auto"}
+AUTO_POST = {"inputs.expected": "auto/cpu", "inputs.trusted-thresholds": "thresholds/{model}.yaml"}
+INSTALLS = ("Check out guard at the pinned commit", "Install uv", "Install guard and its engine stack")
+
+
+def test_model_auto_a_docs_only_pull_request_reaches_success_before_any_install(tmp_path, vllm_repo, github):
+    """The default, `model: auto`: nothing under vllm/ changed, so nothing is installed; the poster reads
+    the pull request's files from GitHub, agrees, and posts guard/cpu success with no comment."""
+    import time
+
+    (tmp_path / "m").mkdir()
+    t0 = time.perf_counter()
+    cpu = runner(tmp_path, vllm_repo, "").run_job("guard-cpu.yml", measuring_ctx(vllm_repo, vllm_repo["docs"], "cpu", **AUTO))
+    measured_s = time.perf_counter() - t0
+    assert cpu.ran and not cpu.failed, ok(cpu)
+    for step in INSTALLS + ("guard pr (census and op budgets, base against head)",):
+        assert (step, "skipped") in cpu.steps, cpu.steps
+    assert "nothing under vllm/ changed: nothing to measure, nothing installed" in ok(cpu)
+    github.change(7, "docs/x.md")
+    (tmp_path / "p").mkdir()
+    t1 = time.perf_counter()
+    post = runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", {**comment_ctx("success"), **AUTO_POST})
+    posted_s = time.perf_counter() - t1
+    assert not post.failed, ok(post)
+    state, desc = statuses(github)["guard/cpu"]
+    assert state == "success" and desc.startswith("nothing guard measures changed"), desc
+    assert markers(github) == []
+    print(f"docs-only PR, model auto: measuring job {measured_s:.1f} s, posting job {posted_s:.1f} s in the stand-in")
+
+
+def test_model_auto_judges_the_models_the_changed_files_concern_into_one_status_and_one_comment(tmp_path, vllm_repo,
+                                                                                                github):
+    (tmp_path / "m").mkdir()
+    cpu = runner(tmp_path, vllm_repo, str(MASK_LOOP)).run_job("guard-cpu.yml", measuring_ctx(
+        vllm_repo, vllm_repo["code"], "cpu", **AUTO))
+    assert cpu.failed and ("guard pr (census and op budgets, base against head)", "failure") in cpu.steps, ok(cpu)
+    art = tmp_path / "artifacts" / "guard-auto-cpu"
+    assert (art / "guard-results" / "deepseek-ocr-2" / "results.json").is_file()
+    github.change(7, "vllm/model_executor/models/deepencoder2.py")  # what GitHub says the PR changes
+    (tmp_path / "p").mkdir()
+    post = runner(tmp_path, name="p", github=github).run_job("guard-comment.yml", {**comment_ctx("failure"), **AUTO_POST})
+    assert not post.failed, ok(post)
+    assert list(statuses(github)) == ["guard/cpu"]
+    state, desc = statuses(github)["guard/cpu"]
+    assert state == "failure" and desc.startswith("1 model(s), 0 fine; deepseek-ocr-2:"), desc
+    assert markers(github) == ["<!-- guard:v1 model=all profile=cpu -->"]
 
 
 def test_an_unpinned_guard_ref_is_refused_before_anything_runs(tmp_path, vllm_repo):
@@ -516,11 +571,13 @@ ENV = {"base": "a" * 40, "ONLY": "ops", "RESULTS": "/tmp/r/results.json", "store
        "BASE": "a" * 40, "HEAD": "b" * 40, "PROFILE": "cpu", "THRESHOLDS": "thresholds/deepseek-ocr-2.yaml",
        "dir": "/tmp/a/guard-deepseek-ocr-2-cpu", "RUN_HEAD_SHA": HEAD, "RUN_HEAD_REPO": FORK, "RUN_URL": RUN_URL,
        "TRUSTED": "thresholds/deepseek-ocr-2.yaml", "trusted": "thresholds/deepseek-ocr-2.yaml", "CONCLUSION": "cancelled", "model": "deepseek-ocr-2",
-       "profile": "cpu", "STACK_PYTHON": "/w/stack-venv/bin/python"}
+       "profile": "cpu", "STACK_PYTHON": "/w/stack-venv/bin/python", "MODEL_AUTO": "", "ONE_FILE": "yes", "IN_REPO": "",
+       "MODEL_ALL": "", "results": "/tmp/r/results.json", "ACCEPT_LABEL": "guard: accept", "findings": "",
+       "POSTED": "/tmp/posted.jsonl"}
 
 
 @pytest.mark.parametrize("workflow,command,n", [("guard-cpu.yml", "pr", 1), ("guard-gpu.yml", "pr", 1),
-                                                ("guard-comment.yml", "comment", 3), ("guard-main.yml", "pr", 1),
+                                                ("guard-comment.yml", "comment", 4), ("guard-main.yml", "pr", 1),
                                                 ("guard-main.yml", "record", 1), ("guard-main.yml", "history", 1)])
 def test_each_command_line_parses_with_guards_parser(workflow, command, n):
     """Beside the runs above (which execute these lines), each line on its own through guard's parser."""
@@ -683,35 +740,38 @@ def test_the_caller_examples_split_cpu_and_a10_and_labels_never_rerun_the_cpu_ga
     assert post[True]["workflow_run"]["workflows"] == [cpu["name"], a10["name"]]
     paths = {j["with"]["measuring-workflow-path"]: j for j in post["jobs"].values()}
     assert set(paths) == {".github/workflows/guard-cpu.yml", ".github/workflows/guard-a10.yml"}
-    # one status per model of the CPU matrix, each re-judged against that model's own budget file
-    models = cpu["jobs"]["cpu"]["strategy"]["matrix"]["model"]
-    assert paths[".github/workflows/guard-cpu.yml"]["with"]["expected"].split() == [f"{m}/cpu" for m in models]
-    assert paths[".github/workflows/guard-cpu.yml"]["with"]["trusted-thresholds"] == "thresholds/{model}.yaml"
-    assert cpu["jobs"]["cpu"]["with"]["thresholds"] == "thresholds/${{ matrix.model }}.yaml"
-    assert cpu["jobs"]["cpu"]["with"]["model"] == "${{ matrix.model }}"
-    assert cpu["jobs"]["cpu"]["strategy"]["fail-fast"] is False
-    assert all((REPO / "thresholds" / f"{m}.yaml").is_file() for m in models) and "minicpm-v" not in models
+    # one job, model auto (the input's default): one status for every model the pull request concerns,
+    # each model re-judged against its own budget file (vLLM's, else guard's)
+    assert "strategy" not in cpu["jobs"]["cpu"] and "model" not in cpu["jobs"]["cpu"]["with"]
+    posting = paths[".github/workflows/guard-cpu.yml"]["with"]
+    assert posting["expected"] == "auto/cpu" and posting["trusted-thresholds"] == "thresholds/{model}.yaml"
+    assert posting["thresholds-in-repo"] == cpu["jobs"]["cpu"]["with"]["thresholds-in-repo"]
     assert paths[".github/workflows/guard-a10.yml"]["with"] == {**paths[".github/workflows/guard-a10.yml"]["with"],
                                                                 "expected": "", "optional": "deepseek-ocr-2/a10"}
     for j in (cpu["jobs"]["cpu"], job):
         assert "base" not in j["with"] and j["with"]["head"] == "${{ github.sha }}"  # base: the merge ref's parent
 
 
-def test_guard_main_records_an_ops_only_census_on_the_history_branch(tmp_path, vllm_repo):
+@pytest.mark.parametrize("model", ["deepseek-ocr-2", "all"])
+def test_guard_main_records_an_ops_only_census_on_the_history_branch(tmp_path, vllm_repo, model):
     """The history workflow for vLLM's main: guard pr on the pushed commit against its parent (the
-    recorded real `guard pr --only ops` run), then guard record pushes a version 2 line."""
+    recorded real `guard pr --only ops` run), then guard record pushes a version 2 line. With `model:
+    all` one job measures every model (each into its folder) and the record job records each."""
     remote = tmp_path / "server" / "acme" / "guarded.git"
     remote.parent.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
     extra = {"GITHUB_SERVER_URL": f"file://{tmp_path / 'server'}", "GITHUB_REPOSITORY": "acme/guarded",
              "GITHUB_SHA": vllm_repo["code"]}
     ctx = {**measuring_ctx(vllm_repo, vllm_repo["code"], "cpu"), "inputs.only": "ops", "inputs.extra": "cpu",
-           "inputs.history-branch": "guard-history", "github.server_url": "https://github.example"}
+           "inputs.history-branch": "guard-history", "github.server_url": "https://github.example",
+           "inputs.model": model}
     (tmp_path / "m").mkdir()
     measure = Runner(tmp_path / "m", tmp_path / "artifacts", Path(vllm_repo["path"]), str(MASK_LOOP), extra)
     (tmp_path / "artifacts").mkdir()
     job = measure.run_job("guard-main.yml", ctx, "measure")
     assert not job.failed and "the measurement exited 1" in ok(job), ok(job)  # a regression is still history
+    results = tmp_path / "artifacts" / f"guard-main-{model}-cpu" / ("deepseek-ocr-2" if model == "all" else "")
+    assert (results / "results.json").is_file()
     (tmp_path / "r").mkdir()
     record = Runner(tmp_path / "r", tmp_path / "artifacts", None, "", extra).run_job("guard-main.yml", ctx, "record")
     assert not record.failed, ok(record)
@@ -855,6 +915,11 @@ def test_the_key_names_what_an_entry_depends_on_and_both_workflows_compute_it_al
     assert all(v != same for v in changed.values()), changed
     assert len(set(changed.values())) == len(changed)
     assert len(same) + 40 <= 512  # GitHub's limit on a key, with the commit appended
+    # a pull request's `model: auto` restores what main's `model: all` saved: one entry, every model's
+    # sides, keyed by every model's budgets
+    every = run_key_step(tmp_path, "guard-cpu.yml", MODEL="auto")
+    assert every == run_key_step(tmp_path, "guard-main.yml", MODEL="all") and "-all-cpu-" in every
+    assert every != run_key_step(tmp_path, "guard-cpu.yml", MODEL="auto", budgets="budgets: 2")
 
     restore = {w: steps_using(w, "actions/cache/restore") for w in ("guard-cpu.yml", "guard-main.yml")}
     for w, [(jid, step)] in restore.items():

@@ -20,7 +20,8 @@ EXIT = {"pass": 0, "regression": 1, "invalid": 3, "not_measurable": 6}
 def main(argv: list[str]) -> int:
     assert argv[0] == "pr", argv
     p = argparse.ArgumentParser()
-    for flag in ("--vllm-repo", "--base", "--head", "--profile", "--thresholds", "--output", "--only"):
+    for flag in ("--vllm-repo", "--base", "--head", "--profile", "--thresholds", "--output", "--only", "--model",
+                 "--thresholds-in-repo"):
         p.add_argument(flag)
     args = p.parse_args(argv[1:])
     for rev in (args.base, args.head):  # the workflow must hand over revisions the checkout holds
@@ -30,6 +31,8 @@ def main(argv: list[str]) -> int:
         print("guard pr stub: the engine died before results were written", file=sys.stderr)
         return 3
     out = Path(args.output)
+    if args.model in ("auto", "all"):  # guard pr --model auto|all: each model it judged into OUTPUT/<model>/
+        out = out / json.loads(Path(recorded).read_text(encoding="utf-8"))["run"]["model"]
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(recorded, out / "results.json")
     verdict = json.loads(Path(recorded).read_text(encoding="utf-8"))["verdict"]
