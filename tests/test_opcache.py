@@ -260,3 +260,20 @@ def test_fresh_baseline_needs_a_baseline():
     args = argparse.Namespace(inject=None, baseline=sys.executable, fresh_baseline=True, server_url=None, output="o")
     check_arguments(args)
     assert os.path.isabs(args.baseline)
+
+
+def test_the_key_counts_the_cpus_the_process_may_use_not_the_machines(tmp_path):
+    """The census differs between one usable core and two (docs/census.md): a process pinned by
+    taskset (or a container's cpuset) must not reuse counts made on more cores."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two usable CPUs")
+    code = "from guard.measure.opcache import _hardware; import os; print(_hardware()['cpu_count'], os.cpu_count())"
+    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert pinned[0] == "1" and pinned[1] == free[1]  # os.cpu_count() would not have told them apart
+    assert int(free[0]) == len(os.sched_getaffinity(0)) >= 2

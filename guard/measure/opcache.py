@@ -96,14 +96,23 @@ def _gpu_names(driver_info: str = DRIVER_GPU_INFO) -> list[str]:
 
 def _hardware() -> dict[str, Any]:
     """What of the machine decides which ops run: the architecture, the instruction sets vLLM and
-    torch branch on (AMX, native bf16, AVX-512: the census differs across them), the core count
-    (threads) and the GPUs. Not the CPU's model name: within one kernel set the census was the same
+    torch branch on (AMX, native bf16, AVX-512: the census differs across them), the CPUs it may use
+    (the census differs between one and two) and the GPUs. Not the CPU's model name: within one kernel set the census was the same
     on a Zen 5 and an AVX2-only Zen 3 EPYC (docs/census.md, "Determinism"), and CI restores a cache
     onto runners of other models."""
     from guard.measure.hardware import cpu_isa, read_cpu_features
 
-    return {"machine": platform.machine(), "cpu_count": os.cpu_count(), "cpu_isa": cpu_isa(read_cpu_features()),
+    return {"machine": platform.machine(), "cpu_count": usable_cpus(), "cpu_isa": cpu_isa(read_cpu_features()),
             "gpus": _gpu_names()}
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: the census depends on it (docs/census.md, "And per number of
+    usable cores"), and os.cpu_count() ignores a taskset or a container's cpuset."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def distributions() -> list[str]:
