@@ -327,3 +327,23 @@ def test_shadow_mode_records_what_was_posted_and_who_accepted(gh_env, guard, tmp
     assert shown.returncode == 0, shown.stderr
     assert "@maintainer" in shown.stdout or "maintainer" in shown.stdout, shown.stdout
     assert " 0 accepted" not in shown.stdout and "accepted" in shown.stdout, shown.stdout
+
+
+def test_a_real_nine_model_run_is_one_status_and_no_comment_when_every_model_holds(gh_env, guard, tmp_path, checkout):
+    """guard pr --model auto's real output for a shared-code change (tests/fixtures/pr/auto-shared.tar.gz:
+    nine models, every one passing): one status for all of them, nothing to comment."""
+    import tarfile
+
+    from guard.config import models
+
+    folder = tmp_path / "guard-results"
+    with tarfile.open(REPO / "tests" / "fixtures" / "pr" / "auto-shared.tar.gz") as tar:
+        tar.extractall(folder, filter="data")
+    gh_env.change(7, "vllm/multimodal/__init__.py")
+    code, out, err = post_dir(guard, tmp_path, folder)
+    assert code == 0, err
+    status = only_status(gh_env)
+    assert status["context"] == "guard/cpu" and status["state"] == "success", status
+    assert status["description"] == f"{len(models.names())} model(s), {len(models.names())} fine"
+    assert gh_env.comments[7] == []
+    assert "no finding: no comment posted" in out

@@ -116,17 +116,17 @@ def budgets_for(ctx: Context, model: str, in_repo: str | None, policy: TrustPoli
                 say: Callable[[str], None]) -> tuple[Thresholds, budget_files.BudgetChoice | None, TrustPolicy]:
     """The budgets that judge ``model``: guard's own file, or vLLM's in-repo copy (base's, or head's
     when accepted); and the trust policy with the in-repo budget files exempt from "protected"."""
-    policy = for_model(policy, model)
+    own = for_model(policy, model)  # the policy handed back keeps --trusted-thresholds' {model} for the next model
     if not in_repo:
-        if policy.thresholds_text is None:
-            raise UsageError(f"--trusted-thresholds {policy.thresholds_path}: not found in this checkout; the "
+        if own.thresholds_text is None:
+            raise UsageError(f"--trusted-thresholds {own.thresholds_path}: not found in this checkout; the "
                              "results cannot be re-judged against the default branch's budgets, so nothing is posted")
-        return load_thresholds(policy.thresholds_path, text=policy.thresholds_text), None, policy
+        return load_thresholds(own.thresholds_path, text=own.thresholds_text), None, policy
     path = in_repo.replace("{model}", model)
     reads = approval.GitHubReads(ctx.gh, ctx.api_url, ctx.owner, ctx.name)
     choice = publish.read("read the budgets in the repository", lambda: budget_files.choose(
         ctx.pull.base.repository, reads, ctx.pull.number, str(ctx.pull.base.sha).lower(), ctx.head, path,
-        [f.filename for f in ctx.files], ctx.reviews, policy, label, model))
+        [f.filename for f in ctx.files], ctx.reviews, own, label, model))
     say(f"guard comment: {model}: budgets: {one_line(choice.source)}")
     exempt = tuple(sorted(set(policy.budget_files) | set(choice.files)))
     return choice.thresholds, choice, dataclasses.replace(policy, budget_files=exempt)

@@ -56,7 +56,8 @@ def is_protected(path: str, policy: TrustPolicy) -> bool:
     path = path.lstrip("/")
     if path in policy.budget_files:
         return False
-    return path == policy.thresholds_path or any(fnmatch.fnmatchcase(path, p) for p in policy.patterns)
+    budgets = policy.thresholds_path.replace("{model}", "*")  # every model's file, for a per-model template
+    return fnmatch.fnmatchcase(path, budgets) or any(fnmatch.fnmatchcase(path, p) for p in policy.patterns)
 
 
 def protected_changes(files: list[ChangedFile], policy: TrustPolicy) -> list[ChangedFile]:
