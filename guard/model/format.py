@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from functools import singledispatch
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from guard.model.environment import ContentionReading, SpeedReference
 from guard.model.readings import input_processing_only, size  # noqa: F401 - size: the one writing of an image size
@@ -136,11 +136,25 @@ def op_name(c: OpCheck) -> str:
 
 
 def census_ops(c: CensusCheck, limit: int = 6) -> str:
-    """``+256 aten::copy_, +256 aten::select``: the ops that moved, largest growth first."""
+    """``+256 aten::copy_, +256 aten::select``: each op's change in calls, largest growth first."""
     parts = [f"{d.delta_calls:+d} {d.op}" for d in c.op_deltas[:limit]]
     if len(c.op_deltas) > limit:
         parts.append(f"... {len(c.op_deltas) - limit} more")
     return ", ".join(parts)
+
+
+def added_snippet(lines: Iterable[tuple[int, str]]) -> list[str]:
+    """The lines a revision added (``(line in head, text)``), numbered, with a gap line wherever
+    lines it did not add lie between two it did, so the snippet never reads as contiguous code."""
+    out: list[str] = []
+    previous = None
+    for n, text in lines:
+        if previous is not None and n > previous + 1:
+            skipped = n - previous - 1
+            out.append(f"{'':>5}   ... {skipped} unchanged line{'s' if skipped > 1 else ''}")
+        out.append(f"{n:>5} + {text.rstrip()}")
+        previous = n
+    return out
 
 
 def census_calls(c: CensusCheck) -> str:

@@ -164,7 +164,7 @@ def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
                      + _sizes([(c.image_size, text(fmt.census_calls(c))) for c in f.census])
                      + (f"; {text(worst.reason)}" if worst.reason else "")
                      + (f" ({added_calls(worst)} added at {_size(worst.image_size)})" if f.kind == "census_notice" else ""))
-        lines.append(f"- ops that moved most at {_size(worst.image_size)}: {code(fmt.census_ops(worst))}")
+        lines.append(f"- ops that grew most at {_size(worst.image_size)}: {code(fmt.census_ops(worst))}")
         lines.append(f"- attributed to: {text(owner_text(f.name, results.run.model))}")
     differ = next((n for n in results.notices if n.startswith(ENVIRONMENTS_DIFFER)), None)
     if f.census and differ:  # said where the finding is read, so a dependency's change is not taken for a loop
@@ -174,7 +174,7 @@ def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
                      + _op_budgets([c for c in f.ops if c.scope == scope]))
     change = next((ch for ch in (results.pr.function_changes if results.pr else ()) if ch.function == f.name), None)
     if change is not None:
-        body = "\n".join(f"{n:>5} + {t.rstrip()}" for n, t in change.lines)
+        body = "\n".join(fmt.added_snippet(change.lines))
         lines += ["", "Lines this pull request added inside it:"] + _indented_block(body)
     return lines
 
@@ -210,7 +210,7 @@ def _pull_request(results: Results) -> list[str]:
                   + (f" and {len(pr.unmeasured_files) - 20} more" if len(pr.unmeasured_files) > 20 else "") + "."]
     shown = {f.name for f in findings(results)}
     for change in (ch for ch in pr.function_changes if ch.function not in shown):
-        body = "\n".join(f"{n:>5} + {t.rstrip()}" for n, t in change.lines)
+        body = "\n".join(fmt.added_snippet(change.lines))
         lines += ["", f"Lines this pull request added inside {code(change.function)}:"] + _indented_block(body)
     return lines
 
@@ -328,7 +328,8 @@ def _ab_section(results: Results) -> list[str]:
         lines += [f"| {code(d.scope, in_table=True)} | {_size(d.image_size)} | {code(d.op, in_table=True)} "
                   f"| {d.baseline_calls} | {d.candidate_calls} | {d.delta_calls:+d} |" for d in ab.op_diff]
     elif results.run.op_counts or ab.baseline.op_counts:
-        lines += ["", "Operator counts: identical on both sides in every profiled scope."]
+        lines += ["", "Operator counts: identical on both sides in every budgeted code path (the census is judged "
+                  "on its own)."]
     return lines
 
 
@@ -405,7 +406,7 @@ def _census(results: Results) -> list[str]:
              f"{len(failed)} grew beyond the rule, {len(within)} changed within it."]
 
     def table(checks) -> list[str]:
-        out = ["| function | code | image size | op calls (baseline → measured) | ops that moved | status |",
+        out = ["| function | code | image size | op calls (baseline → measured) | change per op | status |",
                "|---|---|---|---|---|---|"]
         for c in checks:
             out.append(f"| {code(c.function, in_table=True)} | {code_owner(c.function)} | {_size(c.image_size)} "

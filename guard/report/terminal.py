@@ -61,7 +61,10 @@ def ab_lines(results: Results) -> list[str]:
               f"back to back, alternating which goes first (ABBA)", ""] if ab.pairs or results.ab_checks else
              ["op counts: the two sides profiled one after the other (no TTFT pairs)", ""])
     worker = results.run.environment.worker
-    rows = [["python", (worker and worker.executable) or "", ab.baseline_python, ""],
+    # a candidate with no worker ran in guard's own process (A/B), or in head's environment (guard pr),
+    # which the pull request's record describes; never an empty cell
+    own = "guard's own" if results.pr is None else (results.pr.head.environment or "head's (not recorded)")
+    rows = [["python", (worker and worker.executable) or own, ab.baseline_python, ""],
             ["vllm", _vllm(results.run.environment), _vllm(ab.baseline.environment), ""]]
     if ab.pairs:
         cand, base = [p.candidate_s for p in ab.pairs], [p.baseline_s for p in ab.pairs]
@@ -82,7 +85,7 @@ def ab_lines(results: Results) -> list[str]:
         lines += _table(["op counts that differ", "image", "op", "baseline", "candidate", "delta"], rows, left=3)
         lines.append("")
     elif results.run.op_counts or ab.baseline.op_counts:
-        lines += ["op counts: identical on both sides in every profiled scope", ""]
+        lines += ["op counts: identical on both sides in every budgeted code path (the census is judged below)", ""]
     return lines
 
 
@@ -99,7 +102,7 @@ def census_lines(results: Results) -> list[str]:
         rows = [[c.function, code_owner(c.function), fmt.size(c.image_size), fmt.census_calls(c), fmt.census_ops(c),
                  fmt.STATUS_WORD[c.status]] for c in failed]
         columns = "baseline side → candidate" if results.ab is not None else "baseline → measured"
-        lines += _table(["census (op calls per request)", "code", "image", columns, "ops that moved", "status"],
+        lines += _table(["census (op calls per request)", "code", "image", columns, "change per op", "status"],
                         rows, left=5)
     judged = not any(r.kind == ReasonKind.CENSUS_BASELINE for r in results.invalid_reasons)
     lines.append("host syncs on a GPU, ops per request: "
@@ -165,7 +168,7 @@ def added_lines(changes: Iterable[FunctionChange]) -> list[str]:
     lines = []
     for change in changes:
         lines.append(f"  added inside {change.function}:")
-        lines += [f"    {n:>5} + {text.rstrip()}" for n, text in change.lines]
+        lines += [f"    {line}" for line in fmt.added_snippet(change.lines)]
     return lines
 
 
