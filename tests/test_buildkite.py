@@ -196,7 +196,12 @@ RECORD = """#!/bin/bash
 """
 GUARD_STUB = """#!/bin/bash
 printf '%s\\n' "$@" > "{log}"
-mkdir -p guard-results && echo '{{}}' > guard-results/results.json && echo report > guard-results/report.md
+if printf '%s\\n' "$@" | grep -qx auto; then  # --model auto: a folder per model, and the summary
+  mkdir -p guard-results/deepseek-ocr-2 && echo summary > guard-results/matrix.md
+  echo '{{}}' > guard-results/deepseek-ocr-2/results.json && echo report > guard-results/deepseek-ocr-2/report.md
+else
+  mkdir -p guard-results && echo '{{}}' > guard-results/results.json && echo report > guard-results/report.md
+fi
 exit "$GUARD_STUB_RC"
 """
 
@@ -295,8 +300,9 @@ def test_guard_pr_sh_judges_head_against_the_branch_point_and_always_triggers_th
     [upload, trigger] = records(tmp_path / "agent.log")
     work = Path(upload[0])
     assert upload[1:3] == ["artifact", "upload"]
-    assert set(upload[3].split(";")) == {"guard-pr/pr_number.txt", "guard-pr/head_sha.txt",
-                                         "guard-results/results.json", "guard-results/report.md"}
+    assert set(upload[3].split(";")) == {"guard-pr/pr_number.txt", "guard-pr/head_sha.txt", "guard-results/matrix.md",
+                                         "guard-results/deepseek-ocr-2/results.json",
+                                         "guard-results/deepseek-ocr-2/report.md"}  # --model auto's folders
     assert (work / "guard-pr" / "pr_number.txt").read_text() == "7\n"
     assert (work / "guard-pr" / "head_sha.txt").read_text() == shas["head"] + "\n"
     # guard pr read a repository holding both sides whole (the image has no .git of its own)

@@ -143,3 +143,30 @@ def test_a_measured_build_that_left_no_results_gets_an_error_status_on_its_own_c
     assert code == 0, err
     [(sha, status)] = gh_env.statuses
     assert sha == HEAD and status["state"] == "error" and "build 104 ended before writing results" in status["description"]
+
+
+def test_a_model_auto_build_is_posted_as_one_status_for_every_model(gh_env, buildkite, guard, checkout, monkeypatch):
+    """guard-pr.sh runs guard pr --model auto: the poster takes the build's guard-results/ folder as
+    one verdict, the models due worked out from GitHub's file list (guard-post.yml's flags)."""
+    buildkite.build(MEASURING, 105, HEAD, pr=7)
+    buildkite.upload(MEASURING, 105, "guard-results/deepseek-ocr-2/results.json", MASK_LOOP.read_bytes())
+    buildkite.upload(MEASURING, 105, "guard-pr/pr_number.txt", "7\n")
+    buildkite.upload(MEASURING, 105, "guard-pr/head_sha.txt", HEAD + "\n")
+    buildkite.build(POSTER, 12, HEAD, triggered_from=(MEASURING, 105))
+    poster_env(monkeypatch, buildkite, 12)
+    gh_env.change(7, "vllm/model_executor/models/deepencoder2.py")
+    code, _, err = guard("--buildkite-measuring-pipeline", MEASURING, "--results-dir", "guard-results",
+                         "--trusted-thresholds", "thresholds/{model}.yaml")
+    assert code == 0, err
+    [(sha, status)] = gh_env.statuses
+    assert sha == HEAD and status["context"] == "guard/cpu" and status["state"] == "failure"
+    assert gh_env.comments[7][0]["body"].startswith("<!-- guard:v1 model=all profile=cpu -->")
+
+
+def test_a_results_dir_outside_the_artifacts_is_refused(gh_env, buildkite, guard, checkout, monkeypatch):
+    measured(buildkite, 106, HEAD, 7)
+    buildkite.build(POSTER, 13, HEAD, triggered_from=(MEASURING, 106))
+    poster_env(monkeypatch, buildkite, 13)
+    code, _, err = guard("--buildkite-measuring-pipeline", MEASURING, "--results-dir", "../etc",
+                         "--trusted-thresholds", "thresholds/{model}.yaml")
+    assert code == 2 and "inside the measured build's artifacts" in err and gh_env.writes() == []

@@ -475,7 +475,13 @@ def run_for_buildkite(args: argparse.Namespace, env: dict[str, str]) -> int:
     got = buildkite.download_artifacts(api, build, art, ("guard-results/", "guard-pr/"))
     args.sha, args.expected_head_repo = build.commit, build.head_repo
     args.run_url = args.run_url or build.web_url
-    if "guard-results/results.json" not in got:
+    if args.results_dir is not None:  # every model (guard pr --model auto): the folder as the build uploaded it
+        folder = Path(args.results_dir)
+        if folder.is_absolute() or ".." in folder.parts:
+            raise UsageError(f"--results-dir {args.results_dir}: with --buildkite-measuring-pipeline, give the folder's "
+                             "path inside the measured build's artifacts, e.g. guard-results")
+        args.results_dir = str(art / folder)
+    elif "guard-results/results.json" not in got:
         args.no_results = args.no_results or f"the Buildkite build {build.number} ended before writing results"
         args.model, args.profile = args.model or "deepseek-ocr-2", args.profile or "cpu"
         return run_without_results(args, env)

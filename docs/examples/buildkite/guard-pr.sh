@@ -41,7 +41,10 @@ post() {
   printf '%s\n' "$BUILDKITE_PULL_REQUEST" > guard-pr/pr_number.txt
   printf '%s\n' "$head" > guard-pr/head_sha.txt
   local found=(guard-pr/pr_number.txt guard-pr/head_sha.txt)
-  for f in guard-results/results.json guard-results/report.md; do [ -f "$f" ] && found+=("$f"); done
+  # --model auto: each model's folder (results.json, report.md, or not-run.txt), and the summary
+  for f in guard-results/matrix.md guard-results/*/results.json guard-results/*/report.md guard-results/*/not-run.txt; do
+    [ -f "$f" ] && found+=("$f")
+  done
   buildkite-agent artifact upload "$(IFS=';'; echo "${found[*]}")" || echo "the artifacts were not uploaded" >&2
   buildkite-agent pipeline upload --no-interpolation <<EOF || echo "the poster's trigger was not uploaded" >&2
 steps:
@@ -74,7 +77,7 @@ uv pip install --python "$python" --no-deps --build-constraints "$here/guard-bui
   --require-build-hashes "guard @ git+${guard_repository}@${GUARD_SHA}"
 
 set +e
-"$(dirname "$python")/guard" pr --vllm-repo vllm --base "$base" --head "$head" --only ops --profile cpu \
+"$(dirname "$python")/guard" pr --vllm-repo vllm --base "$base" --head "$head" --only ops --profile cpu --model auto \
   --head-python "$python" --stack-python "$python" --output guard-results
 rc=$?
 set -e
