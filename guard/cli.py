@@ -3,26 +3,22 @@
 Each command lives in ``guard/commands/<name>.py`` and owns its parser:
 ``add_arguments(parser)`` and ``run(args) -> int``.
 
-Exit codes (``guard.errors.ExitCode``): a ``GuardError`` carries its own (2, 3, 4); Ctrl-C is an
-invalid run (3); *any other* exception is a bug, never a verdict: exit 5 ("internal error") with a
-one-line message, and the traceback written to a log file (and printed with ``--debug``).
+Exit codes (``guard.errors.ExitCode``) come from the one edge, ``guard.edge.exit_code_for``: a
+``GuardError`` carries its own (2, 3, 4); Ctrl-C is an invalid run (3); *any other* exception is a
+bug, never a verdict: exit 5 ("internal error"), the traceback in a log file.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib
 import os
 import signal
 import sys
-import tempfile
-import traceback
-from pathlib import Path
 
 from guard import __version__
-from guard.errors import ExitCode, GuardError
-from guard.sanitize import no_workflow_commands, one_line
+from guard.edge import CRASH_LOG_ENV, crash_log_path, exit_code_for, internal_error  # noqa: F401 - the CLI's names
+from guard.errors import ExitCode
 
 # command name -> (module under guard.commands, one-line help)
 COMMANDS = {
@@ -39,7 +35,6 @@ COMMANDS = {
     "judge-finding": ("judge_finding", "say how a pull request's finding ended: accepted, fixed, false alarm (shadow mode)"),
     "weights": ("weights", "download a profile's model weights, resolving a moving revision to its commit"),
 }
-CRASH_LOG_ENV = "GUARD_CRASH_LOG"  # where the traceback of an internal error goes (default: a temp file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,62 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def crash_log_path() -> Path:
-    explicit = os.environ.get(CRASH_LOG_ENV)
-    if explicit:
-        return Path(explicit)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return Path(tempfile.gettempdir()) / f"guard-crash-{stamp}-{os.getpid()}.log"
-
-
-def _write_crash_log(text: str) -> Path | None:
-    """Best effort: the log is for the bug report; failing to write it must not hide the error."""
-    path = crash_log_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text)
-    except OSError:
-        return None
-    return path
-
-
-def internal_error(command: str, exc: BaseException, argv: list[str], debug: bool) -> int:
-    tb = "".join(traceback.format_exception(exc))
-    log = _write_crash_log(f"guard {__version__} {command}: argv {argv!r}\n{tb}\n")
-    first = one_line(str(exc), limit=300)
-    print(f"guard {command}: internal error: {type(exc).__name__}: {first}", file=sys.stderr)
-    print("guard: this is a bug in guard (or a library it drives), not a performance verdict; exit 5.",
-          file=sys.stderr)
-    if debug:
-        print(no_workflow_commands(tb), file=sys.stderr, end="")
-    where = f"the traceback is in {log}" if log else "the traceback could not be written to a log file"
-    print(f"hint: {where}{'' if debug else '; re-run with `guard --debug ...` to print it'}", file=sys.stderr)
-    return int(ExitCode.INTERNAL)
-
-
-def _drop_stdout() -> None:
-    """Point standard output at /dev/null, so the interpreter's last flush does not fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # no real file descriptor (captured output): nothing to flush there
-        pass
-
-
 def _interrupt(signum, frame):
     """SIGTERM as Ctrl-C: the same clean-up paths run (a half-made update is put back), and exit 3."""
     raise KeyboardInterrupt
-
-
-def _say_error(text: str) -> None:
-    """One line on stderr; a stderr that cannot be written (a full disk) must not turn the exit
-    code into Python's own 1, which is guard's "regression"."""
-    try:
-        print(text, file=sys.stderr)
-    except (OSError, ValueError):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,27 +79,12 @@ def _main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: 2 for usage errors, 0 for --help
         return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else int(ExitCode.CONFIG)
-    except KeyboardInterrupt:  # while the commands are imported
-        _say_error(f"guard {command}: interrupted")
-        return int(ExitCode.INVALID)
+    except KeyboardInterrupt as exc:  # while the commands are imported
+        return exit_code_for(command, exc, argv, debug=False)
     try:
         return int(args._run(args))
-    except GuardError as exc:
-        # messages can quote input files (an artifact from a pull request): never a workflow command
-        _say_error(no_workflow_commands(f"guard {args.command}: error: {exc}"))
-        return int(exc.exit_code)
-    except KeyboardInterrupt:
-        _say_error(f"guard {args.command}: interrupted")
-        return int(ExitCode.INVALID)
-    except BrokenPipeError:  # `guard ... | head`: the reader left; cut short like Ctrl-C, and no bug
-        _drop_stdout()
-        _say_error(f"guard {args.command}: standard output was closed before the command finished")
-        return int(ExitCode.INVALID)
-    except (SystemExit, Exception) as exc:  # noqa: BLE001 - the last resort: a bug (or a library's sys.exit) is never 0 or 1
-        try:
-            return internal_error(args.command, exc, argv, args.debug)
-        except (OSError, ValueError):  # stderr cannot be written either: the code still says it
-            return int(ExitCode.INTERNAL)
+    except (SystemExit, Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the one edge: guard.edge
+        return exit_code_for(args.command, exc, argv, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -272,3 +272,36 @@ def test_a_missing_or_damaged_census_baseline_is_an_error_not_a_model_no_change_
     (tmp_path / "list.census.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="not a guard/census file"):
         models.model_files(tmp_path / "list.census.json")
+
+
+def test_one_models_crash_is_its_line_through_the_one_edge_and_the_others_still_run(tmp_path, capsys):
+    """A bug while judging one model of `all` is exit 5 for the matrix, said and logged as the CLI
+    says any crash (guard.edge), its traceback in that model's folder; a usage error in another is
+    exit 2 on its own line; the remaining models run."""
+    import argparse
+
+    from guard.commands.matrix import run_models
+    from guard.config import models as model_names
+
+    ran = []
+
+    def run_one(sub: argparse.Namespace) -> int:
+        name = Path(sub.thresholds).stem
+        ran.append(name)
+        if name == "gemma3":
+            raise ZeroDivisionError("a bug while judging gemma3")
+        if name == "internvl":
+            from guard.errors import UsageError
+            raise UsageError("a budget gemma3 does not have")
+        return 0
+
+    from guard.config.budgets import DEFAULT_THRESHOLDS
+
+    args = argparse.Namespace(model="all", thresholds=DEFAULT_THRESHOLDS, profile="auto", output=str(tmp_path / "out"))
+    code = run_models(args, run_one, "check")
+    err = capsys.readouterr().err
+    assert code == 5 and {"gemma3", "internvl"} <= set(ran) and ran[-1] == model_names.names()[-1]
+    assert "guard check: gemma3: internal error: ZeroDivisionError: a bug while judging gemma3" in err
+    assert "guard check: internvl: error: a budget gemma3 does not have" in err
+    log = tmp_path / "out" / "gemma3" / "crash.log"
+    assert "ZeroDivisionError" in log.read_text(encoding="utf-8") and str(log) in err

@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from guard.config import models
 from guard.config.budgets import DEFAULT_THRESHOLDS, Thresholds, load_thresholds
+from guard.edge import exit_code_for
 from guard.errors import ExitCode, GuardError, InvalidRunError, UsageError
 from guard.files import write_text_atomic
 from guard.measure.hardware import Hardware, bf16_problem, detect, mismatch, select_profile
@@ -123,20 +123,18 @@ def run_models(args: argparse.Namespace, run_one: Callable[[argparse.Namespace],
 
 def _run_guarded(name: str, sub: argparse.Namespace, run_one: Callable[[argparse.Namespace], int], command: str,
                  output: Path, t0: float) -> Outcome:
-    """One model of `all`: its errors are its own line, not the end of the matrix (Ctrl-C still is)."""
+    """One model of `all`: its error is its own line, through the CLI's one edge (guard.edge), with a
+    crash's traceback in the model's output folder; Ctrl-C still ends the matrix."""
     try:
         code, note = int(run_one(sub)), ""
-    except GuardError as exc:
-        print(f"guard {command}: {name}: error: {exc}", flush=True)
-        code, note = int(exc.exit_code), str(exc).splitlines()[0][:200]
     except (KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:  # noqa: BLE001 - a bug in one model's run: exit 5 for the matrix, the others still run
-        output.mkdir(parents=True, exist_ok=True)
-        log = output / "crash.log"
-        log.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
-        print(f"guard {command}: {name}: internal error: {type(exc).__name__}: {exc} (traceback in {log})", flush=True)
-        code, note = int(ExitCode.INTERNAL), f"{type(exc).__name__}: {str(exc)[:160]}"
+    except Exception as exc:  # noqa: BLE001 - mapped to its exit code by the one edge, not here
+        crash_log = output / "crash.log"
+        if not isinstance(exc, GuardError):
+            output.mkdir(parents=True, exist_ok=True)
+        code = exit_code_for(f"{command}: {name}", exc, [command, "--model", name], debug=False, crash_log=crash_log)
+        note = str(exc).splitlines()[0][:200] if isinstance(exc, GuardError) else f"{type(exc).__name__}: {str(exc)[:160]}"
     return Outcome(name, code, time.perf_counter() - t0, output, note)
 
 
