@@ -25,16 +25,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from guard.errors import ConfigError, UsageError
-from guard.files import read_input, write_text_atomic
+from guard.files import write_text_atomic
+from guard.history import jsonlines
 from guard.history.store import DATE_EXAMPLE, date_problem, locked_folder
 from guard.model.readings import size
-from guard.model.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict,
-                                 first_refused, parse_strict_json)
+from guard.model.results import (CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict)
 
 FINDINGS_SCHEMA = "guard/findings"
 FINDINGS_SCHEMA_VERSION = 1
@@ -222,34 +221,17 @@ def to_line(line: Line) -> str:
     return json.dumps(line_to_dict(line), separators=(",", ":"), allow_nan=False) + "\n"
 
 
-@lru_cache(maxsize=1)
-def _validator():
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
-
-
-def _field(parts: Sequence[Any]) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(line)"
-
-
 def _check_line(d: Any, path: str, line: int | None) -> None:
     """Schema, then what a schema cannot say: dates with their UTC offset."""
-    import jsonschema
 
     if isinstance(d, dict) and d.get("schema") == FINDINGS_SCHEMA and isinstance(d.get("schema_version"), int) \
             and d["schema_version"] != FINDINGS_SCHEMA_VERSION:
         raise ConfigError(path, line, "schema_version", f"schema version {d['schema_version']}; this guard reads "
                           f"version {FINDINGS_SCHEMA_VERSION}",
                           hint="a newer guard wrote this store: read it with that guard")
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(d))
-    if error is not None:
-        raise ConfigError(path, line, _field(list(error.absolute_path)), f"not a {FINDINGS_SCHEMA} line: {error.message}",
-                          hint="lines are written by `guard record --findings` and `guard judge-finding`; "
-                               "fix or remove this one")
+    jsonlines.schema_problem(SCHEMA_FILE, d, path, line, f"{FINDINGS_SCHEMA} line", "(line)",
+                             "lines are written by `guard record --findings` and `guard judge-finding`; "
+                             "fix or remove this one")
     for name in ("date", "recorded_at"):
         if name in d and (problem := date_problem(d[name])):
             raise ConfigError(path, line, name, problem, hint=f"write it as {DATE_EXAMPLE}")
@@ -260,19 +242,7 @@ def parse_findings(text: str, path: str) -> list[Line]:
     line of the same pull request, model and profile holds."""
     lines: list[Line] = []
     seen: set[tuple[tuple[int, str, str], str]] = set()
-    for n, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            raise ConfigError(path, n, "(line)", "an empty line", hint="each line of a findings store is one record")
-        try:
-            d = parse_strict_json(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(path, n, "(syntax)", f"not valid JSON: {exc.msg} at column {exc.colno}") from None
-        except (ValueError, RecursionError) as exc:
-            raise ConfigError(path, n, "(content)", f"not a line guard can read: {exc}") from None
-        if (refused := first_refused(d)) is not None:
-            raise ConfigError(path, n, _field(refused[0]), f"not a line guard can read: {refused[1]}")
-        if not isinstance(d, dict):
-            raise ConfigError(path, n, "(line)", "not a JSON object")
+    for n, d in jsonlines.objects(text, path, noun="line", store="a findings store"):
         _check_line(d, path, n)
         line = line_from_dict(d)
         if isinstance(line, PullRequestRun):
@@ -287,18 +257,7 @@ def parse_findings(text: str, path: str) -> list[Line]:
 
 def load_findings(path: Path | str) -> list[Line]:
     path = Path(path)
-    try:
-        raw = read_input(path)
-    except FileNotFoundError:
-        raise ConfigError(str(path), None, "(file)", "no such file",
-                          hint="`guard record --findings PATH --pr N` creates it") from None
-    except OSError as exc:
-        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
-    return parse_findings(text, str(path))
+    return parse_findings(jsonlines.read_text(path, "`guard record --findings PATH --pr N` creates it"), str(path))
 
 
 # ----------------------------------------------------------------------------- appending

@@ -25,16 +25,16 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from guard.errors import ConfigError, InvalidRunError, UsageError
-from guard.files import read_input, write_text_atomic
+from guard.files import write_text_atomic
+from guard.history import jsonlines
 from guard.model.readings import counts_only, parse_size, total_calls
-from guard.model.results import (ImageSize, Results, Verdict, first_refused, parse_strict_json, reasons_text,
+from guard.model.results import (ImageSize, Results, Verdict, reasons_text,
                                  to_ms)
 from guard.judge.stats import percentile
 
@@ -209,23 +209,8 @@ def to_line(r: HistoryRecord) -> str:
     return json.dumps(record_to_dict(r), separators=(",", ":"), allow_nan=False) + "\n"
 
 
-@lru_cache(maxsize=1)
-def _validator():
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
-
-
-def _field(parts: Iterable[Any]) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(record)"
-
-
 def _check_record(d: Any, path: str, line: int | None) -> None:
     """Schema, then what a schema cannot say: a date with its UTC offset, finite numbers."""
-    import jsonschema
 
     version = d.get("schema_version") if isinstance(d, dict) else None
     if isinstance(d, dict) and d.get("schema") == HISTORY_SCHEMA and isinstance(version, int) \
@@ -234,10 +219,8 @@ def _check_record(d: Any, path: str, line: int | None) -> None:
                           f"schema version {version}; this guard reads versions "
                           f"{', '.join(map(str, READABLE_VERSIONS))}",
                           hint="a newer guard wrote this history: run `guard history` with that guard")
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(d))
-    if error is not None:
-        raise ConfigError(path, line, _field(error.absolute_path), f"not a {HISTORY_SCHEMA} record: {error.message}",
-                          hint="history lines are written by `guard record`; fix or remove this line")
+    jsonlines.schema_problem(SCHEMA_FILE, d, path, line, f"{HISTORY_SCHEMA} record", "(record)",
+                             "history lines are written by `guard record`; fix or remove this line")
     problem = date_problem(d["date"])
     if problem:
         raise ConfigError(path, line, "date", problem, hint=f"write it as {DATE_EXAMPLE}")
@@ -258,21 +241,7 @@ def parse_history(text: str, path: str) -> list[HistoryRecord]:
     """Every line validated; a commit measured twice for one profile is an error at the second line."""
     records: list[HistoryRecord] = []
     seen: dict[tuple[str, str], int] = {}
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            raise ConfigError(path, n, "(line)", "an empty line", hint="each line of a history file is one record")
-        try:
-            d = parse_strict_json(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(path, n, "(syntax)", f"not valid JSON: {exc.msg} at column {exc.colno}") from None
-        except (ValueError, RecursionError) as exc:
-            raise ConfigError(path, n, "(content)", f"not a record guard can read: {exc}") from None
-        refused = first_refused(d)
-        if refused is not None:
-            where, problem = refused
-            raise ConfigError(path, n, ".".join(map(str, where)) or "(record)", f"not a record guard can read: {problem}")
-        if not isinstance(d, dict):
-            raise ConfigError(path, n, "(record)", "not a JSON object")
+    for n, d in jsonlines.objects(text, path, noun="record", store="a history file"):
         _check_record(d, path, n)
         record = record_from_dict(d)
         if record.key in seen:
@@ -285,17 +254,7 @@ def parse_history(text: str, path: str) -> list[HistoryRecord]:
 
 def load_history(path: Path | str) -> list[HistoryRecord]:
     path = Path(path)
-    try:
-        raw = read_input(path)
-    except FileNotFoundError:
-        raise ConfigError(str(path), None, "(file)", "no such file",
-                          hint="`guard record --history PATH` creates it; in CI it lives on the guard-history branch") from None
-    except OSError as exc:
-        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
+    text = jsonlines.read_text(path, "`guard record --history PATH` creates it; in CI it lives on the guard-history branch")
     return parse_history(text, str(path))
 
 
