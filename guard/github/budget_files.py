@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from guard.config.budgets import Thresholds
-from guard.errors import ConfigError, UsageError
+from guard.errors import UsageError
 from guard.github.approval import Acceptance, GitHubReads, Refused, codeowner_approval, label_acceptance, owners_of
-from guard.github.trust import TrustPolicy, thresholds_change_lines
+from guard.github.trust import TrustPolicy
 from guard.revisions import inrepo
 
 FLAG = "--thresholds-in-repo"
@@ -56,8 +56,9 @@ class BudgetChoice:
 class _Commit:
     """One commit of the repository through the contents API, each file read once."""
 
-    def __init__(self, repository: Any, sha: str) -> None:
+    def __init__(self, repository: Any, sha: str, side: str) -> None:
         self.repository, self.sha = repository, sha
+        self.where = f"{side} ({sha[:12]})"
         self.read: dict[str, str | None] = {}
 
     def text(self, path: str) -> str | None:
@@ -80,9 +81,8 @@ class _Commit:
         return True
 
 
-def load(commit: _Commit, path: str, side: str) -> tuple[Thresholds, tuple[str, ...]]:
-    return inrepo.load_from(commit.kind, commit.write, path, f"{side} ({commit.sha[:12]})", FLAG,
-                            Path(tempfile.mkdtemp(prefix=f"guard-budgets-{side}-")))
+def load(commit: _Commit, path: str) -> tuple[Thresholds, tuple[str, ...]]:
+    return inrepo.load_from(commit, path, FLAG, Path(tempfile.mkdtemp(prefix="guard-budgets-")))
 
 
 def choose(repository: Any, reads: GitHubReads, number: int, base_sha: str, head_sha: str, path: str,
@@ -90,7 +90,7 @@ def choose(repository: Any, reads: GitHubReads, number: int, base_sha: str, head
            model: str) -> BudgetChoice:
     """The budgets for pull request ``number`` (see the module's docstring)."""
     path = inrepo.repo_path(path, FLAG)
-    base, head = _Commit(repository, base_sha), _Commit(repository, head_sha)
+    base, head = _Commit(repository, base_sha, "base"), _Commit(repository, head_sha, "head")
     if base.text(path) is None:
         if fallback is None or fallback.thresholds_text is None:
             raise UsageError(f"{FLAG} {path}: not in the pull request's base ({base_sha[:12]}), and no "
@@ -100,35 +100,28 @@ def choose(repository: Any, reads: GitHubReads, number: int, base_sha: str, head
         return BudgetChoice(load_thresholds(fallback.thresholds_path, text=fallback.thresholds_text),
                             source=f"guard's own {fallback.thresholds_path} ({path} is not in vLLM's base)",
                             owner="guard", label=label)
-    thresholds, files = load(base, path, "base")
-    names = set(files)
-    head_text = head.text(path)
-    if head_text is not None:
-        try:
-            names.update(load(head, path, "head")[1])
-        except (ConfigError, UsageError):
-            pass  # thresholds_change_lines says that head's copy does not load
-    touched = tuple(sorted(f for f in changed_files if f in names))
+    thresholds, files = load(base, path)
+    changes = inrepo.head_changes(base, head, path, files, changed_files, FLAG)
+    names, touched = tuple(sorted(changes.names)), changes.touched
     source = f"vLLM's {path} at base {base_sha[:12]}"
     if not touched:
-        return BudgetChoice(thresholds, source=source, owner="vllm", files=tuple(sorted(names)), label=label)
-    lines: list[str] = []
-    if path in touched:
-        lines += thresholds_change_lines(TrustPolicy(thresholds_path=path, thresholds_text=base.text(path)), head_text)
-    lines += [f"{f} (named by the budget file) changes" for f in touched if f != path]
+        return BudgetChoice(thresholds, source=source, owner="vllm", files=names, label=label)
     accepted, refused = label_acceptance(reads, number, label)
     if accepted is None:
         codeowners = next((t for p in ("/.github/CODEOWNERS", "/CODEOWNERS", "/docs/CODEOWNERS")
                            if (t := base.text(p[1:])) is not None), None)
         owners = owners_of(codeowners, path) if codeowners else ()
         accepted = codeowner_approval(reviews, head_sha, owners, path, reads.in_team) if owners else None
-    common = dict(owner="vllm", files=tuple(sorted(names)), changed=touched, changes=tuple(lines), refused=(refused,) if refused else (), label=label)
+    common = dict(owner="vllm", files=names, changed=touched, changes=changes.lines,
+                  refused=(refused,) if refused else (), label=label)
     if accepted is None:
         return BudgetChoice(thresholds, source=source, **common)
-    if head_text is None:
+    if changes.head_error is not None:  # a head copy that does not load is an error (exit 2)
+        raise changes.head_error
+    if changes.head is None:
         raise UsageError(f"{FLAG} {path}: accepted by @{accepted.login}, but head deletes the budget file: "
                          "nothing would judge the pull request; nothing is posted")
-    accepted_thresholds, _ = load(head, path, "head")  # a head copy that does not load is an error (exit 2)
+    accepted_thresholds = changes.head
     if accepted_thresholds.model != model:
         raise UsageError(f"{FLAG} {path}: head's copy is for model '{accepted_thresholds.model}', the run measured "
                          f"'{model}'; nothing is posted")

@@ -16,11 +16,12 @@ from __future__ import annotations
 import io
 import tarfile
 import tempfile
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 from guard.config.budgets import Thresholds, load_thresholds
-from guard.errors import ConfigError, UsageError
+from guard.errors import ConfigError, GuardError, UsageError
 from guard.model.results import BudgetSource
 from guard.revisions import git
 
@@ -89,25 +90,49 @@ def _leaves_repository(thresholds: Thresholds, root: Path) -> str | None:
     return None
 
 
+class Side(Protocol):
+    """One revision's files, however they are read: ``kind`` ('blob', 'tree' or None), ``text`` (None:
+    not a file there), ``write`` (under a root; False: not there). GitSide reads a clone; the poster
+    reads GitHub's contents API (guard.github.budget_files)."""
+
+    where: str
+
+    def kind(self, path: str) -> str | None: ...
+    def text(self, path: str) -> str | None: ...
+    def write(self, path: str, root: Path) -> bool: ...
+
+
+class GitSide:
+    def __init__(self, repo: Path, rev: git.Revision, side: str) -> None:
+        self.repo, self.rev, self.where = repo, rev, f"{side} {rev.rev} ({rev.sha[:12]})"
+
+    def kind(self, path: str) -> str | None:
+        return _in_revision(self.repo, self.rev, path)
+
+    def text(self, path: str) -> str | None:
+        return git.file_at(self.repo, self.rev, path)
+
+    def write(self, path: str, root: Path) -> bool:
+        return _write(self.repo, self.rev, path, root)
+
+
 def load_at(repo: Path, rev: git.Revision, path: str, side: str, flag: str = FLAG,
             into: Path | None = None) -> tuple[Thresholds, tuple[str, ...]]:
     """The budget file ``path`` as ``rev`` holds it, loaded from a copy under ``into`` (a new temporary
     folder by default) with the files it names beside it; and those files (repository-relative).
     UsageError (exit 2) naming the path and the revision when ``rev`` has no such file."""
     path = repo_path(path, flag)
-    where = f"{side} {rev.rev} ({rev.sha[:12]})"
     hint = (f"the budget file must be committed in {side} (the trusted side: its copy judges both sides); check with "
             f"`git -C {repo} show {rev.sha[:12]}:{path}`, or pass --thresholds PATH for a file outside the repository")
-    return load_from(lambda p: _in_revision(repo, rev, p), lambda p, root: _write(repo, rev, p, root),
-                     path, where, flag, into, hint=hint)
+    return load_from(GitSide(repo, rev, side), path, flag, into, hint=hint)
 
 
-def load_from(kind_of: Callable[[str], str | None], write: Callable[[str, Path], bool], path: str, where: str,
-              flag: str = FLAG, into: Path | None = None, hint: str | None = None) -> tuple[Thresholds, tuple[str, ...]]:
-    """``load_at`` over any reader of one revision: ``kind_of(path)`` says 'blob', 'tree' or None,
-    ``write(path, root)`` writes it under ``root`` (False: not there). The poster reads through
-    GitHub's contents API with it (guard.github.budgets)."""
-    kind = kind_of(path)
+def load_from(side: Side, path: str, flag: str = FLAG, into: Path | None = None,
+              hint: str | None = None) -> tuple[Thresholds, tuple[str, ...]]:
+    """``load_at`` over any reader of one revision (a Side): a clone, or GitHub's contents API for the
+    poster (guard.github.budget_files)."""
+    where, write = side.where, side.write
+    kind = side.kind(path)
     if kind != "blob":
         what = "is a folder, not a file" if kind == "tree" else "does not exist"
         raise UsageError(f"{flag} {path}: {what} in {where}", hint=hint)
@@ -125,32 +150,44 @@ def load_from(kind_of: Callable[[str], str | None], write: Callable[[str, Path],
     return thresholds, tuple(files)
 
 
-def head_changes(repo: Path, base: git.Revision, head: git.Revision, path: str, base_files: tuple[str, ...],
-                 changed: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What head does to the budgets base's copy judged it by: (the changed files among the budget
-    file and those base's or head's copy names, one line per change). Never applied here."""
+@dataclass(frozen=True)
+class HeadChanges:
+    """What head does to the budgets base's copy judges by (never applied by guard pr)."""
+
+    names: frozenset[str]  # the budget file and what base's or head's copy names
+    touched: tuple[str, ...]  # of those, what the pull request changes
+    lines: tuple[str, ...]  # one line per change, e.g. "profile cpu: op budget ...: max 0 → max 100 calls"
+    head: Thresholds | None = None  # head's copy, loaded (None: deleted, or it does not load)
+    head_error: GuardError | None = None  # why head's copy does not load
+
+
+def head_changes(base: Side, head: Side, path: str, base_files: tuple[str, ...], changed: list[str],
+                 flag: str = FLAG) -> HeadChanges:
+    """What head does to the budgets: the changed files among the budget file and those base's or
+    head's copy names, one line per change, and head's copy as loaded (for when it is accepted)."""
     from guard.github.trust import TrustPolicy, thresholds_change_lines
 
     names = set(base_files)
-    head_text = git.file_at(repo, head, path)
+    head_text = head.text(path)
+    loaded, error = None, None
     if head_text is not None:
-        with tempfile.TemporaryDirectory(prefix="guard-budgets-head-") as tmp:
-            try:
-                names.update(load_at(repo, head, path, "head", into=Path(tmp))[1])
-            except (ConfigError, UsageError):
-                pass  # thresholds_change_lines says that head's copy does not load
+        try:
+            loaded, files = load_from(head, path, flag, Path(tempfile.mkdtemp(prefix="guard-budgets-head-")))
+            names.update(files)
+        except (ConfigError, UsageError) as exc:
+            error = exc  # thresholds_change_lines says that head's copy does not load
     touched = sorted(f for f in changed if any(f == n or f.startswith(n.rstrip("/") + "/") for n in names))
     lines: list[str] = []
     if path in touched:
-        base_text = git.file_at(repo, base, path)
-        lines += thresholds_change_lines(TrustPolicy(thresholds_path=path, thresholds_text=base_text), head_text)
-    lines += [f"{f} (named by the budget file) is {'deleted' if _in_revision(repo, head, f) is None else 'changed'} "
+        lines += thresholds_change_lines(TrustPolicy(thresholds_path=path, thresholds_text=base.text(path)), head_text)
+    lines += [f"{f} (named by the budget file) is {'deleted' if head.kind(f) is None else 'changed'} "
               "in this pull request" for f in touched if f != path]
-    return tuple(touched), tuple(lines)
+    return HeadChanges(frozenset(names), tuple(touched), tuple(lines), loaded, error)
 
 
 def budget_source(repo: Path, base: git.Revision, head: git.Revision, path: str, files: tuple[str, ...],
                   changed: list[str]) -> BudgetSource:
-    touched, lines = head_changes(repo, base, head, path, files, changed)
-    return BudgetSource(revision=base.sha, path=path, files=files, head_changed_files=touched, head_changes=lines)
+    changes = head_changes(GitSide(repo, base, "base"), GitSide(repo, head, "head"), path, files, changed)
+    return BudgetSource(revision=base.sha, path=path, files=files, head_changed_files=changes.touched,
+                        head_changes=changes.lines)
 
