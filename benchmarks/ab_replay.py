@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard.judge.ab import judge_ratio, stopping_rule
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.model.results import Pair, Status
 from guard.measure.stopping import measure_until_decided
 

@@ -40,7 +40,7 @@ def main() -> int:
 
     from guard.judge.ab import pairs
     from guard.measure.run import ABRun
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from guard.measure.hardware import detect, select_profile
 
     thresholds = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml")

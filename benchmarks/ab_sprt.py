@@ -34,7 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pools and the shipped rule's replay
 from ab_sensitivity import load_pool, simulate_ab, slowed  # noqa: E402
 
-from guard.config.budgets import Profile, load_thresholds  # noqa: E402
+from guard.config.budgets import Profile  # noqa: E402
+from guard.config.loading import load_thresholds
 from guard.model.results import Pair  # noqa: E402
 from guard.judge.rules import SequentialRule  # noqa: E402
 from guard.measure.stopping import measure_until_decided  # noqa: E402

@@ -94,7 +94,8 @@ def main() -> int:
     ap.add_argument("--profile", default="cpu")
     args = ap.parse_args()
 
-    from guard.config.budgets import DEFAULT_ROOTS, load_thresholds
+    from guard.config.budgets import DEFAULT_ROOTS
+    from guard.config.loading import load_thresholds
     from guard.measure.census import QualnameResolver, count_functions
     from guard.model.readings import total_calls
     from guard.measure.hardware import detect, select_profile

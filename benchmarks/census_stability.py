@@ -37,7 +37,8 @@ def main() -> int:
     ap.add_argument("--write-census", type=Path, default=None, metavar="JSON")
     args = ap.parse_args()
 
-    from guard.config.budgets import CensusRule, load_thresholds
+    from guard.config.budgets import CensusRule
+    from guard.config.loading import load_thresholds
     from guard.measure.census import unstable_functions
     from guard.model.readings import total_calls
     from guard.measure.hardware import detect, select_profile

@@ -55,7 +55,8 @@ def shapes(profile) -> list[tuple[tuple[int, int], int]]:
 
 def measure(name: str) -> dict:
     """In this process: one engine, one profiled request per shape; the census per shape."""
-    from guard.config.budgets import load_thresholds, resolve_model
+    from guard.config.budgets import resolve_model
+    from guard.config.loading import load_thresholds
     from guard.measure.census import QualnameResolver, count_functions, total_calls
     from guard.measure.hardware import detect, select_profile
     from guard.measure.inprocess import prepare_environment, synthetic_image

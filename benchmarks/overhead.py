@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 def bare(thresholds: str, profile_name: str, measured: int | None = None) -> None:
     """The baseline: plain vLLM, the same requests, nothing else. ``measured``: as many measured
     requests as guard actually sent in the paired run (its resampling rounds included)."""
-    from guard.config.budgets import load_thresholds, resolve_model
+    from guard.config.budgets import resolve_model
+    from guard.config.loading import load_thresholds
     from guard.measure.inprocess import model_construction, synthetic_image
 
     from guard.measure.hardware import detect

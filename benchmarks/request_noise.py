@@ -53,7 +53,7 @@ RELEASE = "REQUEST_NOISE_RELEASE_FREED_MEMORY"
 def _engine():
     sys.path.insert(0, str(REPO))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from guard.measure.inprocess import run_jobs, start_engine
     from guard.measure.side import plan_jobs
 

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from guard.model import format as fmt
-from guard.config.budgets import Profile, load_thresholds, percentile_value
+from guard.config.budgets import Profile, percentile_value
+from guard.config.loading import load_thresholds
 from guard.model.results import RunRecord, Status
 from guard.judge.rules import judge_ttft, stopping_rule
 from guard.measure.stopping import measure_until_decided

@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds, resolve_model
+from guard.config.budgets import DEFAULT_THRESHOLDS, resolve_model
+from guard.config.loading import load_thresholds
 from guard.compat import vllm_cli
 from guard.measure.side import plan_jobs
 from guard.measure.hardware import detect, select_profile

@@ -30,7 +30,8 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS
+from guard.config.loading import load_thresholds
 from guard.measure.side import plan_jobs
 from guard.measure.hardware import detect, select_profile
 from guard.measure.probes import ProfEvent, attribute

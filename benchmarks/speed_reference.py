@@ -79,7 +79,7 @@ def main() -> int:
         raise SystemExit("quota conditions need cgroup v1's cpu controller at /sys/fs/cgroup/cpu (and root)")
 
     from guard.measure import speedref
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from guard.measure.inprocess import run_jobs, start_engine
     from guard.measure.side import plan_jobs
 

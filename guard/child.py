@@ -27,7 +27,7 @@ from guard.model.results import InvalidReason, ReasonKind, RunRecord, run_file_d
 def open_run(spec: RunSpec, progress: Callable[[str], None]):
     """The spec's GuardRun: budgets loaded, hardware matched, the engine side chosen (it starts
     lazily), the timing pass's stopping rule the profile's own (guard.judge.rules.stopping_rule)."""
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from guard.judge.rules import stopping_rule
     from guard.measure.hardware import detect, select_profile
     from guard.measure.run import GuardRun

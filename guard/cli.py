@@ -33,6 +33,7 @@ COMMANDS = {
     "history": ("history", "print and chart main's history: TTFT per commit, census changes, lasting shifts; "
                            "--findings: pull requests' findings and how each was judged"),
     "judge-finding": ("judge_finding", "say how a pull request's finding ended: accepted, fixed, false alarm (shadow mode)"),
+    "schema": ("schema", "print the budget file's JSON Schema (for editors), or --write the copy guard ships"),
     "weights": ("weights", "download a profile's model weights, resolving a moving revision to its commit"),
 }
 

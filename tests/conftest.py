@@ -103,7 +103,7 @@ def run_guard(*args: str, cwd: Path | None = None, timeout: float = 900) -> subp
 @pytest.fixture(scope="module")
 def thresholds():
     """The pinned statistics thresholds (tests/fixtures/thresholds-statistics.yaml)."""
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from tests.ttft_scenarios import THRESHOLDS
 
     return load_thresholds(THRESHOLDS, require_decidable=False)

@@ -17,7 +17,8 @@ import pytest
 from guard.measure.run import block_order, blocks
 from guard.model.results import pairs
 from guard.judge.ab import BASELINE, CANDIDATE, decide_ratio, op_diff, stopping_rule, undecided_ratios
-from guard.config.budgets import Statistics, load_thresholds
+from guard.config.budgets import Statistics
+from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, ScopeCounts
 from guard.measure.inprocess import parse_inject

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import load_thresholds, resolve_model
+from guard.config.budgets import resolve_model
+from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, ExitCode
 from guard.model.environment import has_amx
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
@@ -323,9 +324,9 @@ def test_has_amx_reads_the_recorded_extensions() -> None:
 
 
 def schema_reference() -> list[str]:
-    """docs/budgets.md's key reference, as the schema tables in guard.config.budgets declare it:
+    """docs/budgets.md's key reference, as the schema tables in guard.config.schema declare it:
     one row per section, its keys in order, required ones in bold, defaults in brackets."""
-    from guard.config import budgets as b
+    from guard.config import schema as b
 
     def keys(table) -> str:
         table = table.keys if isinstance(table, b.Section) else table

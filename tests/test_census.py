@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from guard.model import format as fmt
-from guard.config.budgets import DEFAULT_WATCH, CensusRule, load_thresholds
+from guard.config.budgets import DEFAULT_WATCH, CensusRule
+from guard.config.loading import load_thresholds
 from guard.config.census import load_baseline, render_baseline
 from guard.judge.census import compare
 from guard.measure.census import QualnameResolver, count_functions, function_of, unstable_functions

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from guard import cli
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.config.census import load_baseline, render_baseline
 from guard.commands import update_thresholds as ut
 from guard.judge.evaluate import evaluate

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from guard import cli
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.judge.evaluate import ran_bf16_fallback
 from guard.judge.rejudge import judged_profile, rejudge
 from guard.model.results import ReasonKind, load_results

@@ -277,7 +277,7 @@ def test_a_busy_core_never_gives_a_regression(tmp_path: Path) -> None:
     import os
     import signal
 
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
 
     shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
     out = tmp_path / "out"

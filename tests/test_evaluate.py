@@ -57,7 +57,7 @@ def test_a_stopped_in_process_run_is_not_said_to_be_a_remote_server():
     import copy
     from pathlib import Path
 
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from guard.judge.rejudge import judged_profile
     from guard.model.results import load_results
     from tests.conftest import SHIPPED_THRESHOLDS
@@ -77,7 +77,7 @@ def test_a_run_that_measured_no_ttft_is_judged_on_what_it_measured():
     import dataclasses
     from pathlib import Path
 
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from guard.config.census import read_baseline
     from guard.judge.rejudge import judged_profile
     from guard.model.results import Measures, load_results

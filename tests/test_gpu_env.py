@@ -13,7 +13,7 @@ import pytest
 from guard import compat
 from guard.judge import gates
 from guard.measure import hardware
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import InvalidRunError
 from guard.model.environment import GpuProcess, GpuState
 from tests.conftest import SHIPPED_THRESHOLDS

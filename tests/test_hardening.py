@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from guard import cli
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.measure import harness
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
 from guard.judge.opnames import check_op_names, problems, vacuous_budgets

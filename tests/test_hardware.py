@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import TtftHardware, load_thresholds, ttft_hardware_problem
+from guard.config.budgets import TtftHardware, ttft_hardware_problem
+from guard.config.loading import load_thresholds
 from guard.model.environment import Environment
 from guard.measure.hardware import Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for
 from tests.conftest import SHIPPED_THRESHOLDS

@@ -14,7 +14,7 @@ import pytest
 
 from guard.commands import matrix
 from guard.config import models
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.config.census import load_baseline, read_baseline
 from guard.judge.census import compare

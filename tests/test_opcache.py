@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import UsageError
 from guard.files import cache_root
 from guard.measure import opcache

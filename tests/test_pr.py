@@ -16,7 +16,7 @@ import pytest
 
 from guard.errors import InvalidRunError, UsageError
 from guard.model.results import ABRecord
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.judge.evaluate import evaluate_pr
 from guard.model.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,
                            results_to_dict, validate)

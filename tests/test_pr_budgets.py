@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from guard.commands import pr as pr_command
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.judge.evaluate import evaluate_pr
 from guard.measure.hardware import detect, select_profile

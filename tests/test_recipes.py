@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from guard import cli
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.judge.evaluate import ttft_not_judged
 from guard.judge.rejudge import rejudge
 from guard.report.output import write_report

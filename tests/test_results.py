@@ -256,7 +256,7 @@ def test_the_synthetic_a10_fixture_is_what_guard_itself_would_judge_from_its_run
     re-judging its run record against the shipped thresholds (what `guard comment` does) gives back
     its checks, notices and verdict exactly. Its first version claimed a p99 pass at n=100, whose
     95 % interval has no upper end (p99 needs 368 samples)."""
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
     from guard.judge.rejudge import rejudge
     from tests.conftest import SHIPPED_THRESHOLDS
 

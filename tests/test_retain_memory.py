@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.measure.inprocess import RETAIN_FREED_MEMORY_TUNABLES
 from guard.measure.server import server_environment
 from tests.conftest import REPO, SHIPPED_THRESHOLDS

@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.measure.side import plan_jobs
 from guard.errors import ConfigError, InvalidRunError
 from guard.judge.evaluate import evaluate

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.judge.stats import (binomial_cdf, centre_estimate, order_statistic_ranks, percentile, percentile_interval,
                          signed_rank_cdf, walsh_cut)
 from tests.conftest import benchmark_script

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from guard.github import trust
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from tests.conftest import SHIPPED_THRESHOLDS
 from tests.test_comment import (BOT, FORK, HEAD, MARK, OTHER, OWNER, REPO, artifact, clean_env, fake,  # noqa: F401
                                 gh_env, guard)

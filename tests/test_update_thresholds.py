@@ -19,7 +19,7 @@ import yaml
 
 from guard import cli
 from guard.config import yamledit
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.commands import update_thresholds as ut
 from guard.errors import ConfigError
 from guard.model.results import (

@@ -97,7 +97,7 @@ def test_a_run_that_stopped_lists_its_own_reason_not_what_it_therefore_never_mea
     """The engine never started: no TTFT samples, no op counts and no census follow from that
     one reason and would only bury it (a failed request would still be a reason of its own)."""
     from tests.conftest import SHIPPED_THRESHOLDS
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
 
     shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")  # op budgets and a census rule
     died = InvalidReason(ReasonKind.ENGINE, "engine failed to start: no space left on device")

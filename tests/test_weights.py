@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.commands.update_thresholds import provenance_for
 from guard.commands.weights import fetch
 from guard.errors import GuardError

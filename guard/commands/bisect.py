@@ -20,7 +20,8 @@ from pathlib import Path
 from guard import __version__
 from guard.model import format as fmt
 from guard.model.results import ABRecord
-from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile
+from guard.config.loading import load_thresholds
 from guard.model.readings import folded
 from guard.files import prepare_output
 from guard.report.terminal import added_lines

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from guard import __version__
 from guard.model import format as fmt
-from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, ENGINE_MODES
+from guard.config.loading import load_thresholds
 from guard.measure.canary import LEGACY_MASK
 from guard.errors import ConfigError, UsageError
 from guard.measure.mutants import INJECTABLE

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from guard.github import approval, buildkite, gate, publish
-from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS
+from guard.config.loading import load_thresholds
 from guard.errors import UsageError
 from guard.files import read_input
 from guard.history.analysis import pr_standing

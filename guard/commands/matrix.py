@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard.config import models
-from guard.config.budgets import DEFAULT_THRESHOLDS, Thresholds, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, Thresholds
+from guard.config.loading import load_thresholds
 from guard.edge import exit_code_for
 from guard.errors import ExitCode, GuardError, InvalidRunError, UsageError
 from guard.files import write_text_atomic

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from guard import __version__
 from guard.model.results import ABRecord, Measures
-from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds
+from guard.config.loading import load_thresholds
 from guard.config.census import read_baseline
 from guard.files import prepare_output
 from guard.report.output import write_report

@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from guard.model import format as fmt
-from guard.config.budgets import load_thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import UsageError
 from guard.files import writing
 from guard.history.findings import (PullRequestRun, load_findings, login_flag, pr_number_flag, record_run,

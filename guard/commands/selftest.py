@@ -15,7 +15,8 @@ from pathlib import Path
 
 from guard import __version__
 from guard.model import format as fmt
-from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile
+from guard.config.loading import load_thresholds
 from guard.measure.canary import LEGACY_MASK, expected_index_puts
 from guard.compat import deepseek_ocr2_tiles
 from guard.errors import ExitCode, InvalidRunError, UsageError

@@ -28,7 +28,8 @@ from guard import files
 from guard.files import find_recorded, person_path, repository_root
 from guard.judge import gates
 from guard.config import yamledit
-from guard.config.budgets import Profile, Thresholds, load_thresholds
+from guard.config.budgets import Profile, Thresholds
+from guard.config.loading import load_thresholds
 from guard.config.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, UsageError
 from guard.measure.hardware import git_commit, ttft_hardware_for

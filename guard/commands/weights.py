@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from guard.config.budgets import DEFAULT_THRESHOLDS, load_thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS
+from guard.config.loading import load_thresholds
 from guard.errors import ExitCode
 from guard.config.weights import Resolver, hub_resolver, is_hub_model, pin, resolve
 from guard.files import writing

@@ -18,7 +18,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from guard.config.budgets import DEFAULT_THRESHOLDS, packaged_default
+from guard.config.budgets import DEFAULT_THRESHOLDS
+from guard.config.loading import packaged_default
 from guard.errors import UsageError
 
 ALL = "all"
@@ -111,7 +112,7 @@ def models_touched(changed: Iterable[str], own_files: dict[str, set[str]]) -> tu
 def chosen_for(changed: Iterable[str], folder: Path | None = None) -> tuple[list[str], str]:
     """``--model auto``'s choice for a pull request changing ``changed``: models_touched over every
     guarded model's own files (from its budget file's census baselines), and why."""
-    from guard.config.budgets import load_thresholds
+    from guard.config.loading import load_thresholds
 
     own: dict[str, set[str]] = {}
     for name, path in resolve(ALL, folder):

@@ -95,7 +95,7 @@ def choose(repository: Any, reads: GitHubReads, number: int, base_sha: str, head
         if fallback is None or fallback.thresholds_text is None:
             raise UsageError(f"{FLAG} {path}: not in the pull request's base ({base_sha[:12]}), and no "
                              "--trusted-thresholds file to fall back on; nothing is posted")
-        from guard.config.budgets import load_thresholds
+        from guard.config.loading import load_thresholds
 
         return BudgetChoice(load_thresholds(fallback.thresholds_path, text=fallback.thresholds_text),
                             source=f"guard's own {fallback.thresholds_path} ({path} is not in vLLM's base)",

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from guard.config.budgets import Thresholds, load_thresholds
+from guard.config.budgets import Thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import UsageError
 from guard.github import approval, budget_files, publish
 from guard.github.trust import TrustPolicy

@@ -17,7 +17,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from guard.config.budgets import Profile, Thresholds, load_thresholds
+from guard.config.budgets import Profile, Thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import ConfigError
 from guard.sanitize import one_line
 

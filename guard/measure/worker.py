@@ -464,7 +464,7 @@ class Worker:
                  dtype: str | None, revision: str | None):
         import dataclasses
 
-        from guard.config.budgets import load_thresholds
+        from guard.config.loading import load_thresholds
 
         prof = load_thresholds(thresholds).profile(profile)
         engine = {"gpu_memory_utilization": gpu_memory_utilization, "dtype": dtype, "revision": revision}

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from guard.config.budgets import Thresholds, load_thresholds
+from guard.config.budgets import Thresholds
+from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, GuardError, UsageError
 from guard.model.results import BudgetSource
 from guard.revisions import git
