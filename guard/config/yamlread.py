@@ -16,14 +16,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
 from guard.errors import ConfigError
-
-if TYPE_CHECKING:
-    from guard.config.schema import Key
 
 MAX_DEPTH = 32  # the schema nests 7 levels; anything far deeper is a mistake or an attack
 MAX_INT = 2**63 - 1  # integers go to C code (vLLM, torch): keep them in int64
@@ -32,6 +29,18 @@ _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)(\.[0-9]*)?([eE][-+]?[0-9]+)?|[-+]?\
 # (`!!python/name:os.system`, `!env HOME`, `!!binary`, `!!set`, merge keys) is refused by name.
 YAML_TAG = "tag:yaml.org,2002:"
 ALLOWED_TAGS = frozenset(YAML_TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp", "map", "seq"))
+
+
+class Key(Protocol):
+    """What the reader needs of a schema key (guard.config.schema.Key): how to read its value,
+    whether the file must give it, its value where absent."""
+
+    @property
+    def type(self) -> Any: ...  # a guard.config.schema.ValueType: .read(reader, node, key path)
+    @property
+    def required(self) -> bool: ...
+    @property
+    def default(self) -> Any: ...
 
 
 def kind_of(node: yaml.Node) -> str:
