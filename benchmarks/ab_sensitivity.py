@@ -47,7 +47,8 @@ POOL_SCHEMA = "guard/ab-pool"
 # ----------------------------------------------------------------------------- pools
 def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> None:
     from guard.measure.run import run_ab
-    from guard.measure.hardware import detect, select_profile
+    from guard.measure.hardware import detect
+    from guard.measure.fit import select_profile
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()

@@ -41,7 +41,8 @@ def main() -> int:
     from guard.judge.ab import pairs
     from guard.measure.run import ABRun
     from guard.config.loading import load_thresholds
-    from guard.measure.hardware import detect, select_profile
+    from guard.measure.hardware import detect
+    from guard.measure.fit import select_profile
 
     thresholds = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml")
     hw = detect()

@@ -41,7 +41,8 @@ def main() -> int:
     from guard.config.loading import load_thresholds
     from guard.measure.census import unstable_functions
     from guard.model.readings import total_calls
-    from guard.measure.hardware import detect, select_profile
+    from guard.measure.hardware import detect
+    from guard.measure.fit import select_profile
     from guard.measure.probes import profile_request, save_events
     from guard.measure.run import GuardRun
 

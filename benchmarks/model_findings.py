@@ -58,7 +58,8 @@ def measure(name: str) -> dict:
     from guard.config.budgets import resolve_model
     from guard.config.loading import load_thresholds
     from guard.measure.census import QualnameResolver, count_functions, total_calls
-    from guard.measure.hardware import detect, select_profile
+    from guard.measure.hardware import detect
+    from guard.measure.fit import select_profile
     from guard.measure.inprocess import prepare_environment, synthetic_image
     from guard.measure.probes import profile_request
 

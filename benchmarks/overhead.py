@@ -27,11 +27,12 @@ def bare(thresholds: str, profile_name: str, measured: int | None = None) -> Non
     requests as guard actually sent in the paired run (its resampling rounds included)."""
     from guard.config.budgets import resolve_model
     from guard.config.loading import load_thresholds
+    from guard.measure.fit import on_cpu
     from guard.measure.inprocess import model_construction, synthetic_image
 
     from guard.measure.hardware import detect
 
-    profile = load_thresholds(thresholds).profile(profile_name).on_cpu(detect(quick=True).native_bf16)  # as guard check runs it
+    profile = on_cpu(load_thresholds(thresholds).profile(profile_name), detect(quick=True).native_bf16)  # as guard check runs it
     e, w = profile.engine, profile.workload
     import os
 

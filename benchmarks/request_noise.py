@@ -54,12 +54,13 @@ def _engine():
     sys.path.insert(0, str(REPO))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from guard.config.loading import load_thresholds
+    from guard.measure.fit import on_cpu
     from guard.measure.inprocess import run_jobs, start_engine
     from guard.measure.side import plan_jobs
 
     from guard.measure.hardware import detect
 
-    profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu").on_cpu(detect(quick=True).native_bf16)
+    profile = on_cpu(load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu"), detect(quick=True).native_bf16)
     engine = profile.engine
     if os.environ.get(RELEASE) == "1":  # as before engine.retain_freed_memory: glibc's defaults
         engine = dataclasses.replace(engine, retain_freed_memory=False)

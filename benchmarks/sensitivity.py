@@ -157,7 +157,8 @@ def render_table(cells: Sequence[Cell], pool: Sequence[float], profile: Profile,
 
 # ----------------------------------------------------------------------------- live engine
 def start_run(thresholds_path: str, profile_name: str, output: Path):
-    from guard.measure.hardware import detect, select_profile
+    from guard.measure.hardware import detect
+    from guard.measure.fit import select_profile
     from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(thresholds_path, require_decidable=False)  # a simulation studies any rule

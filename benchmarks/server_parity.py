@@ -27,7 +27,8 @@ from guard.config.budgets import DEFAULT_THRESHOLDS, resolve_model
 from guard.config.loading import load_thresholds
 from guard.compat import vllm_cli
 from guard.measure.side import plan_jobs
-from guard.measure.hardware import detect, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import select_profile
 from guard.measure.server import SERVED_MODEL_NAME, VllmServer, prepare, request_function, run_jobs_http
 
 

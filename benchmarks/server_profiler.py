@@ -33,7 +33,8 @@ from pathlib import Path
 from guard.config.budgets import DEFAULT_THRESHOLDS
 from guard.config.loading import load_thresholds
 from guard.measure.side import plan_jobs
-from guard.measure.hardware import detect, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import select_profile
 from guard.measure.probes import ProfEvent, attribute
 from guard.measure.server import SERVED_MODEL_NAME, VllmServer, run_jobs_http
 

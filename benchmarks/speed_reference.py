@@ -80,12 +80,13 @@ def main() -> int:
 
     from guard.measure import speedref
     from guard.config.loading import load_thresholds
+    from guard.measure.fit import on_cpu
     from guard.measure.inprocess import run_jobs, start_engine
     from guard.measure.side import plan_jobs
 
     from guard.measure.hardware import detect
 
-    profile = load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu").on_cpu(detect(quick=True).native_bf16)
+    profile = on_cpu(load_thresholds(REPO / "thresholds" / "deepseek-ocr-2.yaml").profile("cpu"), detect(quick=True).native_bf16)
     t = time.perf_counter()
     llm = start_engine(profile.engine, seed=profile.workload.seed)
     print(f"engine ready in {time.perf_counter() - t:.1f} s", flush=True)

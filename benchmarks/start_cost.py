@@ -28,9 +28,9 @@ CHILD = r"""
 import hashlib, json, os, sys, time
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from guard.config.budgets import load_thresholds
-from guard.measure import hardware, inprocess
+from guard.measure import fit, hardware, inprocess
 budget, skip = sys.argv[1], sys.argv[2] == "1"
-profile = hardware.select_profile(load_thresholds(budget), "auto", hardware.detect())
+profile = fit.select_profile(load_thresholds(budget), "auto", hardware.detect())
 if not skip:
     import contextlib
     from guard import compat

@@ -29,7 +29,8 @@ def open_run(spec: RunSpec, progress: Callable[[str], None]):
     lazily), the timing pass's stopping rule the profile's own (guard.judge.rules.stopping_rule)."""
     from guard.config.loading import load_thresholds
     from guard.judge.rules import stopping_rule
-    from guard.measure.hardware import detect, select_profile
+    from guard.measure.hardware import detect
+    from guard.measure.fit import select_profile
     from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(spec.thresholds)

@@ -11,6 +11,7 @@ from guard.config.budgets import resolve_model
 from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, ExitCode
 from guard.model.environment import has_amx
+from guard.measure.fit import engine_on_cpu, on_cpu, ttft_binding_fits
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
 
 GOOD = """\
@@ -86,33 +87,33 @@ def test_ttft_hardware_and_validity_records(tmp_path: Path) -> None:
     assert hw.speed_reference_ms is None  # not measured: the speed gate has nothing to compare with
     sped = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]}", "cpu_count: [2, 4], speed_reference_ms: 79.5}")))
     assert sped.profile("cpu").ttft_hardware.speed_reference_ms == 79.5
-    assert hw.fits("AMD EPYC 7B13", 2, None) and hw.fits("AMD EPYC", 4, ("avx2",))  # no cpu_isa: any extensions
-    assert not hw.fits("AMD EPYC", 8, None) and not hw.fits("Intel(R) Xeon(R) Platinum 8375C", 2, None)
+    assert ttft_binding_fits(hw, "AMD EPYC 7B13", 2, None) and ttft_binding_fits(hw, "AMD EPYC", 4, ("avx2",))  # no cpu_isa: any extensions
+    assert not ttft_binding_fits(hw, "AMD EPYC", 8, None) and not ttft_binding_fits(hw, "Intel(R) Xeon(R) Platinum 8375C", 2, None)
     assert hw.describe() == "a CPU matching /^AMD EPYC/ with 2-4 cores"
     exact = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]", "cpu_count: 2"))).profile("cpu")
     assert exact.ttft_hardware.cpu_count == (2, 2) and exact.ttft_hardware.describe().endswith("with 2 cores")
     isa = load_thresholds(write(tmp_path, text.replace("cpu_count: [2, 4]", "cpu_isa: [avx512_bf16, avx2, avx512f]")))
     bound = isa.profile("cpu").ttft_hardware
     assert bound.cpu_isa == ("avx2", "avx512f", "avx512_bf16")  # order as written does not matter
-    assert bound.fits("AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16")) and not bound.fits("AMD EPYC", 2, ("avx2",))
-    assert not bound.fits("AMD EPYC", 2, None)  # an unrecorded CPU cannot be shown to be that one
+    assert ttft_binding_fits(bound, "AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16")) and not ttft_binding_fits(bound, "AMD EPYC", 2, ("avx2",))
+    assert not ttft_binding_fits(bound, "AMD EPYC", 2, None)  # an unrecorded CPU cannot be shown to be that one
     assert bound.describe() == "a CPU matching /^AMD EPYC/ and ISA avx2+avx512f+avx512_bf16"
 
 
 def test_dtype_without_native_bf16() -> None:
     engine = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").engine
     assert engine.dtype == "bfloat16" and engine.dtype_without_native_bf16 == "float32"
-    assert engine.on_cpu(native_bf16=True) is engine and engine.on_cpu(native_bf16=False).dtype == "float32"
+    assert engine_on_cpu(engine, native_bf16=True) is engine and engine_on_cpu(engine, native_bf16=False).dtype == "float32"
     plain = dataclasses.replace(engine, dtype_without_native_bf16=None)
-    assert plain.on_cpu(native_bf16=False).dtype == "bfloat16"  # not asked for: the YAML's dtype everywhere
+    assert engine_on_cpu(plain, native_bf16=False).dtype == "bfloat16"  # not asked for: the YAML's dtype everywhere
 
 
 def test_shipped_cpu_budget_is_bound_to_this_projects_cpu() -> None:
     cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
     assert not cpu.match.cuda  # still selected on any machine without CUDA: op counts run everywhere
-    assert cpu.ttft_hardware is not None and cpu.ttft_hardware.fits("AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16"))
-    assert not cpu.ttft_hardware.fits("Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", 8, ("avx2",))
-    assert not cpu.ttft_hardware.fits("AMD EPYC", 2, ("avx2",))  # the AVX2-only EPYC the VM names alike
+    assert cpu.ttft_hardware is not None and ttft_binding_fits(cpu.ttft_hardware, "AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16"))
+    assert not ttft_binding_fits(cpu.ttft_hardware, "Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", 8, ("avx2",))
+    assert not ttft_binding_fits(cpu.ttft_hardware, "AMD EPYC", 2, ("avx2",))  # the AVX2-only EPYC the VM names alike
     assert load_thresholds(SHIPPED_THRESHOLDS).profile("a10").ttft_hardware is None
 
 
@@ -244,9 +245,9 @@ def test_on_cpu_swaps_in_the_float32_census() -> None:
     assert cpu.census.baseline.name == "deepseek-ocr-2.cpu.census.json"
     assert cpu.census.baseline_without_native_bf16.name == "deepseek-ocr-2.cpu.float32.census.json"
     assert cpu.census.baseline_without_native_bf16.exists()  # committed beside the bfloat16 one
-    without = cpu.on_cpu(native_bf16=False)
+    without = on_cpu(cpu, native_bf16=False)
     assert without.census.baseline == cpu.census.baseline_without_native_bf16 and without.engine.dtype == "float32"
-    assert cpu.on_cpu(native_bf16=True) is cpu
+    assert on_cpu(cpu, native_bf16=True) is cpu
 
 
 # ----------------------------------------------------------------------------- decidable budgets (#32)
@@ -307,14 +308,14 @@ def test_on_cpu_swaps_in_the_amx_census_only_for_bf16_on_an_amx_cpu() -> None:
     cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
     assert cpu.census.baseline_with_amx.name == "deepseek-ocr-2.cpu.amx.census.json"
     assert cpu.census.baseline_with_amx.exists()  # committed beside the other two
-    amx = cpu.on_cpu(native_bf16=True, amx=True)
+    amx = on_cpu(cpu, native_bf16=True, amx=True)
     assert amx.census.baseline == cpu.census.baseline_with_amx and amx.engine == cpu.engine
     assert cpu.census.baselines == (cpu.census.baseline, cpu.census.baseline_without_native_bf16,
                                     cpu.census.baseline_with_amx)
     float32 = dataclasses.replace(cpu, engine=dataclasses.replace(cpu.engine, dtype="float32"))
-    assert float32.on_cpu(native_bf16=True, amx=True) is float32  # vLLM's AMX GEMM takes bf16/fp16 only
+    assert on_cpu(float32, native_bf16=True, amx=True) is float32  # vLLM's AMX GEMM takes bf16/fp16 only
     without = dataclasses.replace(cpu, census=dataclasses.replace(cpu.census, baseline_with_amx=None))
-    unjudged = without.on_cpu(native_bf16=True, amx=True)
+    unjudged = on_cpu(without, native_bf16=True, amx=True)
     assert unjudged.census.baseline == cpu.census.baseline and "AMX" in unjudged.census.not_judged
 
 

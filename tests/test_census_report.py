@@ -17,6 +17,7 @@ from guard.report.markdown import render_markdown
 from guard.model.results import (ReasonKind, RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict,
                            write_json_atomic)
 from guard.report.terminal import render_terminal
+from guard.measure.fit import on_cpu
 from tests.conftest import SHIPPED_THRESHOLDS
 
 LOOP = "vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features"
@@ -207,7 +208,7 @@ def setup_float32(tmp_path: Path, *, own_baseline: bool) -> Path:
 def results_on(tmp_path: Path, census: dict, yaml_path: Path, *, native_bf16: bool = True, amx: bool = False):
     """A run as `guard check` records it on a CPU with or without native bf16 and AMX: the profile as
     Profile.on_cpu gives it there, the engine and CPU extensions as the run records them."""
-    profile = load_thresholds(yaml_path).profile("cpu").on_cpu(native_bf16=native_bf16, amx=amx)
+    profile = on_cpu(load_thresholds(yaml_path).profile("cpu"), native_bf16=native_bf16, amx=amx)
     run = run_with(census, yaml_path)
     run.environment.update({"engine_args": profile.engine.as_dict()})
     if amx:
@@ -308,7 +309,7 @@ def test_an_amx_census_of_its_own_is_written_and_judged_apart(tmp_path: Path, ca
     worse, _ = amx_results(tmp_path, loop, path)  # a loop is still caught against the AMX census
     assert worse.verdict == Verdict.REGRESSION and LOOP in {c.function for c in worse.census_checks}
     # without AMX the same profile is judged against its first baseline
-    plain = load_thresholds(path).profile("cpu").on_cpu(native_bf16=True, amx=False)
+    plain = on_cpu(load_thresholds(path).profile("cpu"), native_bf16=True, amx=False)
     assert plain.census.baseline == tmp_path / "t.cpu.census.json"
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from guard import cli
 from guard.config.loading import load_thresholds
-from guard.judge.evaluate import ran_bf16_fallback
+from guard.measure.fit import ran_bf16_fallback
 from guard.judge.rejudge import judged_profile, rejudge
 from guard.model.results import ReasonKind, load_results
 from tests.conftest import REPO, clear_github_context

@@ -12,7 +12,7 @@ import pytest
 
 from guard import compat
 from guard.judge import gates
-from guard.measure import hardware
+from guard.measure import fit, hardware
 from guard.config.loading import load_thresholds
 from guard.errors import InvalidRunError
 from guard.model.environment import GpuProcess, GpuState
@@ -57,14 +57,14 @@ def test_a_gpu_profile_names_the_cause_and_auto_refuses_to_fall_back_to_cpu():
     why = hardware.cuda_unusable_reason(device_nodes=True, torch_cuda="13.0", driver_version="550.54.15",
                                         torch_version="2.13.0")
     hw = hardware.Hardware(cuda=False, gpu_name=None, cpu_name="EPYC", cpu_count=16, cuda_problem=why)
-    assert "550.54.15" in hardware.mismatch(t.profile("a10"), hw)
+    assert "550.54.15" in fit.mismatch(t.profile("a10"), hw)
     with pytest.raises(InvalidRunError) as exc:
-        hardware.select_profile(t, "a10", hw)
+        fit.select_profile(t, "a10", hw)
     assert "needs driver 580.65" in str(exc.value)
     with pytest.raises(InvalidRunError) as exc:
-        hardware.select_profile(t, "auto", hw)  # never silently the cpu profile on a GPU machine
+        fit.select_profile(t, "auto", hw)  # never silently the cpu profile on a GPU machine
     assert "--profile cpu" in str(exc.value)
-    assert hardware.select_profile(t, "cpu", hw).name == "cpu"  # on purpose: allowed
+    assert fit.select_profile(t, "cpu", hw).name == "cpu"  # on purpose: allowed
     assert "CUDA cannot use" in hw.describe()
 
 

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import TtftHardware, ttft_hardware_problem
+from guard.config.budgets import TtftHardware
+from guard.measure.fit import ttft_hardware_problem
 from guard.config.loading import load_thresholds
 from guard.model.environment import Environment
-from guard.measure.hardware import Hardware, cpu_features, cpu_isa, fingerprint, select_profile, ttft_hardware_for
+from guard.measure.hardware import Hardware, cpu_features, cpu_isa, fingerprint, ttft_hardware_for
+from guard.measure.fit import select_profile
 from tests.conftest import SHIPPED_THRESHOLDS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cpuinfo"

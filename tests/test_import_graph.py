@@ -172,7 +172,7 @@ def test_imports_follow_the_stage_order():
 
 
 @pytest.mark.parametrize("command", ["bisect", "check", "comment", "history", "judge_finding", "pr", "record", "selftest",
-                                     "update_thresholds", "weights"])
+                                     "schema", "update_thresholds", "weights"])
 def test_an_argparse_namespace_stops_at_the_commands(command):
     """Each command turns its Namespace into typed values: the Namespace itself, passed on by name,
     reaches no function below guard/commands (benchmarks/call_trace.py reads the same)."""

@@ -18,7 +18,8 @@ from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.config.census import load_baseline, read_baseline
 from guard.judge.census import compare
-from guard.measure.hardware import Hardware, detect, mismatch, select_profile
+from guard.measure.hardware import Hardware, detect
+from guard.measure.fit import mismatch, select_profile
 from guard.model import format as fmt
 from guard.model.results import Status
 from tests.conftest import REPO, run_guard

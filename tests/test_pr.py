@@ -294,7 +294,8 @@ def recorded(name: str):
 
 @pytest.fixture(scope="module")
 def cpu_profile():
-    from guard.measure.hardware import detect, select_profile
+    from guard.measure.hardware import detect
+    from guard.measure.fit import select_profile
 
     return select_profile(load_thresholds(SHIPPED_THRESHOLDS), "cpu", detect(quick=True))
 

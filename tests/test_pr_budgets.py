@@ -18,7 +18,8 @@ from guard.commands import pr as pr_command
 from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, UsageError
 from guard.judge.evaluate import evaluate_pr
-from guard.measure.hardware import detect, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import select_profile
 from guard.model.results import ABRecord, ReasonKind, Verdict, load_results
 from guard.revisions import git, inrepo, scopes
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard

@@ -29,7 +29,7 @@ import yaml
 
 from guard import cli
 from guard.config.loading import load_thresholds
-from guard.judge.evaluate import ttft_not_judged
+from guard.measure.fit import ttft_not_judged
 from guard.judge.rejudge import rejudge
 from guard.report.output import write_report
 from guard.model.results import load_results

@@ -17,6 +17,7 @@ from guard.measure.inprocess import InProcessSide
 from guard.measure.run import GuardRun
 from guard.measure.side import SideInfo
 from guard.measure.speedref import WORKLOAD, SpeedReading
+from guard.measure.fit import on_cpu
 from tests.ttft_scenarios import CPU_ENV, budgeted
 
 
@@ -229,7 +230,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
                                                                dtype_without_native_bf16="float32"))
     for native, expected in ((True, WORKLOAD), (False, WORKLOAD_FLOAT32)):
         asked = []
-        run, _, _ = scripted_run(thresholds, bf16.on_cpu(native_bf16=native), [7.2] * 20, tmp_path)
+        run, _, _ = scripted_run(thresholds, on_cpu(bf16, native_bf16=native), [7.2] * 20, tmp_path)
         run.side.speed_reader = lambda workload: asked.append(workload) or SpeedReading(workload, 80.0, 1.0, 5, 2)
         run.measure_until_decided()
         assert set(asked) == {expected} and run.record.environment.speed_reference.workload == expected

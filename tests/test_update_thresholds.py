@@ -27,6 +27,7 @@ from guard.model.results import (
     results_to_dict, write_json_atomic,
 )
 from guard.model.environment import SpeedReading, SpeedReference
+from guard.measure.fit import ttft_binding_fits
 
 FIXTURES = Path(__file__).parent / "fixtures" / "update"
 REAL = Path(__file__).parent.parent / "thresholds" / "deepseek-ocr-2.yaml"
@@ -615,7 +616,7 @@ def test_budget_bound_to_another_cpu_is_rewritten_and_rebound(tmp_path, capsys):
     assert "rewritten for this CPU" in out and "AMD EPYC" in out
     cpu = load_thresholds(y).profile("cpu")
     xeon = ("avx2", "avx512f")
-    assert cpu.ttft_hardware.fits(ENV["cpu"], 2, xeon) and not cpu.ttft_hardware.fits("AMD EPYC", 2, xeon)
+    assert ttft_binding_fits(cpu.ttft_hardware, ENV["cpu"], 2, xeon) and not ttft_binding_fits(cpu.ttft_hardware, "AMD EPYC", 2, xeon)
     assert cpu.ttft_hardware.cpu_count == (2, 2) and cpu.ttft_hardware.cpu_isa == xeon
     assert cpu.provenance["hardware"].startswith("Intel(R) Xeon(R)")
 
@@ -631,8 +632,8 @@ def test_same_name_other_cpu_extensions_is_another_cpu(tmp_path, capsys):
     assert "rewritten for this CPU" in out and "ISA avx2;" in out
     assert "        cpu_isa: [avx2]\n" in y.read_text()
     hw = load_thresholds(y).profile("cpu").ttft_hardware
-    assert hw.cpu_isa == ("avx2",) and hw.fits("AMD EPYC", 2, ("avx2",))
-    assert not hw.fits("AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16"))
+    assert hw.cpu_isa == ("avx2",) and ttft_binding_fits(hw, "AMD EPYC", 2, ("avx2",))
+    assert not ttft_binding_fits(hw, "AMD EPYC", 2, ("avx2", "avx512f", "avx512_bf16"))
 
 
 def test_budget_bound_to_this_cpu_keeps_its_hysteresis(tmp_path, capsys):
@@ -686,7 +687,7 @@ def test_the_not_judged_notice_is_a_recipe_that_works(tmp_path, capsys):
     again = evaluate(mine, run, output=tmp_path)
     assert [c.status for c in again.ttft_checks] == [Status.PASS]
     assert load_thresholds(REAL).profile("cpu").ttft_ms == profile.ttft_ms  # the shipped file is untouched
-    assert mine.ttft_hardware.fits(ENV["cpu"], 2, tuple(ENV["cpu_isa"]))
+    assert ttft_binding_fits(mine.ttft_hardware, ENV["cpu"], 2, tuple(ENV["cpu_isa"]))
 
 
 # ----------------------------------------------------------------------------- the speed reference
@@ -701,7 +702,7 @@ def test_moved_ttft_budgets_record_the_runs_speed_reference(tmp_path, capsys):
     code, out, err = guard(capsys, "--from", str(r), "--thresholds", str(y), "--only", "ttft")
     assert code == 0, err
     hw = load_thresholds(y).profile("cpu").ttft_hardware
-    assert hw.speed_reference_ms == 81.4 and hw.fits(ENV["cpu"], 2, tuple(ENV["cpu_isa"]))
+    assert hw.speed_reference_ms == 81.4 and ttft_binding_fits(hw, ENV["cpu"], 2, tuple(ENV["cpu_isa"]))
     assert "ttft_hardware.speed_reference_ms: 81.4" in out
 
 

@@ -27,7 +27,8 @@ from guard.files import prepare_output
 from guard.report.terminal import added_lines
 from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
-from guard.measure.hardware import detect, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import select_profile
 from guard.judge.opnames import check_op_name, check_op_names
 from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
                            write_json_atomic)

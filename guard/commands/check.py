@@ -24,7 +24,8 @@ from guard.measure.mutants import INJECTABLE
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
 from guard.config.census import read_baseline
 from guard.measure.harness import record_suite
-from guard.measure.hardware import detect, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import select_profile
 from guard.judge.opnames import check_op_names
 from guard.model.results import Measures
 from guard.files import prepare_output

@@ -22,12 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard.config import models
-from guard.config.budgets import DEFAULT_THRESHOLDS, Thresholds
+from guard.config.budgets import DEFAULT_THRESHOLDS
 from guard.config.loading import load_thresholds
 from guard.edge import exit_code_for
-from guard.errors import ExitCode, GuardError, InvalidRunError, UsageError
+from guard.errors import ExitCode, GuardError, UsageError
 from guard.files import write_text_atomic
-from guard.measure.hardware import Hardware, bf16_problem, detect, mismatch, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import not_runnable_here
 
 # worst first: the code `all` exits with is the first one any model had
 PRECEDENCE = (ExitCode.INTERNAL, ExitCode.CONFIG, ExitCode.INVALID, ExitCode.REGRESSION,
@@ -57,23 +58,6 @@ def combined_exit(codes: list[int]) -> int:
     order = [int(c) for c in PRECEDENCE]
     return min((c if c in order else int(ExitCode.INTERNAL) for c in codes), key=order.index,
                default=int(ExitCode.PASS))
-
-
-def not_runnable_here(thresholds: Thresholds, requested: str, hw: Hardware) -> str | None:
-    """Why no profile of ``thresholds`` can run here although one would fit this machine but for a
-    hardware need (native bf16); None when a profile runs here, or none would fit anyway."""
-    try:
-        select_profile(thresholds, requested, hw)
-        return None
-    except InvalidRunError:
-        pass
-    candidates = [thresholds.profiles[requested]] if requested in thresholds.profiles else list(thresholds.profiles.values())
-    for profile in candidates:
-        why = bf16_problem(profile, hw)
-        relaxed = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, requires_native_bf16=False))
-        if why and mismatch(relaxed, hw) is None:
-            return why
-    return None
 
 
 def run_models(args: argparse.Namespace, run_one: Callable[[argparse.Namespace], int], command: str,

@@ -28,7 +28,8 @@ from guard.commands.matrix import add_model_argument, run_models, write_summary
 from guard.config import models
 from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
-from guard.measure.hardware import detect, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import select_profile
 from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
 from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict

@@ -25,7 +25,8 @@ from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
 from guard.measure.harness import record_suite
 from guard.config.census import read_baseline
 from guard.report.output import write_report
-from guard.measure.hardware import detect, select_profile
+from guard.measure.hardware import detect
+from guard.measure.fit import select_profile
 from guard.model.results import Measures, Results, Status, Verdict, reasons_text
 from guard.report.terminal import render_terminal, sites_lines
 

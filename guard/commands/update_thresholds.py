@@ -28,12 +28,13 @@ from guard import files
 from guard.files import find_recorded, person_path, repository_root
 from guard.judge import gates
 from guard.config import yamledit
-from guard.config.budgets import Profile, Thresholds
+from guard.config.budgets import CensusRule, Profile, Thresholds
 from guard.config.loading import load_thresholds
 from guard.config.census import CensusPlan, plan_census, write_census_atomic
 from guard.errors import ConfigError, UsageError
+from guard.measure.fit import as_it_ran, census_of_other_kernels, engine_on_cpu, engine_ran_bf16_fallback, ttft_binding_fits
 from guard.measure.hardware import git_commit, ttft_hardware_for
-from guard.model.environment import Environment, bf16_replaced
+from guard.model.environment import Environment
 from guard.model.results import TOTAL_OPS, ReasonKind, Results, Verdict, load_results, reasons_text
 
 SIGNIFICANT_FIGURES = 3
@@ -164,8 +165,8 @@ def _check_same_config(results: Results, results_path: Path, profile: Profile, o
                           f"the run counted under roots {then_roots}, the thresholds file now says "
                           f"{list(profile.census.roots)}", hint=f"re-run `guard check --profile {profile.name}`")
     engine = profile.engine
-    if _ran_without_native_bf16(results):  # the YAML's own fallback, not another config
-        engine = engine.on_cpu(native_bf16=False)
+    if engine_ran_bf16_fallback(recorded.get("engine")):  # the YAML's own fallback, not another config
+        engine = engine_on_cpu(engine, native_bf16=False)
     current = {"engine": engine.as_dict(), "workload": workload}
     for section, now in current.items():
         then = recorded.get(section)
@@ -178,13 +179,6 @@ def _check_same_config(results: Results, results_path: Path, profile: Profile, o
                 raise _refuse(results_path, f"profile_config.{section}.{key}",
                               f"the run used {section}.{key} = {then[key]!r}, the thresholds file now says {value!r}",
                               hint=f"re-run `guard check --profile {profile.name}` with the current thresholds file")
-
-
-def _ran_without_native_bf16(results: Results) -> bool:
-    """The run's engine ran its dtype_without_native_bf16 in place of bfloat16 (then the profile is
-    compared as it runs there; a YAML without that fallback any more fails the config comparison)."""
-    then = (results.profile_config or {}).get("engine")
-    return isinstance(then, dict) and bf16_replaced(then)
 
 
 def _op_measurements(results: Results) -> dict[tuple[str, str], int]:
@@ -246,7 +240,7 @@ def _rebinding(profile: Profile, env: Environment) -> dict[str, Any] | None:
     if binding is None or not profile.ttft_ms or profile.match.cuda:
         return None
     bound = profile.ttft_hardware
-    if bound is not None and bound.fits(env.cpu, env.cpu_count, env.cpu_isa):
+    if bound is not None and ttft_binding_fits(bound, env.cpu, env.cpu_count, env.cpu_isa):
         return None  # the run's machine is the budget's (a hand-written range or pattern stays)
     return binding
 
@@ -360,19 +354,7 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     if thresholds_path is None:
         thresholds_path = recorded_thresholds(results, results_path, out)
     thresholds: Thresholds = load_thresholds(thresholds_path)
-    server = results.run.environment.server
-    if server is not None and server.remote:
-        raise _refuse(results_path, "run.environment.server", "the run measured a server guard did not start "
-                      f"({server.url}); its engine arguments are unknown, so it is no baseline",
-                      hint="re-run `guard check --engine-mode server` so guard starts the server itself")
-    # Budgets of the engine mode the run measured in (budgets.modes.<mode>.ttft_ms for the other mode)
-    prof = thresholds.profile(profile or results.run.profile).with_engine_mode(results.run.environment.engine_mode)
-    if only == "ttft" and not prof.ttft_ms:
-        raise UsageError(f"profile '{prof.name}' has no TTFT budgets to update")
-    if only == "ops" and not prof.ops:
-        raise UsageError(f"profile '{prof.name}' has no op-count budgets to update")
-    if only == "census" and prof.census is None:
-        raise UsageError(f"profile '{prof.name}' has no census rule", hint="add `census: {baseline: FILE}` to its budgets")
+    prof = _profile_to_update(thresholds, results, results_path, profile, only)
     if headroom_pct is None:
         headroom_pct = prof.headroom_pct
     elif not (math.isfinite(headroom_pct) and 0 <= headroom_pct <= 1000):
@@ -381,50 +363,15 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
 
     plan = plan_update(prof, results, headroom_pct=headroom_pct, only=only, allow_increase=allow_increase,
                        provenance=provenance_for(results, headroom_pct, thresholds_path.resolve().parent))
+    prof = dataclasses.replace(prof, census=_census_to_update(prof, results, results_path, only, out))
     census: CensusPlan | None = None
-    # The census the run counted goes to the baseline of the kernels it ran on (Profile.on_cpu), never
-    # into one counted with other kernels.
-    fallback = _ran_without_native_bf16(results)
-    ran_as = prof.on_cpu(native_bf16=not fallback, amx=results.run.environment.ran_on_amx)
-    other_kernels = None
-    if prof.census is not None and ran_as.census.not_judged:
-        other_kernels = (f"{results_path}: counted on a CPU with AMX; {prof.census.baseline} was counted "
-                         "without it, where vLLM runs other GEMM kernels",
-                         "give the profile `census.baseline_with_amx: FILE` for this machine's census, "
-                         "then run this command again",
-                         "was counted with AMX;")
-    elif prof.census is not None and fallback and ran_as.census.baseline == prof.census.baseline:
-        other_kernels = (f"{results_path}: the engine ran {prof.engine.dtype_without_native_bf16} in place of bfloat16 (this "
-                         f"CPU has no native bf16); {prof.census.baseline} is a bfloat16 census, which counts casts that "
-                         f"{prof.engine.dtype_without_native_bf16} does not make",
-                         "update it from a run on a CPU with native bf16 (avx512_bf16 or amx_bf16), or give the "
-                         "profile `census.baseline_without_native_bf16: FILE` for this dtype's census",
-                         f"ran {prof.engine.dtype_without_native_bf16}, not bfloat16;")
-    if other_kernels is not None:
-        refusal, hint, said = other_kernels
-        if only == "census":
-            raise UsageError(refusal, hint=hint)
-        print(f"census: {results_path} {said} {prof.census.baseline} is left as it is", file=out)
-        ran_as = dataclasses.replace(ran_as, census=None)
-    prof = dataclasses.replace(prof, census=ran_as.census)
     if prof.census is not None and only is None and not results.run.census:
         print(f"census: {results_path} has no census; {prof.census.baseline} is left as it is", file=out)
     elif prof.census is not None and only in (None, "census"):
         census = plan_census(prof, thresholds.model, results.run.census, provenance=plan.provenance,
                              allow_increase=allow_increase, results_path=results_path)
     old = thresholds_path.read_bytes().decode("utf-8")  # not read_text: keep \r\n line endings as they are
-    try:
-        new = render(old, plan)
-    except yamledit.YamlEditError as exc:
-        raise ConfigError(str(thresholds_path), exc.line, exc.key or "(file)",
-                          f"could not edit in place: {exc}; the file is unchanged") from None
-    if new != old:  # before anything is written: the census must not change beside budgets that cannot
-        try:
-            load_thresholds(thresholds_path, text=new)
-        except ConfigError as exc:
-            raise ConfigError(str(thresholds_path), exc.line, exc.key,
-                              f"the updated budgets would not load ({exc.problem}); nothing was written") from None
-
+    new = _rendered(thresholds_path, old, plan)
     census_written = census is not None and _write_census(census, dry_run, out)
     if only == "census":
         return 0
@@ -438,21 +385,92 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
     if dry_run:
         print(f"dry run: {thresholds_path} not written", file=out)
         return 0
+    _write_budgets(thresholds_path, new, census if census_written else None, out)
+    if plan.increases:
+        print(f"WARNING: {len(plan.increases)} op-count budget(s) raised; see above", file=out)
+    return 0
+
+
+def _profile_to_update(thresholds: Thresholds, results: Results, results_path: Path, name: str | None,
+                       only: str | None) -> Profile:
+    """The profile the run measured, with the budgets of the engine mode it measured in
+    (budgets.modes.<mode>.ttft_ms for the other mode), holding the budgets ``--only`` asks for."""
+    server = results.run.environment.server
+    if server is not None and server.remote:
+        raise _refuse(results_path, "run.environment.server", "the run measured a server guard did not start "
+                      f"({server.url}); its engine arguments are unknown, so it is no baseline",
+                      hint="re-run `guard check --engine-mode server` so guard starts the server itself")
+    prof = thresholds.profile(name or results.run.profile).with_engine_mode(results.run.environment.engine_mode)
+    if only == "ttft" and not prof.ttft_ms:
+        raise UsageError(f"profile '{prof.name}' has no TTFT budgets to update")
+    if only == "ops" and not prof.ops:
+        raise UsageError(f"profile '{prof.name}' has no op-count budgets to update")
+    if only == "census" and prof.census is None:
+        raise UsageError(f"profile '{prof.name}' has no census rule", hint="add `census: {baseline: FILE}` to its budgets")
+    return prof
+
+
+def _census_to_update(prof: Profile, results: Results, results_path: Path, only: str | None,
+                      out: TextIO) -> CensusRule | None:
+    """The census rule whose baseline the run's census goes to: the baseline of the kernels it ran
+    on (guard.measure.fit), never one counted with other kernels (None then, said on ``out``;
+    ``--only census`` refuses)."""
+    if prof.census is None:
+        return None
+    fallback = engine_ran_bf16_fallback((results.profile_config or {}).get("engine"))
+    env = results.run.environment
+    other = census_of_other_kernels(prof, env, bf16_fallback=fallback)
+    if other is None:
+        return as_it_ran(prof, env, bf16_fallback=fallback).census
+    dtype = prof.engine.dtype_without_native_bf16
+    refusal, hint, said = {
+        "amx": (f"{results_path}: counted on a CPU with AMX; {prof.census.baseline} was counted "
+                "without it, where vLLM runs other GEMM kernels",
+                "give the profile `census.baseline_with_amx: FILE` for this machine's census, then run this command again",
+                "was counted with AMX;"),
+        "float32": (f"{results_path}: the engine ran {dtype} in place of bfloat16 (this CPU has no native bf16); "
+                    f"{prof.census.baseline} is a bfloat16 census, which counts casts that {dtype} does not make",
+                    "update it from a run on a CPU with native bf16 (avx512_bf16 or amx_bf16), or give the "
+                    "profile `census.baseline_without_native_bf16: FILE` for this dtype's census",
+                    f"ran {dtype}, not bfloat16;"),
+    }[other]
+    if only == "census":
+        raise UsageError(refusal, hint=hint)
+    print(f"census: {results_path} {said} {prof.census.baseline} is left as it is", file=out)
+    return None
+
+
+def _rendered(thresholds_path: Path, old: str, plan: Plan) -> str:
+    """The file with the plan's budgets, checked to load before anything is written: the census
+    must not change beside budgets that cannot."""
+    try:
+        new = render(old, plan)
+    except yamledit.YamlEditError as exc:
+        raise ConfigError(str(thresholds_path), exc.line, exc.key or "(file)",
+                          f"could not edit in place: {exc}; the file is unchanged") from None
+    if new != old:
+        try:
+            load_thresholds(thresholds_path, text=new)
+        except ConfigError as exc:
+            raise ConfigError(str(thresholds_path), exc.line, exc.key,
+                              f"the updated budgets would not load ({exc.problem}); nothing was written") from None
+    return new
+
+
+def _write_budgets(thresholds_path: Path, new: str, census: CensusPlan | None, out: TextIO) -> None:
+    """Write the budgets; where that fails, the census written beside them (``census``) goes back."""
     try:
         write_text_atomic(thresholds_path, new)
     except OSError as exc:
-        undone = _undo_census(census) if census_written else ""
+        undone = _undo_census(census) if census is not None else ""
         raise ConfigError(str(thresholds_path), None, "(file)",
                           f"cannot write: {exc}; the file is unchanged{undone}") from None
     except BaseException:  # Ctrl-C, or anything else: the census goes back all the same
-        if census_written:
+        if census is not None:
             _undo_census(census)
         raise
     via = f" (through the symlink, to {os.path.realpath(thresholds_path)})" if thresholds_path.is_symlink() else ""
     print(f"wrote {thresholds_path}{via}", file=out)
-    if plan.increases:
-        print(f"WARNING: {len(plan.increases)} op-count budget(s) raised; see above", file=out)
-    return 0
 
 
 def _undo_census(census: CensusPlan) -> str:

@@ -53,14 +53,6 @@ class TtftHardware:
     speed_reference_ms: float | None = None
     line: int | None = None
 
-    def fits(self, cpu_name: str, cpu_count: int, cpu_isa: tuple[str, ...] | None) -> bool:
-        """``cpu_isa``: the machine's CPU_ISA_EXTENSIONS; None (not recorded) never fits a binding that names them."""
-        if self.cpu_model_regex is not None and not re.search(self.cpu_model_regex, cpu_name or ""):
-            return False
-        if self.cpu_isa is not None and (cpu_isa is None or set(cpu_isa) != set(self.cpu_isa)):
-            return False
-        return self.cpu_count is None or self.cpu_count[0] <= cpu_count <= self.cpu_count[1]
-
     def describe(self) -> str:
         parts = []
         if self.cpu_model_regex is not None:
@@ -157,13 +149,6 @@ class EngineArgs:
     def bf16_replaced(self) -> bool:
         """True when on_cpu swapped bfloat16 for dtype_without_native_bf16."""
         return bf16_replaced(self.as_dict())
-
-    def on_cpu(self, native_bf16: bool) -> EngineArgs:
-        """The engine as it runs on a CPU with or without native bf16."""
-        if self.dtype == "bfloat16" and not native_bf16 and self.dtype_without_native_bf16:
-            return replace(self, dtype=self.dtype_without_native_bf16)
-        return self
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -337,26 +322,6 @@ class Profile:
             return ("ttft_ms",)
         return ("modes", self.engine.mode, "ttft_ms")
 
-    def on_cpu(self, native_bf16: bool, amx: bool = False) -> Profile:
-        """This profile as it runs on a CPU with or without native bf16 and AMX: the engine's dtype
-        (``engine.dtype_without_native_bf16``) and the census baseline counted with the same kernels
-        (``census.baseline_without_native_bf16``, ``census.baseline_with_amx``)."""
-        engine = self.engine.on_cpu(native_bf16)
-        census = self.census
-        if census is not None and engine is not self.engine and census.baseline_without_native_bf16 is not None:
-            census = replace(census, baseline=census.baseline_without_native_bf16)
-        elif census is not None and amx and engine.dtype in AMX_DTYPES:
-            if census.baseline_with_amx is not None:
-                census = replace(census, baseline=census.baseline_with_amx)
-            else:
-                census = replace(census, not_judged=(
-                    f"this CPU has AMX, where vLLM runs small {engine.dtype} GEMMs on AMX kernels, and "
-                    f"{census.baseline.name} was counted on a CPU without it (other functions, other calls); "
-                    "give the profile `census.baseline_with_amx: FILE` and write it from this run"))
-        if engine is self.engine and census is self.census:
-            return self
-        return replace(self, engine=engine, census=census)
-
     def with_engine_mode(self, mode: str | None) -> Profile:
         """This profile measured in ``mode`` (``--engine-mode``): its engine runs that way and its
         TTFT budgets are that mode's. No budgets for the mode is a config error, never a
@@ -440,15 +405,3 @@ def resolve_model(model: str) -> str:
     if model.startswith(EMBEDDED_PREFIX):
         return str(Path(__file__).parents[1] / "models" / model[len(EMBEDDED_PREFIX):])
     return model
-
-
-def ttft_hardware_problem(profile: Profile, cpu: str, cpu_count: int, isa: tuple[str, ...] | None) -> str | None:
-    """Why this CPU is not the one the profile's TTFT budgets were measured on; None: it is (or
-    the budgets are not bound to a CPU). Not a reason to reject the run: op counts are judged on
-    any machine the profile matches, only the absolute TTFT budgets are not."""
-    bound = profile.ttft_hardware
-    if bound is None or not profile.ttft_ms or bound.fits(cpu, cpu_count, isa):
-        return None
-    # the binding, not provenance.hardware: a hand-edited binding must not be described by stale provenance
-    machine = f"{cpu} ({cpu_count} cores, {describe_isa(isa)})" if bound.cpu_isa is not None else f"{cpu} ({cpu_count} cores)"
-    return f"budget measured on {bound.describe()}; this machine is {machine}"

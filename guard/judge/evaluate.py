@@ -15,7 +15,7 @@ from pathlib import Path
 from guard.model import format as fmt
 from guard.config import recipes
 from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile
-from guard.config.budgets import ttft_hardware_problem
+from guard.measure.fit import census_against_bf16, ran_bf16_fallback, ttft_not_judged
 from guard.config.census import Baseline
 from guard.files import person_path, recorded_as_person_path
 from guard.judge.census import CensusJudgement, judge
@@ -30,14 +30,6 @@ from guard.judge.rules import judge_ttft
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 
 
-def ttft_not_judged(profile: Profile, env: Environment) -> str | None:
-    """Why the profile's absolute TTFT budgets are not judged on the recorded machine (their
-    ``budgets.ttft_hardware`` is another CPU); None: they are judged."""
-    if not profile.ttft_ms or env.cpu is None:
-        return None
-    return ttft_hardware_problem(profile, env.cpu, env.cpu_count or 0, env.cpu_isa)
-
-
 def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
     samples = run.ttft_client_s()
     if not samples:
@@ -49,16 +41,6 @@ def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
     if why:  # measured and shown, never counted: the budget belongs to another CPU
         checks = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=f"not judged: {why}") for c in checks]
     return checks
-
-
-def ran_bf16_fallback(env: Environment) -> bool:
-    """The recorded engine ran its ``dtype_without_native_bf16`` in place of bfloat16 (EngineArgs.on_cpu)."""
-    return env.engine_args is not None and env.engine_args.bf16_replaced
-
-
-def census_against_bf16(profile: Profile, env: Environment) -> bool:
-    """A float32 run's census judged against a bfloat16 baseline (no ``census.baseline_without_native_bf16``)."""
-    return ran_bf16_fallback(env) and profile.census is not None and profile.census.baseline_without_native_bf16 is None
 
 
 def dtype_notices(profile: Profile, env: Environment) -> list[str]:

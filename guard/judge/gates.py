@@ -13,7 +13,8 @@ import math
 from collections.abc import Sequence
 
 from guard.config.budgets import Profile
-from guard.measure.hardware import Hardware, mismatch
+from guard.measure.hardware import Hardware
+from guard.measure.fit import mismatch
 from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState, SpeedReference
 from guard.model.results import Status, TtftCheck
 

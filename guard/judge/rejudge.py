@@ -21,7 +21,8 @@ from guard.model.results import ABRecord
 from guard.config.budgets import Profile, Thresholds
 from guard.config.census import read_baseline
 from guard.errors import UsageError
-from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
+from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr
+from guard.measure.fit import as_it_ran
 from guard.model.results import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck
 from guard.sanitize import one_line
 
@@ -110,7 +111,7 @@ def judged_profile(run: RunRecord, thresholds: Thresholds, *, source: str) -> Pr
         raise UsageError(f"{source}: measured model '{one_line(run.model, 60)}', but {thresholds.path} is "
                          f"for '{thresholds.model}'; refusing to post")
     env = run.environment  # judged as it ran: float32 and its census, or AMX's census
-    profile = profile.on_cpu(native_bf16=not ran_bf16_fallback(env), amx=env.ran_on_amx)
+    profile = as_it_ran(profile, env)
     return profile.with_engine_mode(run.environment.engine_mode)
 
 

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from guard import __version__
-from guard.config.budgets import (CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, Thresholds, describe_isa,
-                                  ttft_hardware_problem)
-from guard.errors import InvalidRunError
-from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState, has_amx
+from guard.config.budgets import CPU_ISA_EXTENSIONS, NATIVE_BF16_EXTENSIONS, Profile, describe_isa
+from guard.measure.fit import mismatch, ttft_hardware_problem
+from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState
 
 
 @dataclass(frozen=True)
@@ -206,27 +205,6 @@ def detect(quick: bool = False) -> Hardware:
     return _cpu_hardware(cuda=cuda, gpu_name=gpu, cuda_problem=problem)
 
 
-def mismatch(profile: Profile, hw: Hardware) -> str | None:
-    """Why this machine is not the profile's hardware, or None when it fits."""
-    if profile.match.cuda and not hw.cuda:
-        if hw.cuda_problem:
-            return f"profile '{profile.name}' needs a CUDA device; this machine has an NVIDIA GPU, but {hw.cuda_problem}"
-        return f"profile '{profile.name}' needs a CUDA device; this machine has none"
-    if not profile.match.cuda and hw.cuda:
-        return f"profile '{profile.name}' is for machines without CUDA; this one has {hw.gpu_name}"
-    if profile.match.gpu_name_regex and not re.search(profile.match.gpu_name_regex, hw.gpu_name or ""):
-        return f"profile '{profile.name}' wants a GPU matching /{profile.match.gpu_name_regex}/; this one is {hw.gpu_name}"
-    return bf16_problem(profile, hw)
-
-
-def bf16_problem(profile: Profile, hw: Hardware) -> str | None:
-    """Why a profile with ``engine.requires_native_bf16`` cannot run on this CPU; None when it can."""
-    if hw.cuda or hw.native_bf16 or not profile.engine.requires_native_bf16:
-        return None
-    return (f"profile '{profile.name}' needs a CPU with native bf16 (engine.requires_native_bf16; one of "
-            f"{', '.join(NATIVE_BF16_EXTENSIONS)}); this CPU has {describe_isa(hw.cpu_isa)}")
-
-
 _REGEX_SPECIAL = re.compile(r"([.^$*+?()\[\]{}|\\])")
 
 
@@ -241,31 +219,6 @@ def ttft_hardware_for(env: Environment) -> dict[str, Any] | None:
     if env.cpu_isa is not None:  # None: recorded by a guard that did not look
         binding["cpu_isa"] = list(env.cpu_isa)
     return binding
-
-
-def select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:
-    """`auto`: the first profile whose hardware fits. A named profile must fit too: numbers
-    measured on other hardware would be judged against the wrong budget (invalid, exit 3).
-    The profile comes back as its engine runs here (``Profile.on_cpu``)."""
-    profile = _select_profile(thresholds, requested, hw)
-    return profile if hw.cuda else profile.on_cpu(hw.native_bf16, amx=has_amx(hw.cpu_isa))
-
-
-def _select_profile(thresholds: Thresholds, requested: str, hw: Hardware) -> Profile:
-    if requested != "auto":
-        profile = thresholds.profile(requested)
-        why = mismatch(profile, hw)
-        if why:
-            raise InvalidRunError(f"hardware does not match: {why}")
-        return profile
-    if hw.cuda_problem:  # never measure a GPU machine on a CPU profile without saying so: ask for it by name
-        raise InvalidRunError(f"this machine has an NVIDIA GPU that CUDA cannot use: {hw.cuda_problem}",
-                              hint="fix CUDA, or pass --profile cpu to measure on the CPU on purpose")
-    for profile in thresholds.profiles.values():
-        if mismatch(profile, hw) is None:
-            return profile
-    raise InvalidRunError(f"no hardware profile in {thresholds.path} matches this machine ({hw.describe()})",
-                          hint=f"profiles: {', '.join(thresholds.profiles)}")
 
 
 def _version(dist: str) -> str | None:
