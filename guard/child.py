@@ -29,18 +29,14 @@ def open_run(spec: RunSpec, progress: Callable[[str], None]):
     lazily), the timing pass's stopping rule the profile's own (guard.judge.rules.stopping_rule)."""
     from guard.config.loading import load_thresholds
     from guard.judge.rules import stopping_rule
+    from guard.measure.harness import profile_to_run
     from guard.measure.hardware import detect
-    from guard.measure.fit import select_profile
     from guard.measure.run import GuardRun
 
     thresholds = load_thresholds(spec.thresholds)
+    # the parent chose the profile by name; here it is checked again on the machine as torch sees it
     hw = detect()
-    profile = select_profile(thresholds, spec.profile, hw).with_engine_mode(
-        "server" if spec.server_url else spec.engine_mode)
-    if not spec.server_url:  # a remote server loaded whatever it loaded; guard names what it starts
-        from guard.config.weights import hub_resolver, pin
-
-        profile = pin(profile, hub_resolver(download=False))  # a moving revision measured as one commit
+    profile = profile_to_run(thresholds, spec.profile, hw, engine_mode=spec.engine_mode, server_url=spec.server_url)
     return GuardRun(thresholds, profile, hw, Path(spec.output), progress=progress, injected=spec.inject,
                     traces=spec.traces, server_url=spec.server_url, rule=stopping_rule(profile))
 

@@ -694,7 +694,7 @@ def test_a_relative_baseline_python_is_made_absolute_before_the_worker_moves(tmp
     monkeypatch.chdir(tmp_path)
     args = argparse.Namespace(inject=None, baseline="venv/bin/python", fresh_baseline=False, server_url=None,
                               output="guard-results")
-    check_arguments(args)
+    args = check_arguments(args)
     assert args.baseline == str(venv / "python") and os.path.islink(args.baseline)
 
 

@@ -258,7 +258,7 @@ def test_fresh_baseline_needs_a_baseline():
     with pytest.raises(UsageError, match="--fresh-baseline"):
         check_arguments(argparse.Namespace(inject=None, baseline=None, fresh_baseline=True, server_url=None, output="o"))
     args = argparse.Namespace(inject=None, baseline=sys.executable, fresh_baseline=True, server_url=None, output="o")
-    check_arguments(args)
+    args = check_arguments(args)
     assert os.path.isabs(args.baseline)
 
 

@@ -23,9 +23,8 @@ from guard.errors import ConfigError, UsageError
 from guard.measure.mutants import INJECTABLE
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate
 from guard.config.census import read_baseline
-from guard.measure.harness import record_suite
+from guard.measure.harness import profile_to_run, record_suite
 from guard.measure.hardware import detect
-from guard.measure.fit import select_profile
 from guard.judge.opnames import check_op_names
 from guard.model.results import Measures
 from guard.files import prepare_output
@@ -93,8 +92,10 @@ def _server_url(text: str) -> str:
     return f"{parts.scheme.lower()}://{host}" + (f":{port}" if port is not None else "")
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """Usage errors (exit 2) before a minute is spent."""
+def check_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """Usage errors (exit 2) before a minute is spent; the arguments back as the run uses them
+    (--server-url normalised, --baseline absolute), ``args`` itself unchanged."""
+    args = argparse.Namespace(**vars(args))
     if args.inject is not None and args.inject not in (LEGACY_MASK, *INJECTABLE):
         try:
             parse_inject(args.inject)
@@ -124,25 +125,24 @@ def check_arguments(args: argparse.Namespace) -> None:
         # absolute, as found from here (the worker runs in the output folder); not resolved: a
         # venv's python is a symlink, and following it would leave the venv
         args.baseline = os.path.abspath(found)
+    return args
 
 
 def run(args: argparse.Namespace) -> int:
+    args = check_arguments(args)  # usage errors once, before any model runs
     if getattr(args, "model", None) is not None:
-        check_arguments(args)  # usage errors once, before any model runs
         return run_models(args, _run_one, "check")
     return _run_one(args)
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    check_arguments(args)
     thresholds = load_thresholds(args.thresholds)
     hw = detect(quick=True)  # the suite's own detection (with torch) is recorded and re-checked
     if args.baseline is not None and (args.server_url or args.engine_mode == "server"):
         raise UsageError("A/B mode (--baseline) runs both engines in-process; it cannot be combined with server mode")
     if args.server_url and args.engine_mode == "in-process":
         raise UsageError("--server-url measures a server; it cannot be combined with --engine-mode in-process")
-    profile = select_profile(thresholds, args.profile, hw).with_engine_mode(
-        "server" if args.server_url else args.engine_mode)
+    profile = profile_to_run(thresholds, args.profile, hw, engine_mode=args.engine_mode, server_url=args.server_url)
     if args.inject and profile.engine.mode == "server":
         raise UsageError("--inject changes the in-process engine; a server runs its own copy of vLLM",
                          hint="prove the canary with `guard selftest`, or run `guard check --engine-mode in-process --inject ...`")

@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
+from guard.config.weights import hub_resolver, pin
 from guard.errors import InvalidRunError
 from guard.files import clear_run_files
+from guard.measure.fit import Machine, select_profile
 from guard.model.environment import Environment
 from guard.model.results import InvalidReason, Measures, ReasonKind, RunRecord, load_run, write_json_atomic
 
@@ -148,6 +150,16 @@ def empty_record(profile: Profile, thresholds: Thresholds, **fields) -> RunRecor
     """A run record with no measurements: what a run that wrote none, or never started, leaves."""
     return RunRecord(profile=profile.name, thresholds_path=thresholds.recorded_path, model=thresholds.model,
                      environment=Environment(), **fields)
+
+
+def profile_to_run(thresholds: Thresholds, requested: str, machine: Machine, *, engine_mode: str | None,
+                   server_url: str | None) -> Profile:
+    """The profile a run measures, worked out the one way for the command that starts the run and
+    the child that runs it: the profile that fits the machine, as it runs there
+    (guard.measure.fit), in the engine mode asked for, its moving model revision pinned to the
+    commit in the local cache (a remote server loaded whatever it loaded: nothing to pin)."""
+    profile = select_profile(thresholds, requested, machine).with_engine_mode("server" if server_url else engine_mode)
+    return profile if server_url else pin(profile, hub_resolver(download=False))
 
 
 def record_suite(thresholds: Thresholds, profile: Profile, output: Path, *, measures: Measures = Measures.BOTH,
