@@ -7,7 +7,7 @@ verdict with it. It reads the run's spec (guard.measure.harness.RunSpec), runs o
 run, the full record at the end.
 
 An edge, like a command: it builds the timing pass's stopping rule from the judge stage
-(guard.judge.rules.stopping_rule) and hands it to the run stage, which never imports the judge.
+(guard.judge.sequential.single_run_rule) and hands it to the run stage, which never imports the judge.
 
 Exit status: 0 the record was written (whatever it says), 2 interrupted (Ctrl-C / SIGINT; the
 record was still written), 1 an unexpected error (traceback on stderr; the last checkpoint stays).
@@ -26,9 +26,9 @@ from guard.model.results import InvalidReason, ReasonKind, RunRecord, run_file_d
 
 def open_run(spec: RunSpec, progress: Callable[[str], None]):
     """The spec's GuardRun: budgets loaded, hardware matched, the engine side chosen (it starts
-    lazily), the timing pass's stopping rule the profile's own (guard.judge.rules.stopping_rule)."""
+    lazily), the timing pass's stopping rule the profile's own (guard.judge.sequential.single_run_rule)."""
     from guard.config.budgets import load_thresholds
-    from guard.judge.rules import stopping_rule
+    from guard.judge.sequential import single_run_rule
     from guard.measure.hardware import detect, select_profile
     from guard.measure.run import GuardRun
 
@@ -41,7 +41,7 @@ def open_run(spec: RunSpec, progress: Callable[[str], None]):
 
         profile = pin(profile, hub_resolver(download=False))  # a moving revision measured as one commit
     return GuardRun(thresholds, profile, hw, Path(spec.output), progress=progress, injected=spec.inject,
-                    traces=spec.traces, server_url=spec.server_url, rule=stopping_rule(profile))
+                    traces=spec.traces, server_url=spec.server_url, rule=single_run_rule(profile))
 
 
 def say(message: str) -> None:

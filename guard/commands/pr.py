@@ -182,13 +182,13 @@ def _run_one(args: argparse.Namespace) -> int:
             return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, _named(args, in_repo))
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
-        from guard.judge.ab import stopping_rule
+        from guard.judge.sequential import ab_run_rule
         from guard.measure.run import run_ab
 
         say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
         rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
                      progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh,
-                     candidate_python=str(envs["head"].python), rule=stopping_rule(profile))
+                     candidate_python=str(envs["head"].python), rule=ab_run_rule(profile))
     results = evaluate_pr(profile, rec, pr, guard_version=__version__, output=output,
                           census_baseline=read_baseline(profile.census))
     results = _with_function_changes(results, repo, base, head)

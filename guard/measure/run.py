@@ -14,7 +14,7 @@ reference, GPU state), the profile pass per side and checkpoints. Two shapes of 
   images on both sides; measured blocks in ABBA order (``block_order``; why: guard.judge.ab), the idle side's
   process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
   measured by the same loop as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
-  pairs; the rule: guard.judge.ab.stopping_rule). The baseline side's profile pass is read from
+  pairs; the rule: guard.judge.sequential.ab_run_rule). The baseline side's profile pass is read from
   guard.measure.opcache when this baseline environment was profiled before.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
@@ -46,7 +46,7 @@ from guard.errors import InvalidRunError
 from guard.files import cache_root
 from guard.measure.hardware import Hardware, fingerprint
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
-from guard.measure.stopping import StoppingRule, measure_until_decided
+from guard.measure.stopping import StoppingRule, sample_until_decided
 from guard.model.environment import Environment, OpCountsCacheNote, SpeedReference, WorkerReading, busy
 from guard.model.readings import size as size_key, total_calls
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
@@ -71,8 +71,8 @@ class RunStage:
     """The run stage over ``sides`` (name -> side, in their warm-up order), each recorded into
     ``records[name]``. The first side's record holds the run's own invalid reasons. ``rule``: when
     the timing pass has measured enough (guard.measure.stopping), the verdict's own rule, which the
-    caller builds (guard.judge.rules.stopping_rule, guard.judge.ab.stopping_rule); a run that
-    only profiles needs none."""
+    caller builds (guard.judge.sequential.single_run_rule, guard.judge.sequential.ab_run_rule); a
+    run that only profiles needs none."""
 
     def __init__(self, profile: Profile, output: Path, sides: dict[str, EngineSide], records: dict[str, RunRecord],
                  progress: Callable[[str], None] = print, traces: str = TRACES_ON_FAILURE,
@@ -313,16 +313,18 @@ class RunStage:
         """What the budgets judge: one side's TTFT samples (seconds), or two sides' paired ratios."""
         return self.ratios() if self.paired else self.own.ttft_client_s()
 
-    def measure_until_decided(self) -> None:
-        """The workload's measured requests, then more batches while a budgeted percentile's interval
-        straddles its budget, by ``rule`` (the verdict's own, so the two agree): TTFT against
-        absolute budgets for one side, the paired ratio against ratio budgets for two."""
+    def time_until_decided(self) -> None:
+        """The timing pass's measured rounds: the workload's measured requests, then more batches while
+        a budgeted percentile's interval straddles its budget, by ``rule`` (the verdict's own, so the
+        two agree; guard.measure.stopping.sample_until_decided asks it): TTFT against absolute budgets
+        for one side, the paired ratio against ratio budgets for two. Around them, what the machine
+        did meanwhile: contention, GPU state, the speed reference."""
         from guard.measure.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
 
         given = self.rule
         if given is None:
-            raise TypeError("the timing pass needs its stopping rule: pass rule= (guard.judge.rules.stopping_rule, "
-                            "guard.judge.ab.stopping_rule)")
+            raise TypeError("the timing pass needs its stopping rule: pass rule= (guard.judge.sequential.single_run_rule, "
+                            "guard.judge.sequential.ab_run_rule)")
         env = self.own.environment
         rule: StoppingRule | None = given
 
@@ -362,7 +364,7 @@ class RunStage:
         before = reference.speed_reading()
         self.contention.start()
         with sampler:
-            measure_until_decided(rule, self.profile.workload.requests, measure, on_undecided=say, keep_going=keep_going)
+            sample_until_decided(rule, self.profile.workload.requests, measure, on_undecided=say, keep_going=keep_going)
         reading = self.contention.stop()
         env.cpu_contention = reading
         if reading:
@@ -461,8 +463,8 @@ class GuardRun(RunStage):
     """One side: ``side`` (tests: a scripted engine), by default the profile's engine mode's: the
     in-process vLLM engine, a managed ``vllm serve``, or with ``server_url`` a running server.
     Every side starts lazily, at its first request. ``environment``: the fingerprint to record; by
-    default this machine's. ``rule``: the timing pass's stopping rule (guard.judge.rules.stopping_rule
-    of this profile); a run that only profiles needs none."""
+    default this machine's. ``rule``: the timing pass's stopping rule
+    (guard.judge.sequential.single_run_rule of this profile); a run that only profiles needs none."""
 
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                  progress: Callable[[str], None] = print, injected: str | None = None,
@@ -515,7 +517,7 @@ class GuardRun(RunStage):
 class ABRun(RunStage):
     """Two worker sides: the candidate in ``candidate_python`` (default guard's own interpreter;
     ``guard pr`` passes head's), the baseline in ``baseline_python``; ``sides``: others (tests).
-    ``rule``: the timing pass's stopping rule (guard.judge.ab.stopping_rule of this profile)."""
+    ``rule``: the timing pass's stopping rule (guard.judge.sequential.ab_run_rule of this profile)."""
 
     def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
                  progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
@@ -658,7 +660,7 @@ def timing_pass(run: GuardRun) -> list[InvalidReason]:
     if warm and not any(o.success for o in warm):  # a server that hangs would cost every round its timeout
         return [InvalidReason(ReasonKind.REQUEST_FAILED, f"every warm-up request failed, first: {warm[0].error}; "
                               "nothing was measured")]
-    run.measure_until_decided()
+    run.time_until_decided()
     record, want = run.record, run.profile.workload.requests
     failed = [o for o in record.measured if not o.success]
     samples = record.ttft_client_s()
@@ -698,7 +700,7 @@ def run_side(run: GuardRun, measures: Measures) -> RunRecord:
 def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
            progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
            candidate_python: str | None = None, *, rule: StoppingRule) -> ABRecord:
-    """The whole A/B run stage, measuring pairs until ``rule`` (guard.judge.ab.stopping_rule of
+    """The whole A/B run stage, measuring pairs until ``rule`` (guard.judge.sequential.ab_run_rule of
     ``profile``) has decided. A side that fails makes the record invalid (its reason is kept),
     never raises past here: evaluation turns the record into the verdict."""
     with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline,
@@ -707,7 +709,7 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
             run.start()
             if run.timed:
                 run.warm_up()
-                run.measure_until_decided()
+                run.time_until_decided()
             # an op-count pass warms each size it profiles, and only on the sides it profiles: a
             # baseline whose counts are cached sends no request at all
             if profile.has_op_count_pass:
