@@ -1,7 +1,7 @@
 """How sensitive is the A/B verdict, and how does it compare with the absolute one? Not a test.
 
 1. Pools. Paired TTFT samples recorded once with two live engines through guard's own A/B run
-   stage (guard.measure.run.run_ab: two workers, warm-up, ABBA blocks, same image per pair), cached
+   stage (guard.measure.ab_run.run_ab: two workers, warm-up, ABBA blocks, same image per pair), cached
    in JSON files: ``--pool`` with identical sides (the baseline is ``--baseline PYTHON``, by
    default this interpreter), ``--slow-pool`` with the candidate slowed by
    ``--inject slow-encoder:5%``. An existing pool file is reused; no engine is started.
@@ -46,7 +46,7 @@ POOL_SCHEMA = "guard/ab-pool"
 
 # ----------------------------------------------------------------------------- pools
 def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> None:
-    from guard.measure.run import run_ab
+    from guard.measure.ab_run import run_ab
     from guard.measure.hardware import detect, select_profile
 
     thresholds = load_thresholds(args.thresholds)

@@ -42,7 +42,7 @@ def main() -> int:
     from guard.model.readings import total_calls
     from guard.measure.hardware import detect, select_profile
     from guard.measure.probes import profile_request, save_events
-    from guard.measure.run import GuardRun
+    from guard.measure.single_run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()

@@ -1,7 +1,7 @@
 """How sensitive is guard's TTFT verdict? Detection and false-alarm rates, measured. Not a test.
 
 1. Pool. Real TTFT samples of one profile (default: cpu), recorded once with the live engine
-   through guard.measure.run.GuardRun (one warm-up, then --pool-size measured requests) and cached in
+   through guard.measure.single_run.GuardRun (one warm-up, then --pool-size measured requests) and cached in
    the --pool JSON file; an existing pool file is reused and no engine is started.
 2. Simulation. Each trial bootstraps a run from the pool: ``workload.requests`` samples drawn with
    replacement, then, while any budgeted percentile is inconclusive, ``statistics.batch`` more up
@@ -158,7 +158,7 @@ def render_table(cells: Sequence[Cell], pool: Sequence[float], profile: Profile,
 # ----------------------------------------------------------------------------- live engine
 def start_run(thresholds_path: str, profile_name: str, output: Path):
     from guard.measure.hardware import detect, select_profile
-    from guard.measure.run import GuardRun
+    from guard.measure.single_run import GuardRun
 
     thresholds = load_thresholds(thresholds_path, require_decidable=False)  # a simulation studies any rule
     hw = detect()

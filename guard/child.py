@@ -3,7 +3,7 @@
 ``guard check``, ``guard selftest``, each side of ``guard pr`` and each revision of ``guard bisect``
 start this (guard.measure.harness), so that an engine that crashes or is OOM-killed cannot take the
 verdict with it. It reads the run's spec (guard.measure.harness.RunSpec), runs one side
-(guard.measure.run.run_side) and leaves ``run.json`` in the output folder: checkpoints during the
+(guard.measure.single_run.run_side) and leaves ``run.json`` in the output folder: checkpoints during the
 run, the full record at the end.
 
 An edge, like a command: it builds the timing pass's stopping rule from the judge stage
@@ -30,7 +30,7 @@ def open_run(spec: RunSpec, progress: Callable[[str], None]):
     from guard.config.budgets import load_thresholds
     from guard.judge.sequential import single_run_rule
     from guard.measure.hardware import detect, select_profile
-    from guard.measure.run import GuardRun
+    from guard.measure.single_run import GuardRun
 
     thresholds = load_thresholds(spec.thresholds)
     hw = detect()
@@ -50,7 +50,7 @@ def say(message: str) -> None:
 
 def run_child(argv: list[str]):
     """The run, recorded into run.json; (exit status, the finished run: still holding its engine)."""
-    from guard.measure.run import run_side
+    from guard.measure.single_run import run_side
 
     spec = RunSpec.read(Path(argv[0]))
     run = open_run(spec, say)

@@ -379,7 +379,7 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     start nothing will use, the reason names the baseline's python with advice about that
     environment (not guard's `uv sync`), and the baseline side shows no versions borrowed from
     guard's own environment."""
-    from guard.measure.run import run_ab
+    from guard.measure.ab_run import run_ab
     from guard.measure.hardware import detect
     from tests.conftest import SHIPPED_THRESHOLDS
 
@@ -837,7 +837,7 @@ def _straddling(n=100):
 
 
 def _ab_run(tmp_path, ab_profile):
-    from guard.measure.run import ABRun
+    from guard.measure.ab_run import ABRun
     from guard.measure.hardware import detect
 
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
@@ -1070,7 +1070,7 @@ def test_two_sides_run_through_the_one_stage_abba_with_the_idle_side_stopped(tmp
     on the same image, and judging finds a vacuous op budget on
     both sides' records."""
     from guard.measure.hardware import detect
-    from guard.measure.run import ABRun
+    from guard.measure.ab_run import ABRun
     from tests.conftest import SHIPPED_THRESHOLDS
 
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=4, concurrency=1,
@@ -1114,7 +1114,7 @@ def test_an_op_only_run_whose_baseline_pass_is_cached_never_starts_the_baseline_
     profiled; its counts come from the cache. With the entry gone, the same run starts it."""
     from guard.measure import opcache
     from guard.measure.hardware import detect
-    from guard.measure.run import ABRun
+    from guard.measure.ab_run import ABRun
     from guard.model.results import RunRecord
     from tests.conftest import SHIPPED_THRESHOLDS
 

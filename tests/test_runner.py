@@ -1,4 +1,5 @@
-"""guard.measure.run: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
+"""guard.measure.run and guard.measure.single_run: the run stage's resampling and failure handling,
+driven by a scripted driver (no engine)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from guard.judge.sequential import single_run_rule
 from guard.measure.hardware import Hardware
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.measure.inprocess import InProcessSide
-from guard.measure.run import GuardRun
+from guard.measure.single_run import GuardRun
 from guard.measure.side import SideInfo
 from guard.measure.speedref import WORKLOAD, SpeedReading
 from tests.ttft_scenarios import CPU_ENV, budgeted
@@ -294,7 +295,7 @@ def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thre
     never entered, so its "0 calls" would prove nothing. The profile pass records why, the verdict
     is invalid (exit 3), and the terminal says which budget."""
     from guard.measure.probes import load_events
-    from guard.measure.run import run_side
+    from guard.measure.single_run import run_side
     from guard.model.results import Measures
     from guard.report.terminal import render_terminal
     from tests.test_probes import FIXTURES, MASK
@@ -320,7 +321,7 @@ def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thre
 def test_a_run_whose_every_warm_up_failed_measures_nothing(thresholds, cpu, tmp_path):
     """A server that hangs costs each request its timeout (600 s): with every warm-up failed, the
     timing pass stops there and says why, instead of spending every round on it."""
-    from guard.measure.run import timing_pass
+    from guard.measure.single_run import timing_pass
 
     warmups = cpu.workload.warmup_requests
     assert warmups >= 1

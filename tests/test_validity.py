@@ -19,7 +19,7 @@ from guard.measure.hardware import Hardware, fingerprint, read_gpu_state
 from guard.model.environment import GpuProcess, GpuSnapshot, GpuState
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.measure.contention import ContentionSampler
-from guard.measure.run import GuardRun
+from guard.measure.single_run import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
 CPU_HW = Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2)
@@ -281,7 +281,7 @@ def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):
 
 def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monkeypatch, tmp_path):
     start = snap()
-    monkeypatch.setattr("guard.measure.run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
+    monkeypatch.setattr("guard.measure.single_run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
     monkeypatch.setattr("guard.measure.hardware.read_gpu_state", lambda: GpuSnapshot.from_dict(snap(reasons=["hw_slowdown"])))
 
     from tests.test_runner import ScriptedSide

@@ -178,9 +178,9 @@ def _run_one(args: argparse.Namespace) -> int:
 
 
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
-    """A/B mode: both engines here, in alternation (guard.measure.run), judged by guard.judge.evaluate.evaluate_ab."""
+    """A/B mode: both engines here, in alternation (guard.measure.ab_run), judged by guard.judge.evaluate.evaluate_ab."""
     from guard.judge.sequential import ab_run_rule
-    from guard.measure.run import run_ab
+    from guard.measure.ab_run import run_ab
     from guard.judge.evaluate import evaluate_ab
     from guard.measure.hardware import detect
 

@@ -183,7 +183,7 @@ def _run_one(args: argparse.Namespace) -> int:
         rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
     else:
         from guard.judge.sequential import ab_run_rule
-        from guard.measure.run import run_ab
+        from guard.measure.ab_run import run_ab
 
         say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
         rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),

@@ -1,7 +1,7 @@
 """A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
 
 No I/O and no engine: evaluation judges the pairs (``guard.model.results.pairs``) with
-``decide_ratio``; ``guard.measure.run`` measures until ``undecided_ratios`` is empty (by
+``decide_ratio``; ``guard.measure.ab_run`` measures until ``undecided_ratios`` is empty (by
 guard.judge.sequential.ab_run_rule, which the run's caller passes in).
 
 Schedule (``guard.measure.run.block_order``, the run stage's own)

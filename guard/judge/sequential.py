@@ -4,10 +4,10 @@ The run stage measures until the verdict's own rule has decided (guard.measure.s
 over the ``StoppingRule`` interface it declares) and is given that rule rather than importing the
 judge. This module builds it, one kind for both shapes, so what the run measures and what the
 verdict then judges cannot disagree:
-- ``single_run_rule``: one side's run (guard.measure.run.GuardRun), its TTFT samples against the
+- ``single_run_rule``: one side's run (guard.measure.single_run), its TTFT samples against the
   profile's absolute budgets at ``statistics`` (``guard.judge.rules.undecided``; the verdict:
   ``judge_ttft``);
-- ``ab_run_rule``: two sides' run (guard.measure.run.ABRun), their paired ratios against the ratio
+- ``ab_run_rule``: two sides' run (guard.measure.ab_run), their paired ratios against the ratio
   budgets at A/B's levels and batches (``guard.judge.ab.undecided_ratios``; the verdict:
   ``judge_ratio``).
 
