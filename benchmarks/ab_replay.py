@@ -2,9 +2,10 @@
 
 A live run stops where its own rule decided; a changed rule (another interval, another batch)
 would have stopped elsewhere on the same pairs. This replays each run's recorded pairs through
-the profile's A/B rule through the run stage's own loop (guard.measure.stopping.measure_until_decided:
-``workload.requests`` pairs, then ``ab.batch`` more while a ratio budget is undecided, up to
-``statistics.max_requests``; then guard.judge.ab.judge_ratio) and prints, per run, the verdict and the
+the profile's A/B rule (guard.judge.sequential.ab_run_rule) through the run stage's own loop
+(guard.measure.stopping.sample_until_decided: ``workload.requests`` pairs, then ``ab.batch`` more
+while a ratio budget is undecided, up to ``statistics.max_requests``; then
+guard.judge.ab.judge_ratio) and prints, per run, the verdict and the
 pairs the rule needed, or "needs more" when the recorded run stopped before the rule would have.
 The wall time a run would have taken is its recorded wall time minus the requests it would not
 have measured (their TTFTs, both sides).
@@ -21,10 +22,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guard.judge.ab import judge_ratio, stopping_rule
+from guard.judge.ab import judge_ratio
+from guard.judge.sequential import ab_run_rule
 from guard.config.loading import load_thresholds
 from guard.model.results import Pair, Status
-from guard.measure.stopping import measure_until_decided
+from guard.measure.stopping import sample_until_decided
 
 
 class _RecordingEnds(Exception):
@@ -47,7 +49,7 @@ def replay(pairs: Sequence[Pair], profile) -> tuple[str, int, bool]:
         return [p.ratio for p in new]
 
     try:
-        measure_until_decided(stopping_rule(profile), profile.workload.requests, measure)
+        sample_until_decided(ab_run_rule(profile), profile.workload.requests, measure)
     except _RecordingEnds:
         return "needs more", len(pairs), False
     checks = [judge_ratio(k, b, taken, rounds, stats)

@@ -1,14 +1,14 @@
 """How sensitive is the A/B verdict, and how does it compare with the absolute one? Not a test.
 
 1. Pools. Paired TTFT samples recorded once with two live engines through guard's own A/B run
-   stage (guard.measure.run.run_ab: two workers, warm-up, ABBA blocks, same image per pair), cached
+   stage (guard.measure.ab_run.run_ab: two workers, warm-up, ABBA blocks, same image per pair), cached
    in JSON files: ``--pool`` with identical sides (the baseline is ``--baseline PYTHON``, by
    default this interpreter), ``--slow-pool`` with the candidate slowed by
    ``--inject slow-encoder:5%``. An existing pool file is reused; no engine is started.
 2. Simulation. Each trial bootstraps a run from a pool: ``workload.requests`` pairs drawn with
    replacement, then ``ab.batch`` (default ``statistics.batch``) more while any ratio budget is undecided, up to
-   ``statistics.max_requests`` pairs, through the run stage's own loop (guard.measure.stopping.measure_until_decided
-   with guard.judge.ab's rule, undecided_ratios), judged by guard.judge.ab.judge_ratio. Rows:
+   ``statistics.max_requests`` pairs, through the run stage's own loop (guard.measure.stopping.sample_until_decided
+   with guard.judge.sequential.ab_run_rule: guard.judge.ab's undecided_ratios), judged by guard.judge.ab.judge_ratio. Rows:
    - the identical pool as recorded (false alarms), and with every ratio multiplied by 1 + s
      (a synthetic slowdown s: detection);
    - the slowed pool as recorded (detection of the real injected slowdown);
@@ -33,12 +33,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard.model import format as fmt
-from guard.judge.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, stopping_rule, undecided_ratios
+from guard.judge.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
 from guard.model.results import Pair, Status
 from guard.config.budgets import Profile
 from guard.config.loading import load_thresholds
-from guard.judge.rules import SequentialRule, judge_ttft, undecided
-from guard.measure.stopping import measure_until_decided
+from guard.judge.rules import judge_ttft, undecided
+from guard.judge.sequential import SequentialRule, ab_run_rule
+from guard.measure.stopping import sample_until_decided
 from guard.judge.stats import percentile
 
 POOL_SCHEMA = "guard/ab-pool"
@@ -46,7 +47,7 @@ POOL_SCHEMA = "guard/ab-pool"
 
 # ----------------------------------------------------------------------------- pools
 def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> None:
-    from guard.measure.run import run_ab
+    from guard.measure.ab_run import run_ab
     from guard.measure.hardware import detect
     from guard.measure.fit import select_profile
 
@@ -59,7 +60,7 @@ def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> Non
     out = args.output / (inject or "identical").replace(":", "-").replace("%", "pct")
     out.mkdir(parents=True, exist_ok=True)
     rec = run_ab(thresholds, profile, hw, out, args.baseline, inject=inject,
-                 progress=lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True), rule=stopping_rule(profile))
+                 progress=lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True), rule=ab_run_rule(profile))
     if rec.candidate.invalid_reasons:
         raise SystemExit("pool run invalid: " + "; ".join(rec.candidate.invalid_reasons))
     got = pairs(rec.candidate.outcomes, rec.baseline.outcomes)
@@ -105,7 +106,7 @@ def slowed(pool: Sequence[Pair], shift_pct: float) -> list[Pair]:
 
 # ----------------------------------------------------------------------------- simulation
 def _draw_until_decided(draw, first: int, stats, undecided_in) -> tuple[list, int]:
-    """One simulated run through the run stage's own loop (guard.measure.stopping.measure_until_decided),
+    """One simulated run through the run stage's own loop (guard.measure.stopping.sample_until_decided),
     ``draw(k)`` standing in for measuring k samples: (every sample, rounds)."""
     drawn: list = []
 
@@ -114,7 +115,7 @@ def _draw_until_decided(draw, first: int, stats, undecided_in) -> tuple[list, in
         drawn.append(new)
         return new
 
-    samples = measure_until_decided(SequentialRule(stats, undecided_in), first, measure)
+    samples = sample_until_decided(SequentialRule(stats, undecided_in), first, measure)
     return samples, len(drawn)
 
 

@@ -39,7 +39,7 @@ def main() -> int:
     settles = [float(x) for x in args.settle.split(",")]
 
     from guard.judge.ab import pairs
-    from guard.measure.run import ABRun
+    from guard.measure.ab_run import ABRun
     from guard.config.loading import load_thresholds
     from guard.measure.hardware import detect
     from guard.measure.fit import select_profile

@@ -13,7 +13,7 @@ the cap decides by the side of the midpoint the mean is on. sigma is not known a
 from the run's own pairs: their SD, or (``huber``) 1.4826 x their MAD with every log ratio
 clipped at 1.5 of it from their median, since single requests here run up to 45 % slow; either
 way at least the variant's floor (``VARIANTS``). Each variant is simulated on the shipped looks
-(guard.measure.stopping.measure_until_decided: ``workload.requests`` pairs, then ``ab.batch``, up to
+(guard.measure.stopping.sample_until_decided: ``workload.requests`` pairs, then ``ab.batch``, up to
 ``statistics.max_requests``) and bootstrap draws from recorded pools as
 benchmarks/ab_sensitivity.py draws them, beside the shipped rule on the same pools.
 
@@ -37,8 +37,8 @@ from ab_sensitivity import load_pool, simulate_ab, slowed  # noqa: E402
 from guard.config.budgets import Profile  # noqa: E402
 from guard.config.loading import load_thresholds
 from guard.model.results import Pair  # noqa: E402
-from guard.judge.rules import SequentialRule  # noqa: E402
-from guard.measure.stopping import measure_until_decided  # noqa: E402
+from guard.judge.sequential import SequentialRule  # noqa: E402
+from guard.measure.stopping import sample_until_decided  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -87,7 +87,7 @@ def simulate_sprt(pool: Sequence[Pair], profile: Profile, budget_pct: float, tes
 
     fails = total = 0
     for _ in range(trials):
-        xs = measure_until_decided(SequentialRule(profile.ab_statistics, undecided_in), profile.workload.requests, draw)
+        xs = sample_until_decided(SequentialRule(profile.ab_statistics, undecided_in), profile.workload.requests, draw)
         fails += sprt_decides(xs, budget_pct, test, at_cap=True)  # a crossed bound wins over the cap's midpoint
         total += len(xs)
     return fails / trials, total / trials

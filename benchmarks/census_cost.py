@@ -101,7 +101,7 @@ def main() -> int:
     from guard.measure.hardware import detect
     from guard.measure.fit import select_profile
     from guard.measure.probes import attribute, from_profiler
-    from guard.measure.run import GuardRun
+    from guard.measure.single_run import GuardRun
 
     thresholds = load_thresholds(args.thresholds)
     hw = detect()

@@ -1,12 +1,12 @@
 """How sensitive is guard's TTFT verdict? Detection and false-alarm rates, measured. Not a test.
 
 1. Pool. Real TTFT samples of one profile (default: cpu), recorded once with the live engine
-   through guard.measure.run.GuardRun (one warm-up, then --pool-size measured requests) and cached in
+   through guard.measure.single_run.GuardRun (one warm-up, then --pool-size measured requests) and cached in
    the --pool JSON file; an existing pool file is reused and no engine is started.
 2. Simulation. Each trial bootstraps a run from the pool: ``workload.requests`` samples drawn with
    replacement, then, while any budgeted percentile is inconclusive, ``statistics.batch`` more up
    to ``statistics.max_requests``, by the run stage's own loop and rule (guard.measure.stopping
-   with guard.judge.rules.stopping_rule), and every percentile judged by the verdict's
+   with guard.judge.sequential.single_run_rule), and every percentile judged by the verdict's
    (guard.judge.rules.judge_ttft). The budgets are
    placed relative to the pool's own percentiles: the true value s % above the budget
    (budget = true / (1 + s)) gives the detection rate (share of trials that FAIL), s % below
@@ -18,7 +18,7 @@
 3. --live-slowdown. With the live engine: measure clean TTFT, set the p50 budget just above it
    (clean p50 x (1 + --margin-pct)), then wrap the forward of every ``Qwen2Decoder2Encoder``
    module (the vision encoder) with a sleep worth --delay-pct of the clean TTFT, and run the real
-   run stage (GuardRun.measure_until_decided) and guard.judge.evaluate against that budget. It must FAIL.
+   run stage (GuardRun.time_until_decided) and guard.judge.evaluate against that budget. It must FAIL.
 
 Targets: >= 95 % detection at +3 %, <= 1 % false alarms at -3 %.
 
@@ -46,8 +46,9 @@ from guard.model import format as fmt
 from guard.config.budgets import Profile, percentile_value
 from guard.config.loading import load_thresholds
 from guard.model.results import RunRecord, Status
-from guard.judge.rules import judge_ttft, stopping_rule
-from guard.measure.stopping import measure_until_decided
+from guard.judge.rules import judge_ttft
+from guard.judge.sequential import single_run_rule
+from guard.measure.stopping import sample_until_decided
 from guard.judge.stats import percentile
 
 POOL_SCHEMA = "guard/ttft-pool"
@@ -101,7 +102,7 @@ def simulate_run(pool: Sequence[float], profile: Profile, rng: random.Random) ->
         rounds += 1
         return rng.choices(pool, k=n)
 
-    samples = measure_until_decided(stopping_rule(profile), profile.workload.requests, measure)
+    samples = sample_until_decided(single_run_rule(profile), profile.workload.requests, measure)
     return samples, rounds
 
 
@@ -159,20 +160,20 @@ def render_table(cells: Sequence[Cell], pool: Sequence[float], profile: Profile,
 def start_run(thresholds_path: str, profile_name: str, output: Path):
     from guard.measure.hardware import detect
     from guard.measure.fit import select_profile
-    from guard.measure.run import GuardRun
+    from guard.measure.single_run import GuardRun
 
     thresholds = load_thresholds(thresholds_path, require_decidable=False)  # a simulation studies any rule
     hw = detect()
     profile = select_profile(thresholds, profile_name, hw)
     return GuardRun(thresholds, profile, hw, output, progress=lambda m: print(f"[guard] {m}", flush=True),
-                    rule=stopping_rule(profile))
+                    rule=single_run_rule(profile))
 
 
 def fresh_record(run, profile: Profile) -> None:
     """Point the run at a new record and profile (and the profile's stopping rule); the engine (run.llm) stays."""
     old = run.record
     run.profile = run.side.profile = profile
-    run.rule = stopping_rule(profile)
+    run.rule = single_run_rule(profile)
     run.use_record(RunRecord(profile=old.profile, thresholds_path=old.thresholds_path, model=old.model,
                              environment=old.environment, started_at=old.started_at))
 
@@ -227,7 +228,7 @@ def live_slowdown(run, delay_pct: float, margin_pct: float, clean_requests: int)
     slowed_profile = dataclasses.replace(base, ttft_ms={"p50": budget})
     fresh_record(run, slowed_profile)
     with slowed_encoder(run.llm, delay_s):
-        run.measure_until_decided()
+        run.time_until_decided()
     results = evaluate(slowed_profile, run.record)
     (c,) = results.ttft_checks
     caught = c.status == Status.FAIL

@@ -3,11 +3,11 @@
 ``guard check``, ``guard selftest``, each side of ``guard pr`` and each revision of ``guard bisect``
 start this (guard.measure.harness), so that an engine that crashes or is OOM-killed cannot take the
 verdict with it. It reads the run's spec (guard.measure.harness.RunSpec), runs one side
-(guard.measure.run.run_side) and leaves ``run.json`` in the output folder: checkpoints during the
+(guard.measure.single_run.run_side) and leaves ``run.json`` in the output folder: checkpoints during the
 run, the full record at the end.
 
 An edge, like a command: it builds the timing pass's stopping rule from the judge stage
-(guard.judge.rules.stopping_rule) and hands it to the run stage, which never imports the judge.
+(guard.judge.sequential.single_run_rule) and hands it to the run stage, which never imports the judge.
 
 Exit status: 0 the record was written (whatever it says), 2 interrupted (Ctrl-C / SIGINT; the
 record was still written), 1 an unexpected error (traceback on stderr; the last checkpoint stays).
@@ -26,19 +26,19 @@ from guard.model.results import InvalidReason, ReasonKind, RunRecord, run_file_d
 
 def open_run(spec: RunSpec, progress: Callable[[str], None]):
     """The spec's GuardRun: budgets loaded, hardware matched, the engine side chosen (it starts
-    lazily), the timing pass's stopping rule the profile's own (guard.judge.rules.stopping_rule)."""
+    lazily), the timing pass's stopping rule the profile's own (guard.judge.sequential.single_run_rule)."""
     from guard.config.loading import load_thresholds
-    from guard.judge.rules import stopping_rule
+    from guard.judge.sequential import single_run_rule
     from guard.measure.harness import profile_to_run
     from guard.measure.hardware import detect
-    from guard.measure.run import GuardRun
+    from guard.measure.single_run import GuardRun
 
     thresholds = load_thresholds(spec.thresholds)
     # the parent chose the profile by name; here it is checked again on the machine as torch sees it
     hw = detect()
     profile = profile_to_run(thresholds, spec.profile, hw, engine_mode=spec.engine_mode, server_url=spec.server_url)
     return GuardRun(thresholds, profile, hw, Path(spec.output), progress=progress, injected=spec.inject,
-                    traces=spec.traces, server_url=spec.server_url, rule=stopping_rule(profile))
+                    traces=spec.traces, server_url=spec.server_url, rule=single_run_rule(profile))
 
 
 def say(message: str) -> None:
@@ -47,7 +47,7 @@ def say(message: str) -> None:
 
 def run_child(argv: list[str]):
     """The run, recorded into run.json; (exit status, the finished run: still holding its engine)."""
-    from guard.measure.run import run_side
+    from guard.measure.single_run import run_side
 
     spec = RunSpec.read(Path(argv[0]))
     run = open_run(spec, say)

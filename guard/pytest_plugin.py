@@ -2,7 +2,7 @@
 
     pytest tests/perf -c tests/perf/pytest.ini --guard-profile cpu
 
-Inert unless ``--guard-profile`` is given. Then one session-scoped ``GuardRun`` (guard.measure.run,
+Inert unless ``--guard-profile`` is given. Then one session-scoped ``GuardRun`` (guard.measure.single_run,
 opened as ``guard check``'s child opens it: guard.child.open_run) serves every perf test,
 whose bodies are the run stage's own steps (``timing_pass``, ``profile_pass``). At session end the
 plugin writes ``run.json``, judges it (an edge, like a command: nothing else judges this run),

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from guard.measure.run import block_order, blocks
+from guard.judge.sequential import ab_run_rule
 from guard.model.results import pairs
-from guard.judge.ab import BASELINE, CANDIDATE, decide_ratio, op_diff, stopping_rule, undecided_ratios
+from guard.judge.ab import BASELINE, CANDIDATE, decide_ratio, op_diff, undecided_ratios
 from guard.config.budgets import Statistics
 from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, UsageError
@@ -88,10 +89,10 @@ def test_undecided_lists_only_straddling_budgets():
         decide_ratio("p50", 1.0, [], 0.95)
 
 
-def test_the_ab_stopping_rule_is_the_ratio_budgets_at_ab_statistics(ab_profile):
+def test_the_ab_run_rule_is_the_ratio_budgets_at_ab_statistics(ab_profile):
     """What ABRun is given (guard check, guard pr): ``undecided_ratios`` at ``Profile.ab_statistics``,
     in batches of ``ab.batch``; the progress line's words are each decision's own."""
-    rule = stopping_rule(ab_profile)
+    rule = ab_run_rule(ab_profile)
     stats = ab_profile.ab_statistics
     ratios = [1.00, 1.10, 0.92, 1.07, 0.95, 1.04]
     pending = rule.undecided(ratios)
@@ -379,13 +380,13 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     start nothing will use, the reason names the baseline's python with advice about that
     environment (not guard's `uv sync`), and the baseline side shows no versions borrowed from
     guard's own environment."""
-    from guard.measure.run import run_ab
+    from guard.measure.ab_run import run_ab
     from guard.measure.hardware import detect
     from tests.conftest import SHIPPED_THRESHOLDS
 
     said: list[str] = []
     rec = run_ab(load_thresholds(SHIPPED_THRESHOLDS), ab_profile, detect(quick=True), tmp_path, bare_python,
-                 progress=said.append, rule=stopping_rule(ab_profile))
+                 progress=said.append, rule=ab_run_rule(ab_profile))
     reasons = rec.candidate.invalid_reasons
     assert len(reasons) == 1 and reasons[0].kind == ReasonKind.ENGINE
     why = reasons[0].text
@@ -814,7 +815,7 @@ def test_between_runs_splits_a_committed_pool_into_its_recorded_runs(ab_between_
 # ----------------------------------------------------------------------------- the A/B run stage's resampling
 class _ScriptedPairs:
     """Stands in for ``ABRun.measure`` (the two workers): each measured pair gets the next ratio
-    of a script. The loop under test, ``ABRun.measure_until_decided``, is the real one."""
+    of a script. The loop under test, ``ABRun.time_until_decided``, is the real one."""
 
     def __init__(self, run, ratios, fail_at=None):
         self.run, self.ratios, self.fail_at, self.calls = run, iter(ratios), fail_at, []
@@ -837,21 +838,21 @@ def _straddling(n=100):
 
 
 def _ab_run(tmp_path, ab_profile):
-    from guard.measure.run import ABRun
+    from guard.measure.ab_run import ABRun
     from guard.measure.hardware import detect
 
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = ABRun(load_thresholds(SHIPPED_THRESHOLDS), profile, detect(quick=True), tmp_path, sys.executable,
-                progress=lambda m: None, rule=stopping_rule(profile))
+                progress=lambda m: None, rule=ab_run_rule(profile))
     return run, profile
 
 
 def test_ab_resampling_stops_as_soon_as_the_ratio_is_decided(tmp_path, ab_profile):
     run, profile = _ab_run(tmp_path, ab_profile)
     run.measure = _ScriptedPairs(run, [1.0 + 0.001 * (i % 3) for i in range(100)])
-    run.measure_until_decided()
+    run.time_until_decided()
     assert run.measure.calls == [6] and len(run.ratios()) == 6  # the signed-rank interval is already below +3 %
 
 
@@ -860,7 +861,7 @@ def test_ab_resampling_goes_on_in_batches_up_to_the_cap_while_undecided(tmp_path
     said = []
     run.progress = said.append
     run.measure = _ScriptedPairs(run, _straddling())  # straddles +3 % however many pairs
-    run.measure_until_decided()
+    run.time_until_decided()
     stats = profile.statistics
     assert sum(run.measure.calls) == stats.max_requests == len(run.ratios())
     # rounds of ab.batch pairs (the shipped cpu profile: 2), not statistics.batch (6)
@@ -880,7 +881,7 @@ def test_ab_resampling_decides_at_ab_confidence(tmp_path, ab_profile):
         profile = dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, confidence=conf))
         run, _ = _ab_run(tmp_path / str(conf), profile)
         run.measure = _ScriptedPairs(run, first + [1.0] * 40)
-        run.measure_until_decided()
+        run.time_until_decided()
         calls[conf] = run.measure.calls
     assert calls[0.8] == [6] and calls[0.95][0] == 6 and len(calls[0.95]) > 1
 
@@ -894,7 +895,7 @@ def test_ab_resampling_fails_a_look_only_at_ab_fail_confidence(tmp_path, ab_prof
         profile = dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, confidence=0.8, fail_confidence=fail))
         run, _ = _ab_run(tmp_path / str(fail), profile)
         run.measure = _ScriptedPairs(run, first + [1.0] * 40)
-        run.measure_until_decided()
+        run.time_until_decided()
         calls[fail] = run.measure.calls
     assert calls[None] == [6] and calls[0.95][0] == 6 and len(calls[0.95]) > 1
     from guard.judge.ab import judge_ratio
@@ -922,7 +923,7 @@ def test_the_run_stage_records_what_the_machine_did_during_the_pairs(tmp_path, a
         scripted(count)
 
     run.measure = busy_measure
-    run.measure_until_decided()
+    run.time_until_decided()
     reading = run.record.candidate.environment.cpu_contention
     assert reading.window_s >= 0.1 and reading.own_cores > 0.3, reading
     assert reading.tree_processes >= 1 and 0.0 <= reading.other_cores <= reading.cpus
@@ -932,14 +933,14 @@ def test_the_run_stage_records_what_the_machine_did_during_the_pairs(tmp_path, a
 def test_ab_resampling_falls_back_to_statistics_batch(tmp_path, ab_profile):
     run, profile = _ab_run(tmp_path, dataclasses.replace(ab_profile, ab=dataclasses.replace(ab_profile.ab, batch=None)))
     run.measure = _ScriptedPairs(run, _straddling())
-    run.measure_until_decided()
+    run.time_until_decided()
     assert run.measure.calls == [6, 6, 6, 6]
 
 
 def test_ab_resampling_stops_at_a_failed_request(tmp_path, ab_profile):
     run, profile = _ab_run(tmp_path, ab_profile)
     run.measure = _ScriptedPairs(run, _straddling(), fail_at=3)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert run.measure.calls == [6]  # a failed request makes the run invalid: no more pairs
 
 
@@ -1070,7 +1071,7 @@ def test_two_sides_run_through_the_one_stage_abba_with_the_idle_side_stopped(tmp
     on the same image, and judging finds a vacuous op budget on
     both sides' records."""
     from guard.measure.hardware import detect
-    from guard.measure.run import ABRun
+    from guard.measure.ab_run import ABRun
     from tests.conftest import SHIPPED_THRESHOLDS
 
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=4, concurrency=1,
@@ -1114,7 +1115,7 @@ def test_an_op_only_run_whose_baseline_pass_is_cached_never_starts_the_baseline_
     profiled; its counts come from the cache. With the entry gone, the same run starts it."""
     from guard.measure import opcache
     from guard.measure.hardware import detect
-    from guard.measure.run import ABRun
+    from guard.measure.ab_run import ABRun
     from guard.model.results import RunRecord
     from tests.conftest import SHIPPED_THRESHOLDS
 

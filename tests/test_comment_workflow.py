@@ -319,9 +319,9 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     import sys
 
     from guard.measure import harness, hardware
-    from guard.measure import run as measure_run
+    from guard.measure import ab_run
     from guard.commands import check
-    from guard.model.results import run_file_dict, write_json_atomic
+    from guard.model.results import ABRecord, run_file_dict, write_json_atomic
 
     recorded = load_results(fixture(name))
     env = recorded.run.environment
@@ -335,11 +335,11 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
         return 0, None
 
     def ab(thresholds, profile, hw, output, baseline_python, **kw):
-        return measure_run.ABRecord(candidate=recorded.run, baseline=recorded.ab.baseline,
-                                 baseline_python=baseline_python, order=list(recorded.ab.order))
+        return ABRecord(candidate=recorded.run, baseline=recorded.ab.baseline,
+                        baseline_python=baseline_python, order=list(recorded.ab.order))
 
     monkeypatch.setattr(harness, "run_suite", suite)
-    monkeypatch.setattr(measure_run, "run_ab", ab)
+    monkeypatch.setattr(ab_run, "run_ab", ab)
     monkeypatch.setattr(cli, "COMMANDS", ALL_COMMANDS)
     argv = workflow_argv("perf-guard.yml", "check", {"PROFILE": "cpu", "THRESHOLDS": TH,
                                                      "BASELINE_PYTHON": sys.executable if baseline else ""})

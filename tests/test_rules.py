@@ -1,5 +1,5 @@
-"""guard.judge.rules: the TTFT decision rule and the sequential resampling rule (through the run
-stage's loop, guard.measure.stopping), on synthetic samples."""
+"""guard.judge.rules: the TTFT decision rule, and guard.judge.sequential's resampling rule for one
+side (through the run stage's loop, guard.measure.stopping), on synthetic samples."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from guard.config.budgets import Statistics
 from guard.judge.evaluate import evaluate
 from guard.model.results import Status, Verdict
-from guard.judge.rules import decide_ttft, judge_ttft, next_batch, stopping_rule, ttft_rule, undecided
-from guard.measure.stopping import measure_until_decided
+from guard.judge.rules import decide_ttft, judge_ttft, undecided
+from guard.judge.sequential import next_batch, single_run_rule, ttft_rule
+from guard.measure.stopping import sample_until_decided
 from tests.ttft_scenarios import budgeted, record, spread
 
 
@@ -104,20 +105,20 @@ def scripted(samples):
 
 def test_sequential_rule_resamples_until_decided_or_capped():
     measure, asked = scripted([7.2] * 30)
-    got = measure_until_decided(ttft_rule({"p99": 10000}, Statistics(max_requests=15, batch=5)), 5, measure)
+    got = sample_until_decided(ttft_rule({"p99": 10000}, Statistics(max_requests=15, batch=5)), 5, measure)
     assert asked == [5, 5, 5] and len(got) == 15  # p99 has no upper bound below n = 368: capped
 
 
 def test_sequential_rule_stops_once_every_budget_is_decided():
     measure, asked = scripted([7.2] * 30)
-    measure_until_decided(ttft_rule({"p50": 9000}, Statistics(max_requests=15, batch=5)), 6, measure)
+    sample_until_decided(ttft_rule({"p50": 9000}, Statistics(max_requests=15, batch=5)), 6, measure)
     assert asked == [6]
 
 
 def test_sequential_rule_reports_each_undecided_round_and_honours_the_veto():
     measure, asked = scripted([7.2] * 30)
     said = []
-    measure_until_decided(ttft_rule({"p99": 10000}, Statistics(max_requests=15, batch=5)), 5, measure,
+    sample_until_decided(ttft_rule({"p99": 10000}, Statistics(max_requests=15, batch=5)), 5, measure,
                           on_undecided=lambda pending, n: said.append(([d.key for d in pending], n)),
                           keep_going=lambda: len(asked) < 2)
     assert asked == [5, 5] and said == [(["p99"], 5)]
@@ -125,13 +126,13 @@ def test_sequential_rule_reports_each_undecided_round_and_honours_the_veto():
 
 def test_without_a_rule_the_loop_measures_the_first_batch_only():
     measure, asked = scripted([7.2] * 30)
-    assert len(measure_until_decided(None, 5, measure)) == 5 and asked == [5]
+    assert len(sample_until_decided(None, 5, measure)) == 5 and asked == [5]
 
 
-def test_the_profiles_stopping_rule_is_its_budgets_at_its_statistics(cpu):
+def test_the_single_run_rule_is_the_profiles_budgets_at_its_statistics(cpu):
     """What GuardRun is given (guard.child, the pytest plugin): the verdict's own rule, which
     ``undecided`` and ``next_batch`` are, and the progress line's words are the decisions' own."""
-    rule = stopping_rule(cpu)
+    rule = single_run_rule(cpu)
     samples = [7.2] * cpu.workload.requests
     assert [d.key for d in rule.undecided(samples)] == [d.key for d in undecided(cpu.ttft_ms, samples, cpu.statistics.confidence)]
     assert rule.cap == cpu.statistics.max_requests

@@ -1,4 +1,5 @@
-"""guard.measure.run: the run stage's resampling and failure handling, driven by a scripted driver (no engine)."""
+"""guard.measure.run and guard.measure.single_run: the run stage's resampling and failure handling,
+driven by a scripted driver (no engine)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import pytest
 from guard.config.budgets import Statistics, TtftHardware
 from guard.measure.contention import ContentionSampler
 from guard.judge.evaluate import evaluate
-from guard.judge.rules import stopping_rule
+from guard.judge.sequential import single_run_rule
 from guard.measure.hardware import Hardware
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.measure.inprocess import InProcessSide
-from guard.measure.run import GuardRun
+from guard.measure.single_run import GuardRun
 from guard.measure.side import SideInfo
 from guard.measure.speedref import WORKLOAD, SpeedReading
 from guard.measure.fit import on_cpu
@@ -51,7 +52,7 @@ QUIET_READING = SpeedReading(WORKLOAD, 80.0, 4.0, 7, 2)  # a recorded reading of
 def scripted_run(thresholds, profile, script, tmp_path, contention=None, environment=None, speed=(QUIET_READING,),
                  rule=None):
     """A real GuardRun over the scripted side, stopping by ``rule`` (default: the profile's own,
-    guard.judge.rules.stopping_rule, as guard.child passes it); returns it, the side and its progress lines.
+    guard.judge.sequential.single_run_rule, as guard.child passes it); returns it, the side and its progress lines.
     The contention sampler reads no /proc unless given (the test machine's neighbours are not the subject),
     and the speed readings are ``speed``'s, in turn (guard.measure.speedref is tested on its own)."""
     lines = []
@@ -60,13 +61,13 @@ def scripted_run(thresholds, profile, script, tmp_path, contention=None, environ
     run = GuardRun(thresholds, profile, Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2), tmp_path,
                    progress=lines.append, side=driver, environment=dict(environment or CPU_ENV),
                    contention=contention or ContentionSampler(proc=tmp_path / "no-proc"),
-                   rule=stopping_rule(profile) if rule is None else rule)
+                   rule=single_run_rule(profile) if rule is None else rule)
     return run, driver, lines
 
 
 def test_run_stage_resamples_to_the_cap_and_the_verdict_agrees(thresholds, cpu, tmp_path):
     run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5, 5, 5]  # p90/p99 cannot be passed by their interval below n = 36
     assert run.record.rounds == 3
     assert any("p99" in line and "inconclusive" in line and "measuring 5 more" in line for line in lines)
@@ -78,7 +79,7 @@ def test_run_stage_resamples_to_the_cap_and_the_verdict_agrees(thresholds, cpu, 
 def test_run_stage_stops_as_soon_as_every_percentile_is_decided(thresholds, cpu, tmp_path):
     profile = budgeted(cpu, p90=7000)  # a clear regression: the lower bound is above at n = 5
     run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5]
     assert evaluate(profile, run.finish()).ttft_checks[0].note is None
 
@@ -86,20 +87,20 @@ def test_run_stage_stops_as_soon_as_every_percentile_is_decided(thresholds, cpu,
 def test_run_stage_cuts_the_last_batch_at_the_cap(thresholds, cpu, tmp_path):
     profile = dataclasses.replace(cpu, statistics=Statistics(confidence=0.95, max_requests=12, batch=5))
     run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5, 5, 2]
 
 
 def test_run_stage_does_not_resample_without_a_cap(thresholds, cpu, tmp_path):
     profile = dataclasses.replace(cpu, statistics=Statistics(confidence=0.95, max_requests=None, batch=5))
     run, driver, lines = scripted_run(thresholds, profile, [7.2] * 20, tmp_path)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5] and not any("inconclusive" in ln for ln in lines)
 
 
 def test_run_stage_stops_resampling_after_a_failed_request(thresholds, cpu, tmp_path):
     run, driver, lines = scripted_run(thresholds, cpu, [7.2, None, 7.2, 7.2, 7.2] + [7.2] * 10, tmp_path)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5]  # the run is invalid whatever more samples say
 
 
@@ -129,7 +130,7 @@ def test_run_stage_stops_when_the_injected_rule_says_decided(thresholds, cpu, tm
     rule would measure to the cap here (test above), this one decides after two more batches."""
     rule = ScriptedRule(decided_at=11)
     run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path, rule=rule)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5, 3, 3] and rule.seen == [5, 8, 11]  # it saw every sample, the run's TTFTs
     assert run.record.rounds == 3 and len(run.record.ttft_client_s()) == 11
     assert "inconclusive after 5 requests: still open: p50; measuring 3 more (round 2, cap 100)" in lines
@@ -141,7 +142,7 @@ def test_run_stage_without_a_rule_refuses_to_time(thresholds, cpu, tmp_path):
     run, driver, _ = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
     run.rule = None
     with pytest.raises(TypeError, match="stopping rule"):
-        run.measure_until_decided()
+        run.time_until_decided()
     assert driver.counts == []
 
 
@@ -168,7 +169,7 @@ class RecordedSampler(ContentionSampler):
 
 def test_a_busy_machine_stops_resampling_and_is_recorded(thresholds, cpu, tmp_path):
     run, driver, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path, contention=RecordedSampler())
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5]  # p90/p99 undecided, but more requests on a busy machine prove nothing
     reading = run.record.environment.cpu_contention
     assert reading.other_cores == pytest.approx(1.30, abs=0.01) and reading.cpus == 2
@@ -182,7 +183,7 @@ def test_ttft_bound_to_another_cpu_measures_no_extra_rounds(thresholds, cpu, tmp
     profile = dataclasses.replace(cpu, ttft_hardware=TtftHardware(cpu_model_regex="^AMD EPYC$", cpu_count=(2, 2)))
     env = {**CPU_ENV, "ttft_hardware_match": {"ok": False, "reason": "budget measured on ..."}}
     run, driver, _ = scripted_run(thresholds, profile, [7.2] * 20, tmp_path, environment=env)
-    run.measure_until_decided()
+    run.time_until_decided()
     assert driver.counts == [5]  # nothing to decide here: the workload's requests, shown, not judged
     res = evaluate(profile, run.finish())
     assert res.verdict == Verdict.PASS and {c.status for c in res.ttft_checks} == {"not_judged"}
@@ -193,7 +194,7 @@ def test_the_speed_reference_is_read_around_the_timing_pass_and_judged(threshold
     bound = dataclasses.replace(budgeted(cpu, p50=6500), ttft_hardware=TtftHardware(cpu_count=(2, 2), speed_reference_ms=80.0))
     slow = (SpeedReading(WORKLOAD, 96.0, 3.0, 7, 2), SpeedReading(WORKLOAD, 104.0, 3.0, 7, 2))
     run, _, lines = scripted_run(thresholds, bound, [7.2] * 20, tmp_path, speed=slow)
-    run.measure_until_decided()
+    run.time_until_decided()
     recorded = run.record.environment.speed_reference
     assert (recorded.before.ms, recorded.after.ms, recorded.ms) == (96.0, 104.0, 100.0)
     assert "speed reference: 100 ms (before and after the measured requests: 96, 104); the budget's machine: 80 ms, " \
@@ -207,7 +208,7 @@ def test_the_speed_reference_is_read_around_the_timing_pass_and_judged(threshold
     far = dataclasses.replace(bound, ttft_ms={"p50": 4000})  # 5.76 s > 4 s: beyond what the machine explains
     assert evaluate(far, record).verdict == Verdict.REGRESSION
     run, _, _ = scripted_run(thresholds, bound, [7.2] * 20, tmp_path)  # 80 ms: the budget's own speed
-    run.measure_until_decided()
+    run.time_until_decided()
     assert evaluate(bound, run.finish()).verdict == Verdict.REGRESSION
 
 
@@ -217,7 +218,7 @@ def test_a_speed_reading_that_breaks_is_reported_not_fatal(thresholds, cpu, tmp_
 
     run, _, lines = scripted_run(thresholds, cpu, [7.2] * 20, tmp_path)
     run.side.speed_reader = broken
-    run.measure_until_decided()
+    run.time_until_decided()
     assert run.record.environment.speed_reference is None
     assert "speed reference not measured: no torch here" in lines
 
@@ -232,7 +233,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
         asked = []
         run, _, _ = scripted_run(thresholds, on_cpu(bf16, native_bf16=native), [7.2] * 20, tmp_path)
         run.side.speed_reader = lambda workload: asked.append(workload) or SpeedReading(workload, 80.0, 1.0, 5, 2)
-        run.measure_until_decided()
+        run.time_until_decided()
         assert set(asked) == {expected} and run.record.environment.speed_reference.workload == expected
 
 
@@ -295,7 +296,7 @@ def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thre
     never entered, so its "0 calls" would prove nothing. The profile pass records why, the verdict
     is invalid (exit 3), and the terminal says which budget."""
     from guard.measure.probes import load_events
-    from guard.measure.run import run_side
+    from guard.measure.single_run import run_side
     from guard.model.results import Measures
     from guard.report.terminal import render_terminal
     from tests.test_probes import FIXTURES, MASK
@@ -321,7 +322,7 @@ def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thre
 def test_a_run_whose_every_warm_up_failed_measures_nothing(thresholds, cpu, tmp_path):
     """A server that hangs costs each request its timeout (600 s): with every warm-up failed, the
     timing pass stops there and says why, instead of spending every round on it."""
-    from guard.measure.run import timing_pass
+    from guard.measure.single_run import timing_pass
 
     warmups = cpu.workload.warmup_requests
     assert warmups >= 1

@@ -370,7 +370,7 @@ def test_runner_measures_a_running_server_ttft_only(tmp_path):
     """GuardRun with --server-url: the TTFT pass goes over HTTP, the model name comes from
     /v1/models, the op pass measures nothing, and the environment says how it was measured."""
     from guard.measure.hardware import Hardware
-    from guard.measure.run import GuardRun
+    from guard.measure.single_run import GuardRun
     from tests.ttft_scenarios import CPU_ENV
 
     t = load_thresholds(SHIPPED_THRESHOLDS)

@@ -14,12 +14,12 @@ import pytest
 from guard.errors import ExitCode
 from guard.judge.evaluate import evaluate
 from guard.judge.gates import gpu_state_problems, other_gpu_processes
-from guard.judge.rules import stopping_rule
+from guard.judge.sequential import single_run_rule
 from guard.measure.hardware import Hardware, fingerprint, read_gpu_state
 from guard.model.environment import GpuProcess, GpuSnapshot, GpuState
 from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.measure.contention import ContentionSampler
-from guard.measure.run import GuardRun
+from guard.measure.single_run import GuardRun
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
 CPU_HW = Hardware(cuda=False, gpu_name=None, cpu_name="Test CPU", cpu_count=2)
@@ -281,7 +281,7 @@ def test_read_gpu_state_when_nvml_cannot_start_is_none(monkeypatch):
 
 def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monkeypatch, tmp_path):
     start = snap()
-    monkeypatch.setattr("guard.measure.run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
+    monkeypatch.setattr("guard.measure.single_run.fingerprint", lambda hw, profile: env_for("a10", "NVIDIA A10", {"start": start, "end": None}))
     monkeypatch.setattr("guard.measure.hardware.read_gpu_state", lambda: GpuSnapshot.from_dict(snap(reasons=["hw_slowdown"])))
 
     from tests.test_runner import ScriptedSide
@@ -289,8 +289,8 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
     side = ScriptedSide(a10, [o.ttft_client_s for o in outcomes(400, 2.283)])
     run = GuardRun(thresholds, a10, Hardware(cuda=True, gpu_name="NVIDIA A10", cpu_name="x", cpu_count=2), tmp_path,
                    progress=lambda m: None, side=side, contention=ContentionSampler(proc=tmp_path / "no-proc"),
-                   rule=stopping_rule(a10))
-    run.measure_until_decided()
+                   rule=single_run_rule(a10))
+    run.time_until_decided()
     state = run.record.environment.gpu_state
     assert state.start == GpuSnapshot.from_dict(start) and state.end.throttle_reasons == ("hw_slowdown",)
     assert_invalid(evaluate(a10, run.finish()), "throttled at the end of the run: hw_slowdown")

@@ -141,11 +141,11 @@ def test_the_workflows_download_step_resolves_main_where_it_used_to_refuse_it(wo
 def test_ab_mode_pins_both_sides_to_one_commit(tmp_path, monkeypatch) -> None:
     """A/B starts two engines from the thresholds file: both get the commit resolved once, and the
     run records name it, so a push to the Hub between the two starts cannot split the sides."""
-    from guard.measure import run as measure_run
+    from guard.measure.ab_run import ABRun
     from guard.config import weights
 
     monkeypatch.setattr(weights, "hub_resolver", lambda download: (lambda m, r: SHA))
-    run = measure_run.ABRun(load_thresholds(SHIPPED_THRESHOLDS), A10, detect(quick=True), tmp_path, sys.executable)
+    run = ABRun(load_thresholds(SHIPPED_THRESHOLDS), A10, detect(quick=True), tmp_path, sys.executable)
     assert run.profile.engine.revision == SHA
     assert run.record.candidate.environment.model_revision == SHA
     assert run.record.candidate.environment.model_revision_requested == "main"

@@ -20,7 +20,7 @@ from pathlib import Path
 from guard import __version__
 from guard.model import format as fmt
 from guard.model.results import ABRecord
-from guard.config.budgets import DEFAULT_THRESHOLDS, Profile
+from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds
 from guard.config.loading import load_thresholds
 from guard.model.readings import folded
 from guard.files import prepare_output
@@ -123,18 +123,7 @@ def run(args: argparse.Namespace) -> int:
     thresholds = _budgets(args)
     cache_limit = overlay.cache_limit_bytes(args.cache_max_gb)
     profile = select_profile(thresholds, args.profile, detect(quick=True))
-    if profile.census is None and args.op is None and not profile.ops:
-        raise UsageError(f"profile '{profile.name}' has no census rule and no op budgets: nothing to bisect on")
-    if (args.op is not None or args.function is not None) and profile.census is None:
-        raise UsageError(f"{'--op' if args.op is not None else '--function'} reads the census, and profile "
-                         f"'{profile.name}' has no census rule", hint="bisect on its op budgets (no --op/--function)")
-    if args.function is not None:
-        file, _, qualname = args.function.partition(":")
-        if not file.endswith(".py") or not qualname.strip():
-            raise UsageError(f"--function {args.function!r}: expected FILE:QUALNAME as the census names it",
-                             hint="e.g. vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features")
-    if args.op is not None:
-        check_op_name(args.op, "--op")
+    _check_chosen_test(args, profile)
     check_op_names(thresholds, profile)
     repo = git.open_repository(args.vllm_repo)
     good = git.resolve(repo, args.good, "--good")
@@ -160,52 +149,89 @@ def run(args: argparse.Namespace) -> int:
     if good_record.invalid_reasons:
         say(f"good {good.sha[:12]} cannot be measured: {reasons_text(good_record.invalid_reasons)}")
         return int(ExitCode.INVALID)
-    measured = 0 if cached else 1
-    records: dict[int, RunRecord] = {-1: good_record}
-    good_info = RevisionInfo(good.rev, good.sha, good.subject)
-    envs = [good_env]
-
-    def probe(i: int) -> bisect.Step:
-        nonlocal measured
-        c = commits[i]
-        t = time.perf_counter()
-        label = f"[{i + 1}/{len(commits)}] {c.sha[:12]} {c.subject[:50]}"
-        if c.unmeasurable:
-            step = bisect.Step(i, c, bisect.State.SKIP, f"changes compiled code or dependencies ({', '.join(c.unmeasurable[:3])})",
-                               measured=False)
-        else:
-            rev = git.resolve(repo, c.sha, "commit")
-            try:
-                env = overlay.prepare(repo, rev, cache_dir, stack, progress=say)
-                envs.append(env)
-                record, hit = profile_side(f"commit-{i + 1}", env, profile, thresholds, output, say=say, imports=modules)
-            except InvalidRunError as exc:
-                step = bisect.Step(i, c, bisect.State.SKIP, f"does not import: {exc.args[0]}", measured=False)
-            else:
-                measured += 0 if hit else 1
-                if record.invalid_reasons:
-                    step = bisect.Step(i, c, bisect.State.SKIP, f"invalid run: {record.invalid_reasons[0]}", measured=not hit)
-                else:
-                    records[i] = record
-                    res = judge(profile, record, good_record, good_info, RevisionInfo(c.sha, c.sha, c.subject), repo)
-                    why = differs(res, args.function, args.op)
-                    step = bisect.Step(i, c, bisect.State.BAD if why else bisect.State.GOOD,
-                                       why or "same as good", measured=not hit)
-        step = dataclasses.replace(step, seconds=time.perf_counter() - t)
-        say(f"{label}: {step.state}{'' if step.measured else ' (not profiled)'} in {step.seconds:.0f} s: {step.why}")
-        return step
-
+    probe = _Probe(repo=repo, commits=commits, cache_dir=cache_dir, stack=stack, profile=profile, thresholds=thresholds,
+                  output=output, modules=modules, function=args.function, op=args.op,
+                  good=RevisionInfo(good.rev, good.sha, good.subject), records={-1: good_record}, envs=[good_env],
+                  measured=0 if cached else 1)
     try:
         steps, lo, hi = bisect.search(commits, probe)
     finally:
-        overlay.evict(cache_dir, cache_limit, keep={e.root for e in envs})
+        overlay.evict(cache_dir, cache_limit, keep={e.root for e in probe.envs})
     named = bisect.culprits(commits, steps, lo, hi)
     outcome = bisect.Outcome(steps=tuple(steps), culprits=named, first_bad=hi if hi >= 0 else None, last_good=lo,
-                             measured=measured, skipped=tuple(s for s in steps if s.state == bisect.State.SKIP))
-    detail = culprit_detail(profile, repo, commits, records, good, outcome)
+                             measured=probe.measured, skipped=tuple(s for s in steps if s.state == bisect.State.SKIP))
+    detail = culprit_detail(profile, repo, commits, probe.records, good, outcome)
     write_json_atomic(output / "bisect.json", outcome_dict(outcome, good, bad, detail))
     print()
     return report(outcome, detail, good, time.perf_counter() - t0, output)
+
+
+def _check_chosen_test(args: argparse.Namespace, profile: Profile) -> None:
+    """The test that tells a commit from good (--function, --op, else the op budgets and the census
+    rule) is one this profile can run."""
+    if profile.census is None and args.op is None and not profile.ops:
+        raise UsageError(f"profile '{profile.name}' has no census rule and no op budgets: nothing to bisect on")
+    if (args.op is not None or args.function is not None) and profile.census is None:
+        raise UsageError(f"{'--op' if args.op is not None else '--function'} reads the census, and profile "
+                         f"'{profile.name}' has no census rule", hint="bisect on its op budgets (no --op/--function)")
+    if args.function is not None:
+        file, _, qualname = args.function.partition(":")
+        if not file.endswith(".py") or not qualname.strip():
+            raise UsageError(f"--function {args.function!r}: expected FILE:QUALNAME as the census names it",
+                             hint="e.g. vllm/model_executor/models/deepseek_ocr2.py:DeepseekOCR2ForCausalLM._encode_global_features")
+    if args.op is not None:
+        check_op_name(args.op, "--op")
+
+
+@dataclasses.dataclass
+class _Probe:
+    """What ``bisect.search`` asks of a commit: profiled in its own environment and judged against
+    good by the chosen test. Keeps what comes after the search: each judged commit's record (good's
+    at -1), every environment prepared (the cache eviction keeps them) and how many revisions were
+    profiled rather than read from the cache."""
+
+    repo: Path
+    commits: list[bisect.Commit]
+    cache_dir: Path
+    stack: overlay.EngineStack
+    profile: Profile
+    thresholds: Thresholds
+    output: Path
+    modules: list[str]
+    function: str | None  # --function
+    op: str | None  # --op
+    good: RevisionInfo
+    records: dict[int, RunRecord]
+    envs: list[overlay.SideEnvironment]
+    measured: int
+
+    def __call__(self, i: int) -> bisect.Step:
+        c = self.commits[i]
+        t = time.perf_counter()
+        label = f"[{i + 1}/{len(self.commits)}] {c.sha[:12]} {c.subject[:50]}"
+        step = dataclasses.replace(self._measure_and_judge(i, c), seconds=time.perf_counter() - t)
+        say(f"{label}: {step.state}{'' if step.measured else ' (not profiled)'} in {step.seconds:.0f} s: {step.why}")
+        return step
+
+    def _measure_and_judge(self, i: int, c: bisect.Commit) -> bisect.Step:
+        if c.unmeasurable:
+            return bisect.Step(i, c, bisect.State.SKIP, f"changes compiled code or dependencies ({', '.join(c.unmeasurable[:3])})",
+                               measured=False)
+        rev = git.resolve(self.repo, c.sha, "commit")
+        try:
+            env = overlay.prepare(self.repo, rev, self.cache_dir, self.stack, progress=say)
+            self.envs.append(env)
+            record, hit = profile_side(f"commit-{i + 1}", env, self.profile, self.thresholds, self.output, say=say,
+                                       imports=self.modules)
+        except InvalidRunError as exc:
+            return bisect.Step(i, c, bisect.State.SKIP, f"does not import: {exc.args[0]}", measured=False)
+        self.measured += 0 if hit else 1
+        if record.invalid_reasons:
+            return bisect.Step(i, c, bisect.State.SKIP, f"invalid run: {record.invalid_reasons[0]}", measured=not hit)
+        self.records[i] = record
+        res = judge(self.profile, record, self.records[-1], self.good, RevisionInfo(c.sha, c.sha, c.subject), self.repo)
+        why = differs(res, self.function, self.op)
+        return bisect.Step(i, c, bisect.State.BAD if why else bisect.State.GOOD, why or "same as good", measured=not hit)
 
 
 def culprit_detail(profile: Profile, repo: Path, commits: list[bisect.Commit], records: dict[int, RunRecord],

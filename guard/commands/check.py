@@ -180,9 +180,9 @@ def _run_one(args: argparse.Namespace) -> int:
 
 
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
-    """A/B mode: both engines here, in alternation (guard.measure.run), judged by guard.judge.evaluate.evaluate_ab."""
-    from guard.judge.ab import stopping_rule
-    from guard.measure.run import run_ab
+    """A/B mode: both engines here, in alternation (guard.measure.ab_run), judged by guard.judge.evaluate.evaluate_ab."""
+    from guard.judge.sequential import ab_run_rule
+    from guard.measure.ab_run import run_ab
     from guard.judge.evaluate import evaluate_ab
     from guard.measure.hardware import detect
 
@@ -199,7 +199,7 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
     t0 = time.perf_counter()
     record = run_ab(thresholds, profile, detect(), output, args.baseline, inject=args.inject,
                     progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh_baseline,
-                    rule=stopping_rule(profile))
+                    rule=ab_run_rule(profile))
     results = evaluate_ab(profile, record, guard_version=__version__, output=output)
     write_report(results, output, args.thresholds)
     print()

@@ -28,7 +28,7 @@ from guard.commands.matrix import add_model_argument, run_models, write_summary
 from guard.config import models
 from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
-from guard.measure.hardware import detect
+from guard.measure.hardware import Hardware, detect
 from guard.measure.fit import select_profile
 from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
@@ -105,6 +105,52 @@ def _run_one(args: argparse.Namespace) -> int:
         raise UsageError(f"profile '{profile.name}' has no op budgets and no census: --only ops would judge nothing")
     cache_limit = overlay.cache_limit_bytes(args.cache_max_gb)
     check_op_names(thresholds, profile)
+    repo, base, head = _revisions(args)
+    output = Path(args.output).resolve()
+    prepare_output(output)
+    cache_dir = Path(args.cache_dir).expanduser().resolve() if args.cache_dir else overlay.default_cache_dir()
+
+    plan = _plan(args, repo, base, head, cache_dir, budget_files, in_repo)
+    pr = plan.pr
+    _say_sides(thresholds, profile, hw, pr, base, head)
+    if plan.broken is not None:
+        return _unmeasurable_revision(plan.broken, profile, thresholds, pr, output, time.perf_counter(),
+                                      _named(args, in_repo))
+    say(f"{len(plan.changed)} file(s) changed, {len(git.runtime_files(plan.changed))} under {git.PACKAGE}/, "
+        f"{len(pr.unmeasured_files)} not measurable here (compiled code, dependencies)")
+    t0 = time.perf_counter()
+    if not pr.measured:
+        results = unjudged(profile, thresholds, pr)
+        return finish(results, output, t0, thresholds=_named(args, in_repo))
+
+    envs: dict = dict(plan.own)
+    try:
+        checks = _prepare_environments(envs, plan, repo, base, head, cache_dir, profile, args.fresh, ops_only)
+    except InvalidRunError as exc:
+        return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, _named(args, in_repo))
+    finally:
+        dropped = overlay.evict(cache_dir, cache_limit,
+                                keep={e.root for n, e in envs.items() if n not in plan.own})
+        if dropped:
+            say(f"cache over {args.cache_max_gb:g} GB: dropped {len(dropped)} least recently used environment(s)")
+
+    say_dtype(profile, "guard pr")
+    if ops_only:
+        try:
+            rec = _profile_each_side(envs, checks, profile, thresholds, output, args.fresh)
+        except InvalidRunError as exc:  # the self-checked side did not import: nothing was measured
+            return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, _named(args, in_repo))
+    else:
+        rec = _run_ab(envs, profile, thresholds, output, args.fresh)
+    results = evaluate_pr(profile, rec, pr, guard_version=__version__, output=output,
+                          census_baseline=read_baseline(profile.census))
+    results = _with_function_changes(results, repo, base, head)
+    results = _with_gone_scopes(results, profile, rec, repo, base, head, plan.changed)
+    return finish(results, output, t0, thresholds=_named(args, in_repo))
+
+
+def _revisions(args: argparse.Namespace) -> tuple[Path, git.Revision, git.Revision]:
+    """The vLLM repository and its two revisions, which must differ."""
     repo = git.open_repository(args.vllm_repo)
     base = git.resolve(repo, args.base, "--base")
     head = git.resolve(repo, args.head, "--head")
@@ -112,10 +158,23 @@ def _run_one(args: argparse.Namespace) -> int:
     if base.sha == head.sha:
         raise UsageError(f"--base {args.base} and --head {args.head} are the same commit ({base.sha[:12]}): nothing to compare",
                          hint="--base is what the pull request merges into (e.g. its merge base with main), --head its last commit")
-    output = Path(args.output).resolve()
-    prepare_output(output)
-    cache_dir = Path(args.cache_dir).expanduser().resolve() if args.cache_dir else overlay.default_cache_dir()
+    return repo, base, head
 
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What guard pr knows before it builds or measures anything."""
+
+    pr: PullRequestDiff  # the pull request as the report shows it
+    changed: list[str]  # its changed files
+    own: dict[str, installed.InstalledEnvironment]  # the sides run in an environment of their own
+    broken: InvalidRunError | None  # why a side's own environment cannot run
+    stack: overlay.EngineStack | None  # what the other sides' overlays borrow (None: both sides have their own)
+
+
+def _plan(args: argparse.Namespace, repo: Path, base: git.Revision, head: git.Revision, cache_dir: Path,
+          budget_files: tuple[str, ...], in_repo: str | None) -> _Plan:
+    """The pull request's files and revisions, and where each side will run."""
     own, broken = _own_environments(args, repo, base, head, cache_dir)
     stack = overlay.engine_stack(args.stack_python and installed.resolve_python(args.stack_python, "--stack-python")) \
         if len(own) < len(SIDES) else None
@@ -131,71 +190,73 @@ def _run_one(args: argparse.Namespace) -> int:
     pr = PullRequestDiff(repository=str(repo), base=revisions["base"], head=revisions["head"],
                          changed_files=tuple(changed), unmeasured_files=unmeasured, measured=measured)
     pr = _with_budget_source(pr, in_repo, repo, base, head, budget_files, changed)
+    return _Plan(pr=pr, changed=changed, own=own, broken=broken, stack=stack)
+
+
+def _say_sides(thresholds: Thresholds, profile: Profile, hw: Hardware, pr: PullRequestDiff, base: git.Revision,
+               head: git.Revision) -> None:
     say(f"{thresholds.model}, profile '{profile.name}' on {hw.describe()}")
-    for name, rev in (("base", base), ("head", head)):
-        info = revisions[name]
+    for name, rev, info in (("base", base, pr.base), ("head", head, pr.head)):
         say(f"{name} {rev.sha[:12]} {rev.subject[:70]}")
         say(f"     {info.version or 'no version tag'}; runs in {info.environment}")
-    if broken is not None:
-        return _unmeasurable_revision(broken, profile, thresholds, pr, output, time.perf_counter(), _named(args, in_repo))
-    say(f"{len(changed)} file(s) changed, {len(git.runtime_files(changed))} under {git.PACKAGE}/, "
-        f"{len(unmeasured)} not measurable here (compiled code, dependencies)")
-    t0 = time.perf_counter()
-    if not measured:
-        results = unjudged(profile, thresholds, pr)
-        return finish(results, output, t0, thresholds=_named(args, in_repo))
 
-    envs: dict = dict(own)
-    try:
-        for name, rev in (("base", base), ("head", head)):
-            if name in own:
-                continue
-            envs[name] = overlay.prepare(repo, rev, cache_dir, stack, progress=say)
-            state = "cached" if envs[name].reused else f"built ({envs[name].linked} files linked from {stack.version})"
-            say(f"{name} environment {envs[name].root} ({state})")
-        # a side whose op counts are cached imported fine when they were counted: same tree, same stack;
-        # a side in its own environment was imported by installed.inspect
-        caches = {n: side_cache(envs[n], profile, args.fresh) for n in SIDES} if ops_only else {}
-        to_check = [n for n in SIDES if n not in own and (n not in caches or caches[n].entry is None)]
-        # --only ops: the first side profiled imports its modules in its own run, before its engine
-        # (one process, not two); a later side is checked here, so a broken head costs no pass of base
-        self_checked = set(to_check[:1]) if ops_only else set()
-        upfront = [envs[n] for n in to_check if n not in self_checked]
-        modules = side_modules(profile)
-        if upfront:
-            say(f"checking that {' and '.join(e.revision.rev for e in upfront)} import against the engine stack ...")
-            overlay.check_imports(upfront, modules)
-    except InvalidRunError as exc:
-        return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, _named(args, in_repo))
-    finally:
-        dropped = overlay.evict(cache_dir, cache_limit,
-                                keep={e.root for n, e in envs.items() if n not in own})
-        if dropped:
-            say(f"cache over {args.cache_max_gb:g} GB: dropped {len(dropped)} least recently used environment(s)")
 
-    say_dtype(profile, "guard pr")
-    if ops_only:
-        try:
-            records = {name: profile_side(name, envs[name], profile, thresholds, output, args.fresh, say=say,
-                                          imports=modules if name in self_checked else None,
-                                          cache=caches[name])[0]
-                       for name in SIDES}
-        except InvalidRunError as exc:  # the self-checked side did not import: nothing was measured
-            return _unmeasurable_revision(exc, profile, thresholds, pr, output, t0, _named(args, in_repo))
-        rec = ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
-    else:
-        from guard.judge.ab import stopping_rule
-        from guard.measure.run import run_ab
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """What ``--only ops`` profiles each side with, found while preparing the environments: its place
+    in the op-count cache, the modules the import check imports, the side that checks its own in its run."""
 
-        say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
-        rec = run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
-                     progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh,
-                     candidate_python=str(envs["head"].python), rule=stopping_rule(profile))
-    results = evaluate_pr(profile, rec, pr, guard_version=__version__, output=output,
-                          census_baseline=read_baseline(profile.census))
-    results = _with_function_changes(results, repo, base, head)
-    results = _with_gone_scopes(results, profile, rec, repo, base, head, changed)
-    return finish(results, output, t0, thresholds=_named(args, in_repo))
+    caches: dict  # side -> guard.revisions.sides.SideCache (--only ops; else empty)
+    modules: list[str]
+    self_checked: set[str]
+
+
+def _prepare_environments(envs: dict, plan: _Plan, repo: Path, base: git.Revision, head: git.Revision,
+                          cache_dir: Path, profile: Profile, fresh: bool, ops_only: bool) -> _Prepared:
+    """Each overlay side's environment, built or reused, into ``envs`` as it goes (so the caller's cache
+    eviction keeps what was built even when a later step fails), then the import check of the sides
+    that need one. An InvalidRunError: a side's revision cannot be measured here."""
+    for name, rev in (("base", base), ("head", head)):
+        if name in plan.own:
+            continue
+        envs[name] = overlay.prepare(repo, rev, cache_dir, plan.stack, progress=say)
+        state = "cached" if envs[name].reused else f"built ({envs[name].linked} files linked from {plan.stack.version})"
+        say(f"{name} environment {envs[name].root} ({state})")
+    # a side whose op counts are cached imported fine when they were counted: same tree, same stack;
+    # a side in its own environment was imported by installed.inspect
+    caches = {n: side_cache(envs[n], profile, fresh) for n in SIDES} if ops_only else {}
+    to_check = [n for n in SIDES if n not in plan.own and (n not in caches or caches[n].entry is None)]
+    # --only ops: the first side profiled imports its modules in its own run, before its engine
+    # (one process, not two); a later side is checked here, so a broken head costs no pass of base
+    self_checked = set(to_check[:1]) if ops_only else set()
+    upfront = [envs[n] for n in to_check if n not in self_checked]
+    modules = side_modules(profile)
+    if upfront:
+        say(f"checking that {' and '.join(e.revision.rev for e in upfront)} import against the engine stack ...")
+        overlay.check_imports(upfront, modules)
+    return _Prepared(caches=caches, modules=modules, self_checked=self_checked)
+
+
+def _profile_each_side(envs: dict, checks: _Prepared, profile: Profile, thresholds: Thresholds, output: Path,
+                       fresh: bool) -> ABRecord:
+    """``--only ops``: each side's profile pass alone, one after the other. An InvalidRunError: the
+    self-checked side did not import."""
+    records = {name: profile_side(name, envs[name], profile, thresholds, output, fresh, say=say,
+                                  imports=checks.modules if name in checks.self_checked else None,
+                                  cache=checks.caches[name])[0]
+               for name in SIDES}
+    return ABRecord(candidate=records["head"], baseline=records["base"], baseline_python=str(envs["base"].python))
+
+
+def _run_ab(envs: dict, profile: Profile, thresholds: Thresholds, output: Path, fresh: bool) -> ABRecord:
+    """Both engines on this machine in alternation: head the candidate, base the baseline."""
+    from guard.judge.sequential import ab_run_rule
+    from guard.measure.ab_run import run_ab
+
+    say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
+    return run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
+                  progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=fresh,
+                  candidate_python=str(envs["head"].python), rule=ab_run_rule(profile))
 
 
 def _unmeasurable_revision(exc: InvalidRunError, profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,

@@ -1,8 +1,8 @@
 """A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
 
 No I/O and no engine: evaluation judges the pairs (``guard.model.results.pairs``) with
-``decide_ratio``; ``guard.measure.run`` measures until ``undecided_ratios`` is empty (by
-``stopping_rule``, which the run's caller passes in).
+``decide_ratio``; ``guard.measure.ab_run`` measures until ``undecided_ratios`` is empty (by
+guard.judge.sequential.ab_run_rule, which the run's caller passes in).
 
 Schedule (``guard.measure.run.block_order``, the run stage's own)
     Requests go in blocks of ``workload.concurrency`` requests; the same block (the same job
@@ -49,11 +49,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from guard.config.budgets import Profile, Statistics, percentile_value
+from guard.config.budgets import Statistics, percentile_value
 from guard.model import format as fmt
 from guard.model.results import (BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, ScopeCounts, Status, TtftRatioCheck,  # noqa: F401 - the sides' names, for A/B's readers
                                   pairs, to_ms)
-from guard.judge.rules import SequentialRule, interval_status
+from guard.judge.rules import interval_status
 from guard.judge.stats import centre_estimate, percentile, percentile_interval
 
 
@@ -139,17 +139,6 @@ def undecided_ratios(budgets: dict[str, float], ratios: Sequence[float], stats: 
         return []
     decisions = (decide_ratio(k, b, ratios, stats.confidence, stats.fail_confidence) for k, b in budgets.items())
     return [d for d in decisions if d.status == Status.INCONCLUSIVE]
-
-
-def ratio_rule(budgets: dict[str, float], stats: Statistics) -> SequentialRule:
-    """Ratio budgets (percent) over paired ratios, at ``stats``' levels (``Profile.ab_statistics``)."""
-    return SequentialRule(stats, lambda ratios: undecided_ratios(budgets, ratios, stats))
-
-
-def stopping_rule(profile: Profile) -> SequentialRule:
-    """Two sides' run (``ABRun``): the paired ratio against the profile's ratio budgets, at A/B's
-    levels and batches (``Profile.ab_statistics``); what ``judge_ratio`` then judges."""
-    return ratio_rule(profile.ttft_vs_baseline_pct, profile.ab_statistics)
 
 
 def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -> list[OpDelta]:

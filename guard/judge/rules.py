@@ -1,11 +1,13 @@
 """The decision rules: when a TTFT percentile passes, fails or needs more data, and how much more.
 
-One module for the run stage (``GuardRun`` resamples by ``stopping_rule``, which whoever starts the
-run passes in: guard.measure.stopping), evaluation (``judge_ttft`` makes the final ``TtftCheck``),
-the self-test and the benchmarks, so what is measured for sensitivity is what ships.
+One module for the run stage (``GuardRun`` resamples while ``undecided`` names a budget, by
+guard.judge.sequential.single_run_rule, which whoever starts the run passes in), evaluation
+(``judge_ttft`` makes the final ``TtftCheck``), the self-test and the benchmarks, so what is
+measured for sensitivity is what ships.
 
 - The whole confidence interval above the budget: FAIL; at or below it: PASS.
-- Straddling it: measure another ``statistics.batch`` requests, up to ``statistics.max_requests``.
+- Straddling it: measure another ``statistics.batch`` requests, up to ``statistics.max_requests``
+  (guard.judge.sequential).
 - Still straddling at the cap (or with no cap set): judged on the point estimate, with a note
   saying so. Above the budget: FAIL, a regression like any other. At or below: INCONCLUSIVE, which
   passes but is shown as such, because the data did not prove the budget held (on the CPU
@@ -15,11 +17,11 @@ the self-test and the benchmarks, so what is measured for sensitivity is what sh
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from guard.model import format as fmt
-from guard.config.budgets import Profile, Statistics, min_samples_for_upper_bound, percentile_value
+from guard.config.budgets import Statistics, min_samples_for_upper_bound, percentile_value
 from guard.model.results import Status, TtftCheck, to_ms
 from guard.judge.stats import percentile, percentile_interval
 
@@ -67,49 +69,6 @@ def undecided(budgets_ms: Mapping[str, float], samples_s: Sequence[float], confi
         return []
     decisions = (decide_ttft(k, b, samples_s, confidence) for k, b in budgets_ms.items())
     return [d for d in decisions if d.status == Status.INCONCLUSIVE]
-
-
-def next_batch(statistics: Statistics, measured: int, any_undecided: bool) -> int:
-    """Requests the next resampling round measures (a batch, cut at the cap); 0: stop."""
-    if not any_undecided or statistics.max_requests is None:
-        return 0
-    return max(0, min(statistics.batch, statistics.max_requests - measured))
-
-
-@dataclass(frozen=True)
-class SequentialRule:
-    """The sequential rule as the run stage takes it (guard.measure.stopping.StoppingRule): while
-    ``undecided_in(samples)`` names a budget, ``statistics.batch`` more samples, up to
-    ``statistics.max_requests``. The run stage is given one (``stopping_rule``,
-    ``guard.judge.ab.stopping_rule``) and never imports this module, so it measures until the
-    verdict's own rule has decided."""
-
-    statistics: Statistics
-    undecided_in: Callable[[Sequence[float]], list]  # the budgets the samples leave undecided
-
-    @property
-    def cap(self) -> int | None:
-        return self.statistics.max_requests
-
-    def undecided(self, samples: Sequence[float]) -> list:
-        return self.undecided_in(samples)
-
-    def next_batch(self, measured: int, any_undecided: bool) -> int:
-        return next_batch(self.statistics, measured, any_undecided)
-
-    def describe(self, pending: Sequence) -> str:
-        return "; ".join(d.describe() for d in pending)
-
-
-def ttft_rule(budgets_ms: Mapping[str, float], statistics: Statistics) -> SequentialRule:
-    """Absolute TTFT budgets (ms) over one side's TTFT samples (seconds), at ``statistics``' level."""
-    return SequentialRule(statistics, lambda samples: undecided(budgets_ms, samples, statistics.confidence))
-
-
-def stopping_rule(profile: Profile) -> SequentialRule:
-    """One side's run (``GuardRun``): the profile's TTFT budgets at its ``statistics``; what
-    ``judge_ttft`` then judges."""
-    return ttft_rule(profile.ttft_ms, profile.statistics)
 
 
 def _point_estimate_note(d: TtftDecision, max_requests: int | None, over: bool) -> str:

@@ -3,7 +3,7 @@
 Op counts and the census are exact and deterministic (``benchmarks/census_stability.py``): the same
 engine stack running the same profiled workload on the same kind of machine counts the same calls.
 So a pass measured once is read back instead of profiled again. Two callers, one cache:
-- ``guard check --baseline`` (guard.measure.run.ABRun): the baseline side's half of the op-count
+- ``guard check --baseline`` (guard.measure.ab_run.ABRun): the baseline side's half of the op-count
   pass (on the CPU default ~40 s of an A/B check), once per baseline environment. Its entries live
   in ``GUARD_CACHE_DIR``; the engine stack is identified by its files, read in the baseline worker
   (``stack_material``), since that is where the baseline's packages are.

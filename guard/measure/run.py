@@ -1,21 +1,17 @@
-"""The run stage: one engine side, or two measured in alternation, recorded into run records.
+"""The run stage, written once over ``guard.measure.side.EngineSide``: one engine side or two.
 
-``RunStage`` is written once over ``guard.measure.side.EngineSide``: job planning, warm-up, the
-timing pass until its budgets are decided (guard.measure.stopping, by the verdict's own rule,
+``RunStage`` holds what every run shares: job planning, warm-up, the timing pass until its budgets
+are decided (``time_until_decided``: guard.measure.stopping's loop, by the verdict's own rule,
 which whoever starts the run passes in), what the machine did meanwhile (contention, speed
-reference, GPU state), the profile pass per side and checkpoints. Two shapes of it:
-- ``GuardRun``: one side (the in-process engine, a managed ``vllm serve``, or a running server),
-  absolute budgets. ``run_side`` is its whole sequence (``timing_pass``, ``profile_pass``, each
-  with its completeness checks): guard check's child process (guard.child), guard pr's
-  own-environment side and, step by step, the pytest suite (tests/perf). Each measured round runs
-  all its jobs at once, ``concurrency`` in flight.
-- ``ABRun`` / ``run_ab``: two worker sides (candidate, baseline) on one machine. Both engines start
-  at the same time; then every request runs on both sides in blocks of ``concurrency``, the same
-  images on both sides; measured blocks in ABBA order (``block_order``; why: guard.judge.ab), the idle side's
-  process stopped. While a budgeted percentile of the paired ratio is undecided, more pairs are
-  measured by the same loop as absolute budgets (``ab.batch`` more, up to ``statistics.max_requests``
-  pairs; the rule: guard.judge.ab.stopping_rule). The baseline side's profile pass is read from
-  guard.measure.opcache when this baseline environment was profiled before.
+reference, GPU state), the profile pass per side and checkpoints. Its two shapes live beside it:
+- guard.measure.single_run: ``GuardRun``, one side (the in-process engine, a managed
+  ``vllm serve``, or a running server) against absolute budgets, and ``run_side``, its whole
+  sequence. Each measured round runs all its jobs at once, ``concurrency`` in flight.
+- guard.measure.ab_run: ``ABRun`` / ``run_ab``, two worker sides (candidate, baseline) on one
+  machine, and the baseline side's op-count cache. Both engines start at the same time; then
+  every request runs on both sides in blocks of ``concurrency``, the same images on both sides;
+  measured blocks in ABBA order (``block_order``, here because ``RunStage`` schedules the blocks;
+  why: guard.judge.ab), the idle side's process stopped.
 
 Only the engine starts overlap. Warm-ups and profiled requests take turns like measured ones:
 run on both sides at once they take longer than one after the other, because two OpenMP teams
@@ -27,30 +23,24 @@ Progress goes to the ``progress`` callback: runs take minutes.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import datetime as dt
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from guard.measure import opcache
-from guard.model import format as fmt
-from guard.config.budgets import Profile, Thresholds
-from guard.measure.contention import ContentionSampler
+from guard.config.budgets import Profile
 from guard.errors import InvalidRunError
-from guard.files import cache_root
-from guard.measure.hardware import Hardware, fingerprint
+from guard.measure.contention import ContentionSampler
 from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideInfo, plan_jobs
-from guard.measure.stopping import StoppingRule, measure_until_decided
-from guard.model.environment import Environment, OpCountsCacheNote, SpeedReference, WorkerReading, busy
+from guard.measure.stopping import StoppingRule, sample_until_decided
+from guard.model import format as fmt
+from guard.model.environment import SpeedReference, busy
 from guard.model.readings import size as size_key, total_calls
-from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
-                                  RequestOutcome, RunRecord, ScopeCounts, pairs)
+from guard.model.results import (BASELINE, CANDIDATE, InvalidReason, ReasonKind, RequestOutcome, RunRecord,
+                                  ScopeCounts, pairs)
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
@@ -71,8 +61,8 @@ class RunStage:
     """The run stage over ``sides`` (name -> side, in their warm-up order), each recorded into
     ``records[name]``. The first side's record holds the run's own invalid reasons. ``rule``: when
     the timing pass has measured enough (guard.measure.stopping), the verdict's own rule, which the
-    caller builds (guard.judge.rules.stopping_rule, guard.judge.ab.stopping_rule); a run that
-    only profiles needs none."""
+    caller builds (guard.judge.sequential.single_run_rule, guard.judge.sequential.ab_run_rule); a
+    run that only profiles needs none."""
 
     def __init__(self, profile: Profile, output: Path, sides: dict[str, EngineSide], records: dict[str, RunRecord],
                  progress: Callable[[str], None] = print, traces: str = TRACES_ON_FAILURE,
@@ -313,16 +303,18 @@ class RunStage:
         """What the budgets judge: one side's TTFT samples (seconds), or two sides' paired ratios."""
         return self.ratios() if self.paired else self.own.ttft_client_s()
 
-    def measure_until_decided(self) -> None:
-        """The workload's measured requests, then more batches while a budgeted percentile's interval
-        straddles its budget, by ``rule`` (the verdict's own, so the two agree): TTFT against
-        absolute budgets for one side, the paired ratio against ratio budgets for two."""
+    def time_until_decided(self) -> None:
+        """The timing pass's measured rounds: the workload's measured requests, then more batches while
+        a budgeted percentile's interval straddles its budget, by ``rule`` (the verdict's own, so the
+        two agree; guard.measure.stopping.sample_until_decided asks it): TTFT against absolute budgets
+        for one side, the paired ratio against ratio budgets for two. Around them, what the machine
+        did meanwhile: contention, GPU state, the speed reference."""
         from guard.measure.hardware import GpuStateSampler, read_gpu_state  # this method's concern only
 
         given = self.rule
         if given is None:
-            raise TypeError("the timing pass needs its stopping rule: pass rule= (guard.judge.rules.stopping_rule, "
-                            "guard.judge.ab.stopping_rule)")
+            raise TypeError("the timing pass needs its stopping rule: pass rule= (guard.judge.sequential.single_run_rule, "
+                            "guard.judge.sequential.ab_run_rule)")
         env = self.own.environment
         rule: StoppingRule | None = given
 
@@ -362,7 +354,7 @@ class RunStage:
         before = reference.speed_reading()
         self.contention.start()
         with sampler:
-            measure_until_decided(rule, self.profile.workload.requests, measure, on_undecided=say, keep_going=keep_going)
+            sample_until_decided(rule, self.profile.workload.requests, measure, on_undecided=say, keep_going=keep_going)
         reading = self.contention.stop()
         env.cpu_contention = reading
         if reading:
@@ -455,263 +447,3 @@ class RunStage:
             self._merge(name)
             self.records[name].duration_s = duration
         return duration
-
-
-class GuardRun(RunStage):
-    """One side: ``side`` (tests: a scripted engine), by default the profile's engine mode's: the
-    in-process vLLM engine, a managed ``vllm serve``, or with ``server_url`` a running server.
-    Every side starts lazily, at its first request. ``environment``: the fingerprint to record; by
-    default this machine's. ``rule``: the timing pass's stopping rule (guard.judge.rules.stopping_rule
-    of this profile); a run that only profiles needs none."""
-
-    def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
-                 progress: Callable[[str], None] = print, injected: str | None = None,
-                 traces: str = TRACES_ON_FAILURE, side: EngineSide | None = None,
-                 environment: Environment | None = None, server_url: str | None = None,
-                 contention: ContentionSampler | None = None, rule: StoppingRule | None = None) -> None:
-        self.thresholds = thresholds
-        self.mode = "server" if server_url else profile.engine.mode
-        if side is None and self.mode == "server":
-            from guard.measure.server import ServerSide
-
-            side = ServerSide(profile, output, progress, inject=injected, url=server_url)
-        elif side is None:
-            from guard.measure.inprocess import InProcessSide
-
-            side = InProcessSide(profile, progress, inject=injected)
-        self.record = RunRecord(
-            profile=profile.name, thresholds_path=thresholds.recorded_path, model=thresholds.model,
-            environment=fingerprint(hw, profile) if environment is None else environment, injected=injected,
-            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        )
-        self.record.environment.engine_mode = self.mode
-        super().__init__(profile, output, {"": side}, {"": self.record}, progress=progress, traces=traces,
-                         contention=contention, checkpoints=True, rule=rule)
-
-    @property
-    def side(self) -> EngineSide:
-        return self.sides[""]
-
-    @property
-    def llm(self):
-        """The in-process engine, started now if need be: for benchmarks that reach into the model."""
-        self.start()
-        return self.side.llm
-
-    def run_jobs(self, jobs: list[Job], label: str) -> list[RequestOutcome]:
-        """``jobs`` through the side, recorded and checkpointed: for benchmarks that time their own passes."""
-        self._label, self._total, self._done = label, len(jobs), {"": 0}
-        return self._run("", jobs)
-
-    def use_record(self, record: RunRecord) -> None:
-        """Record from now on into ``record`` (a benchmark's fresh pool on the same engine)."""
-        self.record = self.own = self.records[""] = record
-
-    def finish(self) -> RunRecord:
-        self.finish_records()
-        return self.record
-
-
-class ABRun(RunStage):
-    """Two worker sides: the candidate in ``candidate_python`` (default guard's own interpreter;
-    ``guard pr`` passes head's), the baseline in ``baseline_python``; ``sides``: others (tests).
-    ``rule``: the timing pass's stopping rule (guard.judge.ab.stopping_rule of this profile)."""
-
-    def __init__(self, thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
-                 progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
-                 candidate_python: str | None = None, sides: dict[str, EngineSide] | None = None,
-                 rule: StoppingRule | None = None) -> None:
-        from guard.measure.worker import WORKER_REPORTED, WorkerSide
-        from guard.config.weights import hub_resolver, pin
-
-        self.thresholds = thresholds
-        # a moving engine.revision (main): both sides load, and the records name, the same commit
-        profile = pin(profile, hub_resolver(download=False))
-        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        env = fingerprint(hw, profile)
-        records = {side: RunRecord(profile=profile.name, thresholds_path=thresholds.recorded_path, model=thresholds.model,
-                                   environment=copy.deepcopy(env), started_at=now,
-                                   injected=inject if side == CANDIDATE else None) for side in SIDES}
-        records[BASELINE].environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
-        self.record = ABRecord(candidate=records[CANDIDATE], baseline=records[BASELINE], baseline_python=baseline_python)
-        pythons = {CANDIDATE: candidate_python or sys.executable, BASELINE: baseline_python}
-        if sides is None:
-            sides = {side: WorkerSide(side, pythons[side], output, thresholds=thresholds.path.resolve(), profile=profile,
-                                      progress=lambda m, side=side: progress(f"{side:9} {m}"),
-                                      inject=inject if side == CANDIDATE else None,
-                                      gpu_memory_utilization=profile.ab.gpu_memory_utilization(side),
-                                      cache_key=side == BASELINE and profile.has_op_count_pass)
-                     for side in SIDES}
-        super().__init__(profile, output, sides, records, progress=progress, checkpoints=False, rule=rule)
-        self.order = self.record.order  # the record's own list: blocks append to it
-        self.fresh_baseline = fresh_baseline
-
-    # ------------------------------------------- the baseline's op-count cache (guard.measure.opcache)
-    cache_key: str | None = None
-    cache_covers: str = ""
-    fresh_baseline: bool = False  # profile the baseline side even when its pass is cached
-
-    cache_note: OpCountsCacheNote | None = None  # what the cache did for the baseline side, on its worker reading
-    _entry: tuple[str | None, RunRecord | None] | None = None  # (key, the baseline's entry): read once a run
-
-    def _cache_entry(self, key: str | None) -> RunRecord | None:
-        if self._entry is None or self._entry[0] != key:
-            self._entry = (key, opcache.load(cache_root(), key))
-        return self._entry[1]
-
-    def _cache_note(self, **fields: Any) -> None:
-        self.cache_note = OpCountsCacheNote(key=self.cache_key, **fields)
-        self._merge(BASELINE)
-
-    def _cached_baseline_pass(self) -> RunRecord | None:
-        """The baseline side's remembered pass, taken into its record; None: profile it now."""
-        info = self.infos.get(BASELINE)
-        if info is not None:
-            self.cache_key, self.cache_covers = info.cache_key, info.cache_key_covers
-        root = cache_root()
-        if root is None or self.cache_key is None or self.fresh_baseline:
-            why = ("GUARD_CACHE_DIR is empty" if root is None else "--fresh-baseline" if self.fresh_baseline
-                   else "the baseline environment has no key: " + (self.cache_covers or "unknown"))
-            self._cache_note(status="not used", reason=why)
-            return None
-        cached = self._cache_entry(self.cache_key)
-        if cached is None or not self._complete_pass(cached):
-            self._cache_note(status="miss")
-            return None
-        path = opcache.entry_path(root, self.cache_key)
-        self._cache_note(status="hit", recorded_at=cached.started_at, path=str(path), covers=self.cache_covers)
-        self.progress(f"{BASELINE:9} op counts{' and census' if self.profile.census else ''} from guard's cache: this "
-                      f"baseline environment was profiled {cached.started_at} (key {self.cache_key}); "
-                      "`--fresh-baseline` profiles it again")
-        for size in self.profile.workload.profile_image_sizes:
-            counts = [c for c in cached.op_counts if tuple(c.image_size) == tuple(size)]
-            self._take_counts(BASELINE, size, counts, cached.census.get(size_key(size)))
-        return cached
-
-    def _complete_pass(self, rec: RunRecord) -> bool:
-        """Every profiled size counted, every scope entered, the census of every size there."""
-        for size in self.profile.workload.profile_image_sizes:
-            counts = [c for c in rec.op_counts if tuple(c.image_size) == tuple(size)]
-            if (self.profile.ops and not counts) or any(c.entries == 0 for c in counts):
-                return False
-            if self.profile.census is not None and size_key(size) not in rec.census:
-                return False
-        return True
-
-    def _remember_baseline_pass(self) -> None:
-        """Remember the baseline side's pass when it was measured in full and every scope was entered."""
-        rec = self.records[BASELINE]
-        if not self._complete_pass(rec):
-            return  # an invalid pass is reported, never remembered
-        profiled = [size_key(s) for s in self.profile.workload.profile_image_sizes]
-        op_pass = RunRecord(profile=rec.profile, thresholds_path=rec.thresholds_path, model=rec.model,
-                            environment=copy.deepcopy(rec.environment), measures=Measures.OPS,
-                            op_counts=list(rec.op_counts), census={k: v for k, v in rec.census.items() if k in profiled},
-                            census_s=rec.census_s,
-                            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-        path = opcache.store(cache_root(), self.cache_key, op_pass)
-        if path is not None:
-            self._cache_note(status="stored", path=str(path))
-
-    def _merge(self, name: str) -> None:
-        super()._merge(name)
-        if name == BASELINE and self.cache_note is not None:
-            env = self.records[name].environment
-            env.worker = dataclasses.replace(env.worker or WorkerReading(), op_counts_cache=self.cache_note)
-
-    def _counts_from_cache(self) -> set[str]:
-        return {BASELINE} if self._cached_baseline_pass() is not None else set()
-
-    def _counted(self, names: set[str]) -> None:
-        if BASELINE in names:
-            self._remember_baseline_pass()
-
-    @property
-    def timed(self) -> bool:
-        """Whether the run measures TTFT pairs (else it only counts ops on both sides)."""
-        return bool(self.profile.ttft_vs_baseline_pct or self.profile.ttft_ms)
-
-    def _maybe_needless(self) -> set[str]:
-        """The baseline's engine, when the run only counts ops and may find the baseline's pass cached."""
-        usable = not self.fresh_baseline and cache_root() is not None
-        return {BASELINE} if usable and not self.timed and self.profile.has_op_count_pass else set()
-
-    def _needless(self, name: str) -> bool:
-        """Whether the baseline's pass is cached: its worker says which environment it is without an
-        engine (a start and a model load less)."""
-        info = self.sides[name].environment_key()
-        if info is None:
-            return False
-        self.infos[name] = info
-        cached = self._cache_entry(info.cache_key)
-        return cached is not None and self._complete_pass(cached)
-
-    def finish(self) -> ABRecord:
-        self.record.duration_s = self.finish_records()
-        return self.record
-
-
-def timing_pass(run: GuardRun) -> list[InvalidReason]:
-    """Warm-up, then timing until decided; why its samples are incomplete (none: complete)."""
-    run.warm_up()
-    warm = [o for o in run.record.outcomes if o.warmup]
-    if warm and not any(o.success for o in warm):  # a server that hangs would cost every round its timeout
-        return [InvalidReason(ReasonKind.REQUEST_FAILED, f"every warm-up request failed, first: {warm[0].error}; "
-                              "nothing was measured")]
-    run.measure_until_decided()
-    record, want = run.record, run.profile.workload.requests
-    failed = [o for o in record.measured if not o.success]
-    samples = record.ttft_client_s()
-    out = []
-    if failed:
-        out.append(InvalidReason(ReasonKind.REQUEST_FAILED, f"{len(failed)} request(s) failed, first: {failed[0].error}"))
-    elif len(samples) < want or not all(s > 0 for s in samples):
-        out.append(InvalidReason(ReasonKind.TOO_FEW_SAMPLES, f"the timing pass measured {len(samples)} of {want} TTFT samples"))
-    return out
-
-
-def profile_pass(run: GuardRun) -> list[InvalidReason]:
-    """One profiled request per image size; why its counts prove nothing (none: they do)."""
-    never = [f"{c.scope} [{fmt.size(c.image_size)}]" for c in run.profile_ops() if c.entries == 0]
-    return [InvalidReason(ReasonKind.SCOPE_NEVER_ENTERED, "scope(s) never entered, counts would prove nothing: "
-                          + ", ".join(never))] if never else []
-
-
-def run_side(run: GuardRun, measures: Measures) -> RunRecord:
-    """The run stage for one side, whatever started it (``guard check``'s child process, each side of
-    ``guard pr``, the pytest suite): the timing pass when ``measures`` includes TTFT and the profile
-    budgets it, the profile pass when it includes op counts and the profile has them, each pass's
-    completeness as invalid reasons on the record. A run that stops (the engine died) says why
-    there and never raises past here; Ctrl-C does, once the record is finished."""
-    run.record.measures = measures
-    try:
-        with run:
-            if measures.ttft and run.profile.ttft_ms:
-                run.record.invalid_reasons.extend(timing_pass(run))
-            if measures.ops and run.profile.has_op_count_pass:
-                run.record.invalid_reasons.extend(profile_pass(run))
-    except InvalidRunError:
-        pass  # recorded in run.record.invalid_reasons
-    return run.finish()
-
-
-def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
-           progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
-           candidate_python: str | None = None, *, rule: StoppingRule) -> ABRecord:
-    """The whole A/B run stage, measuring pairs until ``rule`` (guard.judge.ab.stopping_rule of
-    ``profile``) has decided. A side that fails makes the record invalid (its reason is kept),
-    never raises past here: evaluation turns the record into the verdict."""
-    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline,
-               candidate_python, rule=rule) as run:  # the workers end even on an unexpected error
-        try:
-            run.start()
-            if run.timed:
-                run.warm_up()
-                run.measure_until_decided()
-            # an op-count pass warms each size it profiles, and only on the sides it profiles: a
-            # baseline whose counts are cached sends no request at all
-            if profile.has_op_count_pass:
-                run.profile_ops()
-        except InvalidRunError:
-            pass  # recorded in run.record.candidate.invalid_reasons
-        return run.finish()

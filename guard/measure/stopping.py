@@ -1,8 +1,8 @@
 """When the run stage has measured enough: the sequential loop, over a stopping rule it is given.
 
-The rule is the verdict's own (``guard.judge.rules.stopping_rule`` for one side's TTFT,
-``guard.judge.ab.stopping_rule`` for two sides' paired ratio), built by whoever starts the run (a
-command, the child process's entry ``guard.child``, the pytest plugin, a benchmark) and passed in.
+The rule is the verdict's own (guard.judge.sequential: ``single_run_rule`` for one side's TTFT,
+``ab_run_rule`` for two sides' paired ratio), built by whoever starts the run (a command, the
+child process's entry ``guard.child``, the pytest plugin, a benchmark) and passed in.
 So the stage that measures never imports the stage that judges, and the two cannot disagree: the
 intervals, which budgets are undecided and how many more samples to take are judge code; when to
 ask, and the caller's veto (a failed request, a busy machine), are the run stage's.
@@ -35,9 +35,9 @@ class StoppingRule(Protocol):
         ...
 
 
-def measure_until_decided(rule: StoppingRule | None, first: int, measure: Callable[[int], Sequence[float]],
-                          on_undecided: Callable[[Sequence[Any], int], None] = lambda pending, n: None,
-                          keep_going: Callable[[], bool] = lambda: True) -> list[float]:
+def sample_until_decided(rule: StoppingRule | None, first: int, measure: Callable[[int], Sequence[float]],
+                         on_undecided: Callable[[Sequence[Any], int], None] = lambda pending, n: None,
+                         keep_going: Callable[[], bool] = lambda: True) -> list[float]:
     """``measure(n)`` returns the next n samples: measure ``first``, then batches while ``rule``
     leaves a budget undecided, as many as it says. Returns every sample.
     ``rule`` None: the first batch only (budgets shown, not judged: more samples decide nothing).

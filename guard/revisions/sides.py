@@ -117,7 +117,7 @@ def own_environment_pass(name: str, env: InstalledEnvironment | overlay.SideEnvi
     environment's stack): the run stage over one worker side, which imports guard from here and needs
     nothing installed there but vLLM (guard.measure.worker)."""
     from guard.measure.hardware import detect, fingerprint
-    from guard.measure.run import GuardRun, run_side
+    from guard.measure.single_run import GuardRun, run_side
     from guard.measure.worker import WORKER_REPORTED, WorkerSide
 
     side = WorkerSide(name, str(env.python), output, thresholds=thresholds.path.resolve(), profile=profile,

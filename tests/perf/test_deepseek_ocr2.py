@@ -2,7 +2,7 @@
 
 Run it directly (pytest-benchmark writes benchmark.json with `--benchmark-json`):
     pytest tests/perf -c tests/perf/pytest.ini --guard-profile cpu
-`guard check` runs the same run-stage steps (guard.measure.run) without pytest. The budgets are
+`guard check` runs the same run-stage steps (guard.measure.single_run) without pytest. The budgets are
 judged once, by guard.judge.evaluate, at the end of the session; these tests assert that the
 measurement itself is complete (the run stage's own completeness checks).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from guard.measure.run import profile_pass, timing_pass
+from guard.measure.single_run import profile_pass, timing_pass
 from guard.pytest_plugin import TTFT_BENCHMARK
 
 
