@@ -1,6 +1,7 @@
-"""`guard comment` and guard.github.publish: real github3.py over real HTTP against a local imitation of the
-GitHub REST endpoints it uses (pytest-httpserver), with state, so each test asserts what ended up on
-the "pull request", not which functions were called.
+"""`guard comment` and what it posts with (guard.github: publish, rendering, client, inputs,
+workflow_commands): real github3.py over real HTTP against a local imitation of the GitHub REST
+endpoints it uses (pytest-httpserver), with state, so each test asserts what ended up on the "pull
+request", not which functions were called.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from guard import cli
-from guard.github import publish
+from guard.github import client, inputs, publish, rendering, workflow_commands
 from guard.config.budgets import DEFAULT_THRESHOLDS
 from guard.report.markdown import render_markdown
 from guard.errors import ExitCode, UsageError
@@ -166,8 +167,8 @@ def test_author_flag_selects_whose_comments_are_ours(gh_env, guard):
 
 def test_marker_text_is_pinned():
     # Changing this breaks the link to every comment already posted: bump MARKER_VERSION on purpose only.
-    assert publish.marker("deepseek-ocr-2", "a10") == "<!-- guard:v1 model=deepseek-ocr-2 profile=a10 -->"
-    assert publish.marker("evil --> <b>", "a10") == "<!-- guard:v1 model=evil_--___b_ profile=a10 -->"
+    assert rendering.marker("deepseek-ocr-2", "a10") == "<!-- guard:v1 model=deepseek-ocr-2 profile=a10 -->"
+    assert rendering.marker("evil --> <b>", "a10") == "<!-- guard:v1 model=evil_--___b_ profile=a10 -->"
 
 
 # ----------------------------------------------------------------------------- GitHub failing
@@ -236,8 +237,8 @@ def test_a_token_read_from_a_file_with_its_line_break_still_posts(gh_env, guard,
 def test_429_retry_after_is_honoured(fake):
     fake.fail("POST", rf"/repos/{OWNER}/{REPO}/issues/7/comments", 429, **{"Retry-After": "7"})
     waits: list[float] = []
-    gh = publish.github_client(TOKEN, fake.base, retry=publish.RetryPolicy(attempts=3, base_s=0.5, sleep=waits.append))
-    status = publish.CommitStatus("success", "guard/m/p", "ok")
+    gh = client.github_client(TOKEN, fake.base, retry=client.RetryPolicy(attempts=3, base_s=0.5, sleep=waits.append))
+    status = rendering.CommitStatus("success", "guard/m/p", "ok")
     report = publish.publish(gh, owner=OWNER, repo=REPO, number=7, mark=MARK, body=f"{MARK}\nhi", status=status)
     assert waits == [7.0]
     assert report.errors == [] and report.comment == "created"
@@ -248,8 +249,8 @@ def test_backoff_doubles_and_a_long_retry_after_is_not_sat_out(fake):
     fake.fail("POST", rf"/repos/{OWNER}/{REPO}/issues/7/comments", 503, times=2)
     fake.fail("POST", rf"/repos/{OWNER}/{REPO}/statuses/{HEAD}", 429, **{"Retry-After": "3600"})
     waits: list[float] = []
-    gh = publish.github_client(TOKEN, fake.base, retry=publish.RetryPolicy(attempts=4, base_s=0.5, sleep=waits.append))
-    status = publish.CommitStatus("success", "guard/m/p", "ok")
+    gh = client.github_client(TOKEN, fake.base, retry=client.RetryPolicy(attempts=4, base_s=0.5, sleep=waits.append))
+    status = rendering.CommitStatus("success", "guard/m/p", "ok")
     report = publish.publish(gh, owner=OWNER, repo=REPO, number=7, mark=MARK, body=f"{MARK}\nhi", status=status)
     assert waits == [0.5, 1.0]  # the two 503s; the hour-long Retry-After made it give up at once
     assert report.comment == "created"
@@ -293,22 +294,22 @@ def test_too_long_body_is_trimmed_with_a_note(gh_env, guard, tmp_path, regressio
     code, _, err = guard("--pr", "7", results=write_results(tmp_path, huge))
     assert code == 0, err  # the fake, like GitHub, would have answered 422 to an over-long body
     [c] = gh_env.comments[7]
-    assert len(c["body"]) <= publish.COMMENT_LIMIT
+    assert len(c["body"]) <= rendering.COMMENT_LIMIT
     assert c["body"].startswith(MARK) and "Report trimmed" in c["body"]
     assert c["body"].count("<details>") == c["body"].count("</details>")
     # the job summary, with its own larger limit, keeps the whole report the note points to
     full = summary.read_text(encoding="utf-8")
-    assert len(full) > publish.COMMENT_LIMIT and "notice 599:" in full and "Report trimmed" not in full
+    assert len(full) > rendering.COMMENT_LIMIT and "notice 599:" in full and "Report trimmed" not in full
 
 
 def test_trim_body_closes_what_the_cut_left_open():
     body = MARK + "\n<details><summary>x</summary>\n\n```\n" + "\n".join("y" * 80 for _ in range(2000))
-    out = publish.trim_body(body)
-    assert len(body) > publish.COMMENT_LIMIT >= len(out)
+    out = rendering.trim_body(body)
+    assert len(body) > rendering.COMMENT_LIMIT >= len(out)
     assert sum(ln.startswith("```") for ln in out.splitlines()) % 2 == 0
     assert out.count("<details>") == out.count("</details>")
     assert out.startswith(MARK) and "Report trimmed" in out
-    assert publish.trim_body("short") == "short"
+    assert rendering.trim_body("short") == "short"
 
 
 def test_step_summary_is_appended(gh_env, guard, tmp_path, monkeypatch):
@@ -324,12 +325,12 @@ def test_step_summary_is_appended(gh_env, guard, tmp_path, monkeypatch):
 
 
 def test_annotations_escape_as_the_runner_requires(regression):
-    assert publish.escape_data("100% done\r\nnext") == "100%25 done%0D%0Anext"
-    assert publish.escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
+    assert workflow_commands.escape_data("100% done\r\nnext") == "100%25 done%0D%0Anext"
+    assert workflow_commands.escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
     odd = TtftCheck(percentile="p50,\nx:y", budget_ms=100, measured_ms=150, interval_ms=(140, 160), samples=6,
                     rounds=1, confidence=0.95, status=Status.FAIL)
     res = dataclasses.replace(regression, ttft_checks=(odd,), op_checks=(), notices=(), judged_invalid_reasons=())
-    [line] = publish.annotations(res)
+    [line] = workflow_commands.annotations(res)
     assert line == ("::error title=guard%3A ttft p50%2C%0Ax%3Ay over budget::TTFT p50,%0Ax:y 150 ms is over its budget "
                     "<= 100 ms (+50.0 %25; 95 %25 interval [140, 160] ms, n=6) (deepseek-ocr-2 / a10)")
 
@@ -344,11 +345,11 @@ def test_annotations_one_error_per_failed_check(gh_env, guard, regression):
 
 def test_status_description_fits_githubs_limit(regression):
     many = tuple(dataclasses.replace(regression.ttft_checks[0], percentile=f"p{i}") for i in range(1, 41))
-    st = publish.commit_status(dataclasses.replace(regression, ttft_checks=many))
-    assert st.state == "failure" and len(st.description) <= publish.STATUS_DESCRIPTION_LIMIT
-    assert publish.commit_status(passing(regression)).state == "success"
+    st = rendering.commit_status(dataclasses.replace(regression, ttft_checks=many))
+    assert st.state == "failure" and len(st.description) <= rendering.STATUS_DESCRIPTION_LIMIT
+    assert rendering.commit_status(passing(regression)).state == "success"
     invalid = dataclasses.replace(regression, verdict=Verdict.INVALID, judged_invalid_reasons=(InvalidReason(ReasonKind.ENGINE, "engine died"),))
-    assert (publish.commit_status(invalid).state, publish.commit_status(invalid).description) == \
+    assert (rendering.commit_status(invalid).state, rendering.commit_status(invalid).description) == \
         ("error", "invalid run: engine died")
 
 
@@ -358,9 +359,9 @@ def test_dry_run_prints_body_and_status_and_makes_no_requests(gh_env, guard, reg
     assert code == 0
     assert gh_env.log == []  # token and API URL were there; it still did not call
     report = render_markdown(regression, run_url="https://github.example/r/1", thresholds=DEFAULT_THRESHOLDS)
-    assert publish.comment_body(regression, run_url="https://github.example/r/1", report=report) in out
+    assert rendering.comment_body(regression, run_url="https://github.example/r/1", report=report) in out
     assert "  state: failure\n  context: guard/deepseek-ocr-2/a10\n" in out
-    assert f"  description: {publish.commit_status(regression).description}\n" in out
+    assert f"  description: {rendering.commit_status(regression).description}\n" in out
 
 
 def test_dry_run_needs_no_token_or_repository(monkeypatch, guard):
@@ -390,13 +391,13 @@ def test_enterprise_api_root_is_used_as_given(httpserver, monkeypatch, guard):
                                  "99999999999", "", "0x7"])
 def test_pr_number_is_parsed_strictly(raw):
     with pytest.raises(UsageError) as info:
-        publish.parse_pr_number(raw)
+        inputs.parse_pr_number(raw)
     assert info.value.exit_code == 2
 
 
 def test_pr_number_and_sha_accept_a_trailing_newline():
-    assert publish.parse_pr_number("7\n") == 7
-    assert publish.parse_sha(HEAD.upper() + "\n") == HEAD
+    assert inputs.parse_pr_number("7\n") == 7
+    assert inputs.parse_sha(HEAD.upper() + "\n") == HEAD
 
 
 # ----------------------------------------------------------------------------- the comment workflow's checks
@@ -487,7 +488,7 @@ def test_no_results_refuses_incomplete_or_contradictory_arguments(gh_env, guard,
 
 # ----------------------------------------------------------------------------- quiet comments (#40)
 PR_FIXTURE = Path(__file__).parent / "fixtures" / "pr" / "mask-loop.results.json"  # a real `guard pr --only ops`
-CPU_MARK = publish.marker("deepseek-ocr-2", "cpu")
+CPU_MARK = rendering.marker("deepseek-ocr-2", "cpu")
 WORKFLOW = 4242  # the measuring workflow's id in the workflow_run event
 
 

@@ -10,14 +10,13 @@ failing after retries. ``--dry-run`` prints what it would post and needs neither
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import secrets
 import tempfile
 from pathlib import Path
 
-from guard.github import approval, buildkite, gate, publish
+from guard.github import approval, buildkite, client, gate, inputs, publish, rendering, workflow_commands
 from guard.config.budgets import DEFAULT_THRESHOLDS
 from guard.config.loading import load_thresholds
 from guard.errors import UsageError
@@ -100,9 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`success` status 'not run: REASON' on --sha, for --model and --profile")
     parser.add_argument("--model", default=None, help="with --no-results: the model of the missing results")
     parser.add_argument("--profile", default=None, help="with --no-results: the hardware profile of the missing results")
-    parser.add_argument("--max-attempts", type=_attempts, default=publish.RetryPolicy.attempts,
+    parser.add_argument("--max-attempts", type=_attempts, default=client.RetryPolicy.attempts,
                         help="tries per GitHub request for 5xx/429/rate limits (default: %(default)s)")
-    parser.add_argument("--backoff-base", type=_seconds, default=publish.RetryPolicy.base_s,
+    parser.add_argument("--backoff-base", type=_seconds, default=client.RetryPolicy.base_s,
                         help="seconds before the first retry, doubled after each (default: %(default)s)")
 
 
@@ -135,26 +134,26 @@ def _target(args: argparse.Namespace, env: dict[str, str]) -> tuple[int | None, 
     so reading one switches verification on, against the trusted SHA and head repository when known.
     """
     event_path = env.get("GITHUB_EVENT_PATH")
-    event = publish.target_from_event(event_path) if event_path else publish.EventTarget()
+    event = inputs.target_from_event(event_path) if event_path else inputs.EventTarget()
     verify = bool(args.pr_file or args.sha_file or args.expected_head_repo)
 
     if args.pr is not None and args.pr_file is not None:
         raise UsageError("give --pr or --pr-file, not both")
     if args.pr_file is not None:
-        pr = publish.parse_pr_number(publish.read_small_file(args.pr_file, what="--pr-file"), source=args.pr_file)
+        pr = inputs.parse_pr_number(inputs.read_small_file(args.pr_file, what="--pr-file"), source=args.pr_file)
     elif args.pr is not None:
-        pr = publish.parse_pr_number(args.pr, source="--pr")
+        pr = inputs.parse_pr_number(args.pr, source="--pr")
     else:
         pr = event.pr if isinstance(event.pr, int) and event.pr > 0 else None
 
     if args.sha is not None:
-        sha = publish.parse_sha(args.sha, source="--sha")
+        sha = inputs.parse_sha(args.sha, source="--sha")
     elif isinstance(event.sha, str):
-        sha = publish.parse_sha(event.sha, source="GITHUB_EVENT_PATH head SHA")
+        sha = inputs.parse_sha(event.sha, source="GITHUB_EVENT_PATH head SHA")
     else:
         sha = None
     if args.sha_file is not None:
-        from_file = publish.parse_sha(publish.read_small_file(args.sha_file, what="--sha-file"), source=args.sha_file)
+        from_file = inputs.parse_sha(inputs.read_small_file(args.sha_file, what="--sha-file"), source=args.sha_file)
         if sha is not None and from_file != sha:
             raise UsageError(f"{args.sha_file} says {from_file} but the run measured {sha}: the artifact does not "
                              "belong to the run that triggered this; refusing to post")
@@ -162,7 +161,7 @@ def _target(args: argparse.Namespace, env: dict[str, str]) -> tuple[int | None, 
 
     head_repo = args.expected_head_repo or (event.head_repo if verify and isinstance(event.head_repo, str) else None)
     if head_repo is not None:
-        publish.parse_repository(head_repo, source="--expected-head-repo")
+        inputs.parse_repository(head_repo, source="--expected-head-repo")
     return pr, sha, head_repo, verify
 
 
@@ -203,7 +202,7 @@ def _trust_policy(args: argparse.Namespace, verify: bool) -> TrustPolicy | None:
     return TrustPolicy(thresholds_path=rel.as_posix(), thresholds_text=text, patterns=patterns)
 
 
-def _print_dry_run(body: str, status: publish.CommitStatus, pr: int | None, sha: str | None,
+def _print_dry_run(body: str, status: rendering.CommitStatus, pr: int | None, sha: str | None,
                    env: dict[str, str], finding: bool = True) -> None:
     where = f"pull request #{pr}" if pr else "the pull request (none given)"
     if finding:
@@ -232,9 +231,9 @@ def _job_summary(env: dict[str, str], markdown: str) -> None:
     if not env.get("GITHUB_STEP_SUMMARY"):
         return
     try:
-        publish.append_step_summary(env["GITHUB_STEP_SUMMARY"], markdown)
+        workflow_commands.append_step_summary(env["GITHUB_STEP_SUMMARY"], markdown)
     except OSError as exc:
-        print(publish.workflow_command(
+        print(workflow_commands.workflow_command(
             "warning", f"cannot append to GITHUB_STEP_SUMMARY {env['GITHUB_STEP_SUMMARY']}: {exc.strerror or exc}",
             title="guard comment: no job summary"))
 
@@ -248,9 +247,9 @@ def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"{flag} needs --model, --profile and --sha (the triggering run's head commit)")
     if args.pr_file or args.sha_file or args.pr:
         raise UsageError(f"{flag} posts only a status on --sha: give no PR number or artifact files")
-    sha = publish.parse_sha(args.sha, source="--sha")
-    status = publish.no_results_status(args.model, args.profile, args.no_results or args.not_run, args.run_url or None,
-                                       requested=args.no_results is not None)
+    sha = inputs.parse_sha(args.sha, source="--sha")
+    status = rendering.no_results_status(args.model, args.profile, args.no_results or args.not_run,
+                                         args.run_url or None, requested=args.no_results is not None)
     if args.dry_run:
         say(f"guard comment: dry run: would set the commit status on {sha}:")
         say(f"  state: {status.state}")
@@ -258,12 +257,12 @@ def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
         say(f"  description: {one_line(status.description)}")
         return 0
     token = _token(env, "the status")
-    owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
-    gh = publish.github_client(token, env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL,
-                               retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
+    owner, name = inputs.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
+    gh = client.github_client(token, env.get("GITHUB_API_URL") or client.DEFAULT_API_URL,
+                              retry=client.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
     if args.no_results is not None and env.get("GITHUB_EVENT_PATH"):
         # a cancelled run a newer one replaced: the newer run posts, so this one posts nothing
-        event = publish.target_from_event(env["GITHUB_EVENT_PATH"])
+        event = inputs.target_from_event(env["GITHUB_EVENT_PATH"])
         if event.sha is not None and event.sha.lower() == sha:
             why, problem = publish.superseded(gh, owner=owner, repo=name, run=event)
             if why:
@@ -279,9 +278,9 @@ def run_without_results(args: argparse.Namespace, env: dict[str, str]) -> int:
     if report.status:
         say(f"guard comment: status {status.state} '{one_line(status.context)}' on {sha}: {one_line(status.description)}")
     for refused in report.forbidden:
-        print(publish.workflow_command("warning", refused, title="guard comment: not published"))
+        print(workflow_commands.workflow_command("warning", refused, title="guard comment: not published"))
     if report.errors:
-        raise publish.GitHubSideError("; ".join(report.errors), hint="GitHub's side failed; re-run this job")
+        raise client.GitHubSideError("; ".join(report.errors), hint="GitHub's side failed; re-run this job")
     return 0
 
 
@@ -312,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.results}: verdict: {contradiction}; refusing to post",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
     shown = _rendered(args, results)
-    for line in publish.annotations(results):
+    for line in workflow_commands.annotations(results):
         print(line)
     if args.dry_run:
         _print_dry_run(shown.body, shown.status, pr, sha, env, shown.finding)
@@ -321,9 +320,10 @@ def run(args: argparse.Namespace) -> int:
     gh, owner, name = _client(args, env)
     if pr is None:
         raise UsageError("no pull-request number: pass --pr or --pr-file, or run inside a pull_request workflow")
-    report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=publish.marker(results.run.model, results.run.profile),
-                             body=shown.body, status=shown.status, sha=sha, author=args.author, verify=verify,
-                             expected_head_repo=head_repo, finding=shown.finding, summary=shown.summary)
+    mark = rendering.marker(results.run.model, results.run.profile)
+    report = publish.publish(gh, owner=owner, repo=name, number=pr, mark=mark, body=shown.body, status=shown.status,
+                             sha=sha, author=args.author, verify=verify, expected_head_repo=head_repo,
+                             finding=shown.finding, summary=shown.summary)
     return _said(report)
 
 
@@ -336,14 +336,14 @@ def _trusted(policy: TrustPolicy):
 
 def _client(args: argparse.Namespace, env: dict[str, str]):
     token = _token(env, "the comment or the status")
-    owner, name = publish.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
-    gh = publish.github_client(token, _api_url(env),
-                               retry=publish.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
+    owner, name = inputs.parse_repository(env.get("GITHUB_REPOSITORY", ""), source="GITHUB_REPOSITORY")
+    gh = client.github_client(token, _api_url(env),
+                              retry=client.RetryPolicy(attempts=args.max_attempts, base_s=args.backoff_base))
     return gh, owner, name
 
 
 def _api_url(env: dict[str, str]) -> str:
-    return env.get("GITHUB_API_URL") or publish.DEFAULT_API_URL
+    return env.get("GITHUB_API_URL") or client.DEFAULT_API_URL
 
 
 def _rendered(args: argparse.Namespace, results: Results, budgets: str | None = None, extra: str = "") -> gate.Rendered:
@@ -364,8 +364,8 @@ def _rendered(args: argparse.Namespace, results: Results, budgets: str | None = 
         results, run_url=run_url, thresholds=budgets or args.trusted_thresholds, history=history)
     if extra:
         report_text = f"{extra}\n{report_text}"
-    body = publish.comment_body(results, run_url=run_url, report=report_text)
-    return gate.Rendered(body, publish.commit_status(results, run_url), has_finding(results), summary_line(results),
+    body = rendering.comment_body(results, run_url=run_url, report=report_text)
+    return gate.Rendered(body, rendering.commit_status(results, run_url), has_finding(results), summary_line(results),
                          report_text)
 
 
@@ -398,13 +398,13 @@ def _post_judged(args: argparse.Namespace, env: dict[str, str], runs: list[tuple
                   else gate.ModelPost(m, None, "the pull request concerns this model, but its run left no results")
                   for m in missing]
         why_none = f"nothing guard measures changed ({why})"
-        mark = publish.marker(gate.ALL_MODELS, profile)
+        mark = rendering.marker(gate.ALL_MODELS, profile)
         status = gate.combined_status(profile, posts, args.run_url or None, why_none)
         body = gate.combined_body(mark, posts, why_none)
     else:
-        mark = publish.marker(runs[0][1].run.model, profile)
+        mark = rendering.marker(runs[0][1].run.model, profile)
         only = posts[0]
-        status = only.rendered.status if only.rendered else publish.no_results_status(
+        status = only.rendered.status if only.rendered else rendering.no_results_status(
             only.model, profile, "results not re-judged")
         body = only.rendered.body if only.rendered else (
             f"{mark}\n## guard: not judged\n\nThe run's results could not be judged again here: {text(only.problem)}\n")
@@ -423,7 +423,7 @@ def _post_judged(args: argparse.Namespace, env: dict[str, str], runs: list[tuple
         say("guard comment: the artifact does not re-judge; the pull request changes what judges it, so it gets the "
             "status that asks for a maintainer's approved run")
     for p in posts:
-        for line in publish.annotations(p.judged) if p.judged else ():
+        for line in workflow_commands.annotations(p.judged) if p.judged else ():
             print(line)
     finding = finding or (bool(report.protected) and not report.approved)
     code = _said(publish.post(gh, ctx.pull, head=ctx.head, mark=mark, body=body, status=status, author=args.author,
@@ -449,8 +449,8 @@ def _record_findings(path: str, posts: list[gate.ModelPost], pr: int, head: str,
 
 def _summarise(env: dict[str, str], shown: gate.Rendered) -> None:
     """The job summary: one line always, the report with a finding."""
-    _job_summary(env, text(shown.summary) + ("\n\n" + publish.trim_body(shown.report, publish.SUMMARY_LIMIT)
-                                             if shown.finding else ""))
+    report = "\n\n" + rendering.trim_body(shown.report, workflow_commands.SUMMARY_LIMIT) if shown.finding else ""
+    _job_summary(env, text(shown.summary) + report)
 
 
 def run_for_buildkite(args: argparse.Namespace, env: dict[str, str]) -> int:
@@ -490,8 +490,8 @@ def run_for_buildkite(args: argparse.Namespace, env: dict[str, str]) -> int:
         if f"guard-pr/{name}" not in got:
             raise buildkite.ForgedTarget(f"build {build.number} of {measuring} uploaded no guard-pr/{name}; refusing to post")
         setattr(args, flag, str(art / "guard-pr" / name))
-    claimed = publish.parse_pr_number(publish.read_small_file(args.pr_file, what="guard-pr/pr_number.txt"),
-                                      source="guard-pr/pr_number.txt")
+    claimed = inputs.parse_pr_number(inputs.read_small_file(args.pr_file, what="guard-pr/pr_number.txt"),
+                                     source="guard-pr/pr_number.txt")
     if claimed != build.pr:
         raise buildkite.ForgedTarget(f"the artifact names pull request #{claimed}, but Buildkite built #{build.pr}; "
                                      "refusing to post")
@@ -516,11 +516,11 @@ def _said(report: publish.PublishReport) -> int:
         say(f"guard comment: this PR changes {len(report.protected)} protected file(s): "
             f"{one_line(', '.join(report.protected[:10]))}; {how}")
     for refused in report.forbidden:
-        print(publish.workflow_command("warning", refused, title="guard comment: not published"))
+        print(workflow_commands.workflow_command("warning", refused, title="guard comment: not published"))
     if report.forbidden:
         say(f"guard comment: warning: GitHub refused {len(report.forbidden)} step(s), see above. "
               f"{publish.READ_ONLY_EXPLANATION}")
     if report.errors:
-        raise publish.GitHubSideError("; ".join(report.errors),
-                                      hint="GitHub's side failed; the perf verdict above still stands. Re-run this job")
+        raise client.GitHubSideError("; ".join(report.errors),
+                                     hint="GitHub's side failed; the perf verdict above still stands. Re-run this job")
     return 0

@@ -12,7 +12,7 @@ entitled accepts the change; then head's copy judges and the status names who ac
   team named there. A review of an older commit is stale.
 
 Pure rules here (CODEOWNERS matching, the latest review per reviewer); the reads go through the
-github3 client's session, so they share its token and retries (guard.github.publish).
+github3 client's session, so they share its token and retries (guard.github.client).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class GitHubReads:
         self.owner, self.repo = owner, repo
 
     def _get(self, path: str, **params: Any) -> Any:
-        from guard.github.publish import GitHubSideError
+        from guard.github.client import GitHubSideError
 
         resp = self.session.get(f"{self.api}{path}", params=params or None)
         if resp.status_code == 404:
@@ -140,7 +140,7 @@ class GitHubReads:
         return resp
 
     def _pages(self, path: str) -> list[Any]:
-        from guard.github.publish import GitHubSideError
+        from guard.github.client import GitHubSideError
 
         out: list[Any] = []
         resp = self._get(path, per_page=100)

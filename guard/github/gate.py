@@ -25,7 +25,8 @@ from typing import Any
 from guard.config.budgets import Thresholds
 from guard.config.loading import load_thresholds
 from guard.errors import UsageError
-from guard.github import approval, budget_files, publish
+from guard.github import approval, budget_files, client, publish
+from guard.github.rendering import STATUS_DESCRIPTION_LIMIT, CommitStatus, clip, slug, trim_body
 from guard.github.trust import TrustPolicy
 from guard.judge.rejudge import rejudge
 from guard.model.results import Results
@@ -42,7 +43,7 @@ class Rendered:
     """A judged run as the command renders it (its report, status, whether it is a finding)."""
 
     body: str
-    status: publish.CommitStatus
+    status: CommitStatus
     finding: bool
     summary: str
     report: str
@@ -93,8 +94,8 @@ def open_context(gh: Any, owner: str, name: str, api_url: str, pr: int, sha: str
                  verify: bool) -> Context:
     pull = publish.open_pull_request(gh, owner=owner, repo=name, number=pr, sha=sha, verify=verify,
                                      expected_head_repo=head_repo)
-    files = publish.read("list the pull request's files", lambda: publish.pr_changed_files(pull))
-    reviews = publish.read("list the pull request's reviews", lambda: publish.pr_reviews(pull))
+    files = client.read("list the pull request's files", lambda: publish.pr_changed_files(pull))
+    reviews = client.read("list the pull request's reviews", lambda: publish.pr_reviews(pull))
     return Context(gh, pull, (sha or pull.head.sha).lower(), owner, name, api_url, files, reviews)
 
 
@@ -125,7 +126,7 @@ def budgets_for(ctx: Context, model: str, in_repo: str | None, policy: TrustPoli
         return load_thresholds(own.thresholds_path, text=own.thresholds_text), None, policy
     path = in_repo.replace("{model}", model)
     reads = approval.GitHubReads(ctx.gh, ctx.api_url, ctx.owner, ctx.name)
-    choice = publish.read("read the budgets in the repository", lambda: budget_files.choose(
+    choice = client.read("read the budgets in the repository", lambda: budget_files.choose(
         ctx.pull.base.repository, reads, ctx.pull.number, str(ctx.pull.base.sha).lower(), ctx.head, path,
         [f.filename for f in ctx.files], ctx.reviews, own, label, model))
     say(f"guard comment: {model}: budgets: {one_line(choice.source)}")
@@ -145,8 +146,8 @@ def judge_one(ctx: Context, results: Results, source: str, in_repo: str | None, 
     notice = budget_files.notice_markdown(choice, path) if choice is not None else ""
     rendered = render(judged, path, notice)
     if choice is not None:
-        status = dataclasses.replace(rendered.status, description=publish.clip(
-            f"{choice.short}: {rendered.status.description}", publish.STATUS_DESCRIPTION_LIMIT))
+        status = dataclasses.replace(rendered.status, description=clip(
+            f"{choice.short}: {rendered.status.description}", STATUS_DESCRIPTION_LIMIT))
         rendered = dataclasses.replace(rendered, status=status,
                                        finding=rendered.finding or (bool(choice.changed) and choice.accepted is None))
     accepted_by, recorded = None, judged
@@ -159,18 +160,17 @@ def judge_one(ctx: Context, results: Results, source: str, in_repo: str | None, 
     return ModelPost(model, rendered, judged=judged, accepted_by=accepted_by, recorded=recorded), policy
 
 
-def combined_status(profile: str, posts: list[ModelPost], run_url: str | None, why_none: str) -> publish.CommitStatus:
+def combined_status(profile: str, posts: list[ModelPost], run_url: str | None, why_none: str) -> CommitStatus:
     """One status for every model: the worst state, the models that are not success named first."""
-    context = f"guard/{publish.slug(profile)}"
+    context = f"guard/{slug(profile)}"
     if not posts:
-        return publish.CommitStatus("success", context, publish.clip(why_none, publish.STATUS_DESCRIPTION_LIMIT),
-                                    run_url)
+        return CommitStatus("success", context, clip(why_none, STATUS_DESCRIPTION_LIMIT), run_url)
     worst = min((p.state for p in posts), key=STATE_ORDER.index)
     bad = [p for p in posts if p.state != "success"]
     named = "; ".join(f"{p.model}: {p.says}" for p in bad)
     held = len(posts) - len(bad)
     desc = f"{len(posts)} model(s), {held} fine" + (f"; {named}" if named else "")
-    return publish.CommitStatus(worst, context, publish.clip(desc, publish.STATUS_DESCRIPTION_LIMIT), run_url)
+    return CommitStatus(worst, context, clip(desc, STATUS_DESCRIPTION_LIMIT), run_url)
 
 
 def combined_body(mark: str, posts: list[ModelPost], why_none: str) -> str:
@@ -187,7 +187,7 @@ def combined_body(mark: str, posts: list[ModelPost], why_none: str) -> str:
         opened = " open" if p.rendered.finding else ""
         parts += ["", f"<details{opened}><summary><b>{p.model}</b>: {text(p.rendered.summary)}</summary>", "",
                   report.strip(), "", "</details>"]
-    return publish.trim_body("\n".join(parts) + "\n")
+    return trim_body("\n".join(parts) + "\n")
 
 
 def missing_models(ctx: Context, found: list[str]) -> tuple[list[str], str]:

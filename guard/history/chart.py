@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from guard.files import write_atomic
 from guard.history.analysis import Row, short
@@ -27,6 +28,22 @@ MAX_TICKS = 40
 
 def _tick_step(n: int) -> int:
     return max(1, -(-n // MAX_TICKS))
+
+
+def _draw_census(ax: Any, xs: list[int], census: list[int | None]) -> None:
+    """The bottom panel: the census total as steps, a gap where a run recorded none."""
+    if any(c is not None for c in census):
+        ax.step(xs, [c if c is not None else float("nan") for c in census], where="mid", color=CENSUS, linewidth=1.6)
+        ax.fill_between(xs, [c if c is not None else 0 for c in census], step="mid", color=CENSUS_FILL, alpha=0.35)
+        known = [c for c in census if c is not None]
+        lo, hi = min(known), max(known)
+        pad = max((hi - lo) * 0.25, hi * 0.02, 1)
+        ax.set_ylim(max(0, lo - pad), hi + pad)
+    else:
+        ax.text(0.5, 0.5, "no census recorded", transform=ax.transAxes, ha="center", va="center", color="grey")
+    ax.set_ylabel("census: op calls\nper request", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
 
 
 def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
@@ -84,19 +101,7 @@ def write_png(rows: Sequence[Row], path: Path | str, *, title: str) -> None:
     top.legend(handles, labels, loc="lower left", fontsize=8, framealpha=0.9, ncol=2)
     top.set_title(title, fontsize=11)
 
-    if any(c is not None for c in census):
-        bottom.step(xs, [c if c is not None else float("nan") for c in census], where="mid", color=CENSUS,
-                    linewidth=1.6)
-        bottom.fill_between(xs, [c if c is not None else 0 for c in census], step="mid", color=CENSUS_FILL, alpha=0.35)
-        known = [c for c in census if c is not None]
-        lo, hi = min(known), max(known)
-        pad = max((hi - lo) * 0.25, hi * 0.02, 1)
-        bottom.set_ylim(max(0, lo - pad), hi + pad)
-    else:
-        bottom.text(0.5, 0.5, "no census recorded", transform=bottom.transAxes, ha="center", va="center", color="grey")
-    bottom.set_ylabel("census: op calls\nper request", fontsize=8)
-    bottom.grid(axis="y", alpha=0.3)
-    bottom.ticklabel_format(axis="y", style="plain", useOffset=False)
+    _draw_census(bottom, xs, census)
 
     step = _tick_step(len(rows))
     ticks = xs[::step]

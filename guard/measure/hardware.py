@@ -341,12 +341,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
-                   identity: dict[str, str | None] | None = None) -> GpuSnapshot | None:
-    """One NVML snapshot of torch's device, or None when NVML is unavailable (no pynvml, no driver)
-    or the device cannot be identified. Each field is read on its own: a function this NVML lacks
-    (renamed, too old) or refuses (no permission, unsupported) makes that field None, never the
-    whole snapshot. ``nvml``/``identity`` are injectable, so recorded replies can be replayed."""
+def _started_nvml(nvml: Any = None) -> Any:
+    """pynvml (or the stand-in given), initialised; None when there is none or it will not start."""
     if nvml is None:
         try:
             import pynvml as nvml
@@ -358,6 +354,29 @@ def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
             return None
         init()
     except Exception:  # noqa: BLE001 - NVMLError, or a broken driver install
+        return None
+    return nvml
+
+
+def _gpu_processes(procs: Any) -> tuple[GpuProcess, ...]:
+    """NVML's compute processes as (pid, MiB); one without a pid is skipped."""
+    processes = []
+    for p in procs:
+        pid = getattr(p, "pid", None)
+        m = getattr(p, "usedGpuMemory", None)  # None (or NVML's "not available" sentinel) without permission
+        if isinstance(pid, int):
+            processes.append(GpuProcess(pid, m // 2**20 if isinstance(m, int) and m < 2**63 else None))
+    return tuple(processes)
+
+
+def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
+                   identity: dict[str, str | None] | None = None) -> GpuSnapshot | None:
+    """One NVML snapshot of torch's device, or None when NVML is unavailable (no pynvml, no driver)
+    or the device cannot be identified. Each field is read on its own: a function this NVML lacks
+    (renamed, too old) or refuses (no permission, unsupported) makes that field None, never the
+    whole snapshot. ``nvml``/``identity`` are injectable, so recorded replies can be replayed."""
+    nvml = _started_nvml(nvml)
+    if nvml is None:
         return None
     try:
         if identity is None:
@@ -394,12 +413,6 @@ def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
         name = get("nvmlDeviceGetName", handle)
         driver = get("nvmlSystemGetDriverVersion")
         temp_sensor = const("NVML_TEMPERATURE_GPU")
-        processes = []
-        for p in procs:
-            pid = getattr(p, "pid", None)
-            m = getattr(p, "usedGpuMemory", None)  # None (or NVML's "not available" sentinel) without permission
-            if isinstance(pid, int):
-                processes.append(GpuProcess(pid, m // 2**20 if isinstance(m, int) and m < 2**63 else None))
         return GpuSnapshot(
             sampled_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             device=matched,
@@ -415,7 +428,7 @@ def read_gpu_state(own_pids: frozenset[int] | None = None, *, nvml: Any = None,
             temperature_c=None if temp_sensor is None else get("nvmlDeviceGetTemperature", handle, temp_sensor),
             throttle_mask=mask if isinstance(mask, int) else None,
             throttle_reasons=tuple(throttle_reason_names(mask)) if isinstance(mask, int) else None,
-            processes=tuple(processes),
+            processes=_gpu_processes(procs),
             # this process, and `guard check` that started it: neither competes with the timing
             own_pids=tuple(sorted(own_pids if own_pids is not None else {os.getpid(), os.getppid()})),
             unavailable=tuple(sorted(set(missing))),  # NVML functions this version lacks

@@ -11,7 +11,7 @@ from typing import Any
 
 from werkzeug import Request, Response
 
-from guard.github import publish
+from guard.github import rendering
 
 OWNER, REPO = "acme", "guarded"
 TOKEN = "ghs_test_token"
@@ -246,7 +246,7 @@ class FakeGitHub:
             if req.method == "GET":
                 return self.page(req, n)
             if req.method == "POST":
-                if len(body["body"]) > publish.COMMENT_LIMIT:
+                if len(body["body"]) > rendering.COMMENT_LIMIT:
                     return self.reply({"message": "Validation Failed", "errors": [{"message": "body is too long"}]}, 422)
                 cid = self.add_comment(n, BOT, body["body"])
                 return self.reply(self.comment(n, self.comments[n][-1] | {"id": cid}), 201)
@@ -255,7 +255,7 @@ class FakeGitHub:
                 for c in cs:
                     if c["id"] == int(m[1]):
                         if req.method == "PATCH":
-                            if len(body["body"]) > publish.COMMENT_LIMIT:
+                            if len(body["body"]) > rendering.COMMENT_LIMIT:
                                 return self.reply({"message": "Validation Failed"}, 422)
                             c["body"] = body["body"]
                             return self.reply(self.comment(n, c))
@@ -265,7 +265,7 @@ class FakeGitHub:
             return self.reply({"message": "Not Found"}, 404)
         if (m := re.fullmatch(rf"{repo}/statuses/([0-9a-f]{{40}})", path)) and req.method == "POST":
             if body.get("state") not in ("error", "failure", "pending", "success") or \
-                    len(body.get("description") or "") > publish.STATUS_DESCRIPTION_LIMIT:
+                    len(body.get("description") or "") > rendering.STATUS_DESCRIPTION_LIMIT:
                 return self.reply({"message": "Validation Failed"}, 422)
             self.statuses.append((m[1], body))
             return self.reply({"url": f"{self.base}{path}", "id": len(self.statuses), "node_id": "S",
