@@ -30,6 +30,7 @@ from guard.errors import ConfigError, ExitCode
 from guard.files import read_input
 from guard.model.environment import Environment
 from guard.model.readings import ImageSize, size
+from guard.model.strictjson import first_refused, json_path, parse_strict_json
 
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
@@ -736,78 +737,9 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
-# Larger than any count, time, size or seed guard records; numbers beyond it are damage, and near
-# the float limit they overflow the arithmetic and charts that read them.
-MAX_MAGNITUDE = 10**18
-
-
-class _Refused:
-    """Where the text had NaN, Infinity, a number beyond MAX_MAGNITUDE or a key given twice: kept
-    while parsing, so the error can name the field's JSON path, then refused (guard writes strict
-    JSON only)."""
-
-    def __init__(self, text: str, problem: str) -> None:
-        self.text, self.problem = text, problem
-
-
-def _constant(name: str) -> _Refused:
-    return _Refused(name, f"{name} is not a number guard writes")
-
-
-def _finite_float(text: str) -> float | _Refused:
-    value = float(text)
-    if math.isfinite(value) and abs(value) < MAX_MAGNITUDE:
-        return value
-    return _Refused(text, f"{text[:40]} is out of range")
-
-
-def _bounded_int(text: str) -> int | _Refused:
-    if len(text.lstrip("-")) > len(str(MAX_MAGNITUDE)):  # before int(): 5000 digits cost, then refuse
-        return _Refused(text, f"{text[:40]}... ({len(text)} digits) is out of range")
-    value = int(text)
-    return value if abs(value) < MAX_MAGNITUDE else _Refused(text, f"{text} is out of range")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are each given once: json would keep the last of two silently."""
-    d: dict[str, Any] = {}
-    for k, v in pairs:
-        d[k] = _Refused(k, f"the key {k!r} is given twice in one object") if k in d else v
-    return d
-
-
-def parse_strict_json(text: str) -> Any:
-    """JSON as guard writes it; what guard never writes (NaN, Infinity, numbers beyond
-    MAX_MAGNITUDE, a key given twice) is marked in place: ``first_refused`` says where."""
-    return json.loads(text, parse_constant=_constant, parse_float=_finite_float, parse_int=_bounded_int,
-                      object_pairs_hook=_unique_keys)
-
-
-def first_refused(data: Any) -> tuple[list[str | int], str] | None:
-    """The JSON path of the first value ``parse_strict_json`` marked, in document order, and why
-    (iterative: a deep file is no recursion)."""
-    stack: list[tuple[list[str | int], Any]] = [([], data)]
-    while stack:
-        where, node = stack.pop()
-        if isinstance(node, _Refused):
-            return where, node.problem
-        if isinstance(node, dict):
-            stack += [([*where, k], v) for k, v in reversed(node.items())]
-        elif isinstance(node, list):
-            stack += [([*where, i], v) for i, v in reversed(list(enumerate(node)))]
-    return None
-
-
 @lru_cache(maxsize=1)
 def results_schema() -> dict[str, Any]:
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-
-
-def _json_path(parts: Any) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
 
 
 def validate(data: Any, path: Path, schema_name: str) -> None:
@@ -823,7 +755,7 @@ def validate(data: Any, path: Path, schema_name: str) -> None:
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is not None:
-        raise ConfigError(str(path), None, _json_path(error.absolute_path), f"not a valid {schema_name} file: {error.message}",
+        raise ConfigError(str(path), None, json_path(error.absolute_path), f"not a valid {schema_name} file: {error.message}",
                           hint="results files are written by `guard check`; re-run it rather than editing one")
 
 
@@ -848,7 +780,7 @@ def read_json(path: Path, schema_name: str) -> dict[str, Any]:
     bad = first_refused(data)
     if bad is not None:
         where, problem = bad
-        raise ConfigError(str(path), None, _json_path(where), f"not a results file guard can read: {problem}",
+        raise ConfigError(str(path), None, json_path(where), f"not a results file guard can read: {problem}",
                           hint="results files are written by `guard check`; re-run it rather than editing one")
     if not isinstance(data, dict) or data.get("schema") != schema_name:
         raise ConfigError(str(path), None, "schema", f"not a {schema_name} file")
