@@ -20,9 +20,8 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,8 @@ from guard.errors import ConfigError, ExitCode
 from guard.files import read_input
 from guard.model.environment import Environment
 from guard.model.readings import ImageSize, size
+from guard.model.schema import READABLE_SCHEMA_VERSIONS, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, RUN_SCHEMA, validate
 from guard.model.strictjson import first_refused, json_path, parse_strict_json
-
-RESULTS_SCHEMA = "guard/results"
-RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
-RESULTS_SCHEMA_VERSION = 3  # 3: invalid reasons are {"kind", "text"} objects (2: strings)
-READABLE_SCHEMA_VERSIONS = (2, RESULTS_SCHEMA_VERSION)  # a v2 file is upgraded on reading (_upgrade_v2)
-SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
 
 TTFT_DEFINITION = (
     "Client-side TTFT: from just before the request is handed to the in-process vLLM engine "
@@ -737,28 +731,6 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
-@lru_cache(maxsize=1)
-def results_schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-
-
-def validate(data: Any, path: Path, schema_name: str) -> None:
-    """Check a parsed file against the shipped JSON Schema; the first error names the JSON path."""
-    import jsonschema
-
-    schema = results_schema()
-    if schema_name == RUN_SCHEMA:  # run.json holds the ``run`` object of results.json
-        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "type": "object",
-                  "required": ["schema", "schema_version", "run"],
-                  "properties": {"schema": {"const": RUN_SCHEMA}, "schema_version": {"const": RESULTS_SCHEMA_VERSION},
-                                 "run": {"$ref": "#/$defs/run"}}, "additionalProperties": False}
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if error is not None:
-        raise ConfigError(str(path), None, json_path(error.absolute_path), f"not a valid {schema_name} file: {error.message}",
-                          hint="results files are written by `guard check`; re-run it rather than editing one")
-
-
 def read_json(path: Path, schema_name: str) -> dict[str, Any]:
     """Read a guard JSON file and validate it (ConfigError, exit 2)."""
     try:
@@ -860,8 +832,3 @@ def load_results(path: Path) -> Results:
 
 def load_run(path: Path) -> RunRecord:
     return run_from_dict(read_json(path, RUN_SCHEMA)["run"])
-
-
-def field_names(cls: type) -> list[str]:
-    """A record's field names, for the schema test."""
-    return [f.name for f in fields(cls)]
