@@ -414,7 +414,8 @@ import jsonschema  # noqa: E402
 from guard.model.results import ABRecord  # noqa: E402
 from guard.judge.evaluate import evaluate_ab  # noqa: E402
 from guard.report.markdown import render_markdown  # noqa: E402
-from guard.model.results import Status, Verdict, load_results, results_to_dict, write_json_atomic  # noqa: E402
+from guard.model.jsonfiles import load_results, results_to_dict, write_json_atomic  # noqa: E402
+from guard.model.results import Status, Verdict  # noqa: E402
 from guard.model.schema import results_schema  # noqa: E402
 from guard.report.terminal import render_terminal  # noqa: E402
 from tests.ttft_scenarios import record  # noqa: E402

@@ -18,8 +18,8 @@ from guard.errors import InvalidRunError, UsageError
 from guard.model.results import ABRecord
 from guard.config.budgets import load_thresholds
 from guard.judge.evaluate import evaluate_pr
-from guard.model.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json,
-                                 results_from_dict, results_to_dict)
+from guard.model.jsonfiles import load_results, read_json, results_from_dict, results_to_dict
+from guard.model.results import PullRequestDiff, RevisionInfo, Status, Verdict
 from guard.model.schema import validate
 from guard.revisions import git, overlay
 from guard.revisions.functions import function_spans, lines_inside

@@ -12,9 +12,10 @@ import pytest
 
 from guard.errors import ConfigError
 from guard.judge.evaluate import evaluate
+from guard.model.jsonfiles import (classify_v2_reason, load_results, load_run, results_to_dict, run_file_dict,
+                                   write_json_atomic)
 from guard.model.results import (InvalidReason, OpCheck, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
-                                 TtftCheck, classify_v2_reason, to_ms, load_results, load_run, results_to_dict,
-                                 run_file_dict, write_json_atomic)
+                                 TtftCheck, to_ms)
 from guard.model.schema import RESULTS_SCHEMA_VERSION, SCHEMA_FILE, field_names, results_schema
 from guard.model.environment import Environment, EnvironmentTypeError, HardwareMatch
 from tests.ttft_scenarios import record, spread

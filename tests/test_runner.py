@@ -238,7 +238,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
 def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):
     """If the process dies after any round (SIGKILL, OOM), run.json holds what was measured so far,
     marked unfinished, so `guard check` reports an invalid run with those samples (issue #11, 7)."""
-    from guard.model.results import load_run
+    from guard.model.jsonfiles import load_run
 
     run, driver, _ = scripted_run(thresholds, cpu, [7.0] * 40, tmp_path)
     run.warm_up()

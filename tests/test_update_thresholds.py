@@ -22,10 +22,9 @@ from guard.config import yamledit
 from guard.config.budgets import load_thresholds
 from guard.commands import update_thresholds as ut
 from guard.errors import ConfigError
-from guard.model.results import (
-    InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict,
-    results_to_dict, write_json_atomic,
-)
+from guard.model.jsonfiles import results_to_dict, write_json_atomic
+from guard.model.results import (InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord,
+                                 Status, TtftCheck, Verdict)
 from guard.model.environment import SpeedReading, SpeedReference
 
 FIXTURES = Path(__file__).parent / "fixtures" / "update"

@@ -28,8 +28,8 @@ from guard.errors import ExitCode, InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.measure.hardware import detect, select_profile
 from guard.judge.opnames import check_op_name, check_op_names
-from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
-                           write_json_atomic)
+from guard.model.jsonfiles import write_json_atomic
+from guard.model.results import PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text
 from guard.revisions import bisect, git, inrepo, installed, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules
 

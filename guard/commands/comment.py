@@ -26,7 +26,8 @@ from guard.history.store import commit_flag, load_history
 from guard.report.findings import has_finding, summary_line
 from guard.report.markdown import render_markdown, text
 from guard.judge.rejudge import rejudge
-from guard.model.results import Results, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.results import Results
 from guard.sanitize import no_workflow_commands, one_line
 from guard.github.trust import PROTECTED_PATTERNS, TrustPolicy
 

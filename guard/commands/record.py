@@ -27,7 +27,8 @@ from guard.history.findings import (PullRequestRun, load_findings, login_flag, p
                                     run_from_results)
 from guard.history.store import DATE_EXAMPLE, append, commit_flag, date_problem, record_from_results
 from guard.judge.rejudge import rejudge
-from guard.model.results import Results, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.results import Results
 
 DEFAULT_RESULTS = "guard-results/results.json"
 

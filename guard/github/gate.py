@@ -207,7 +207,7 @@ def not_run_in(folder: Path) -> dict[str, str]:
 
 def results_in(folder: Path) -> list[tuple[Path, Results]]:
     """Each model's results.json under ``folder`` (``guard pr --model auto``'s OUTPUT/<model>/)."""
-    from guard.model.results import load_results
+    from guard.model.jsonfiles import load_results
 
     paths = sorted(folder.glob("*/results.json"))
     if (folder / "results.json").is_file():

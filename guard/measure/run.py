@@ -281,7 +281,7 @@ class RunStage:
         """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
         `guard check` still reports what was measured, as an invalid run. The session's final
         run.json replaces it."""
-        from guard.model.results import run_file_dict, write_json_atomic
+        from guard.model.jsonfiles import run_file_dict, write_json_atomic
 
         snapshot = dataclasses.replace(self.own, invalid_reasons=[*self.own.invalid_reasons,
                                                                     InvalidReason(ReasonKind.UNFINISHED, f"{UNFINISHED_PREFIX} {after}")],
