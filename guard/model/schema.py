@@ -16,7 +16,7 @@ from guard.model.strictjson import json_path
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
 RESULTS_SCHEMA_VERSION = 3  # 3: invalid reasons are {"kind", "text"} objects (2: strings)
-READABLE_SCHEMA_VERSIONS = (2, RESULTS_SCHEMA_VERSION)  # a v2 file is upgraded on reading (guard.model.results._upgrade_v2)
+READABLE_SCHEMA_VERSIONS = (2, RESULTS_SCHEMA_VERSION)  # a v2 file is upgraded on reading (guard.model.upgrade)
 SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
 
 
