@@ -31,6 +31,7 @@ from guard.measure.hardware import detect, select_profile
 from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
 from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
+from guard.model.verdict import settled
 from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import function_changes, profile_side, side_cache, side_modules
 from guard.report.terminal import render_terminal, say_dtype
@@ -80,7 +81,8 @@ def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
     """A pull request with nothing to measure (the same vllm/ Python on both sides) or whose
     sides could not run: no run record beyond why."""
     run = empty_record(profile, thresholds, invalid_reasons=list(reasons))
-    return Results(verdict=Verdict.INVALID, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)), pr=pr).settled()
+    return settled(Results(verdict=Verdict.INVALID, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)),
+                           pr=pr))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
 from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, CensusCheck, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
                            RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
+from guard.model.verdict import settled
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
 
@@ -273,8 +274,8 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     if profile.match.cuda and not run.environment.gpu_state:
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
-    return Results(
-        verdict=Verdict.INVALID, run=run,  # settled below, from these checks and reasons
+    return settled(Results(
+        verdict=Verdict.INVALID, run=run,  # settled() sets it from these checks and reasons
         ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
@@ -284,7 +285,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
                         "validity": profile.validity.as_dict(), "speed_reference_ms": profile.speed_reference_ms,
                         **({"census": profile.census.as_dict()} if profile.census is not None else {})},
-    ).settled()
+    ))
 
 
 AB_NOT_JUDGED = ("A/B mode: TTFT is judged as the ratio to the baseline measured beside it; this absolute "
@@ -339,9 +340,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                             "batch": stats.batch, "confidence": stats.confidence,
                                             "fail_confidence": stats.fail_confidence,
                                             "idle_side": "paused"}}
-    return dataclasses.replace(cand, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
-                               census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
-                               profile_config=config, notices=notices).settled()
+    return settled(dataclasses.replace(cand, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
+                                       census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
+                                       profile_config=config, notices=notices))
 
 
 def ab_contention_notices(profile: Profile, reading: ContentionReading | None) -> list[str]:
@@ -478,8 +479,8 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, guard_v
         census, accepted = _accepted_census(profile, rec, census_baseline, census, output)
         notices += accepted
     notices[:0] = pr_notices(pr) + environment_notice(rec, pr)
-    return dataclasses.replace(res, op_checks=tuple(ops), census_checks=tuple(census), notices=tuple(notices),
-                               pr=pr).settled()
+    return settled(dataclasses.replace(res, op_checks=tuple(ops), census_checks=tuple(census), notices=tuple(notices),
+                                       pr=pr))
 
 
 def _accepted_census(profile: Profile, rec: ABRecord, baseline: Baseline, checks: Sequence[CensusCheck],

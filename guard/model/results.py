@@ -8,16 +8,16 @@ seconds inside, and every number carries its unit in its name (``_s``, ``_ms``, 
 A check is a typed record (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``): its
 identity is its ``key`` (built from its fields: percentile; scope, image size and op; function and
 image size), never a string to parse back, and its ``label`` is the one short name every view shows.
-How the rest of a check reads to people is ``guard.model.format``'s business. ``verdict_of`` is the one
-roll-up from checks and invalid reasons to a verdict. An invalid reason is typed the same way
-(``InvalidReason``: a ``ReasonKind`` for code to filter on, the text for people), never matched by
-substring.
+How the rest of a check reads to people is ``guard.model.format``'s business, and the one roll-up
+from checks and invalid reasons to a verdict is ``guard.model.verdict``'s. An invalid reason is typed
+the same way (``InvalidReason``: a ``ReasonKind`` for code to filter on, the text for people), never
+matched by substring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -431,18 +431,6 @@ class CensusCheck:
 Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
 
 
-def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[InvalidReason], *, unmeasurable: bool = False) -> Verdict:
-    """The one roll-up from checks to a verdict: invalid when there is any reason to distrust the
-    run, else a regression when any check failed, else not measurable when ``guard pr`` saw changes
-    this engine stack cannot measure (``unmeasurable``), else a pass. ``guard check``'s, ``guard
-    pr``'s and ``guard comment``'s re-judged verdict (guard.judge.rejudge) are all this function's."""
-    if any(True for _ in invalid_reasons):
-        return Verdict.INVALID
-    if any(c.status == Status.FAIL for c in checks):
-        return Verdict.REGRESSION
-    return Verdict.NOT_MEASURABLE if unmeasurable else Verdict.PASS
-
-
 ENVIRONMENTS_DIFFER = "environments differ:"  # how the notice naming two sides' differing environments begins
 
 
@@ -551,21 +539,3 @@ class Results:
     @property
     def exit_code(self) -> int:
         return int(self.verdict.exit_code)
-
-    @property
-    def implied_verdict(self) -> Verdict:
-        """The verdict these checks and invalid reasons give (verdict_of): a pull request's changes
-        this engine stack cannot measure make a pass not measurable."""
-        return verdict_of(self.checks, self.invalid_reasons,
-                          unmeasurable=self.pr is not None and bool(self.pr.unmeasured_files))
-
-    def self_contradiction(self) -> str | None:
-        """Why the stored verdict is not the one its own checks and reasons give; None when it is."""
-        implied = self.implied_verdict
-        if self.verdict == implied:
-            return None
-        return f"its verdict is '{self.verdict}' but its own checks and reasons make it '{implied}'"
-
-    def settled(self) -> Results:
-        """These results with their implied verdict: the one place judging sets a verdict."""
-        return replace(self, verdict=self.implied_verdict)
