@@ -23,7 +23,7 @@ from pathlib import Path
 
 from guard.judge.ab import judge_ratio, stopping_rule
 from guard.config.budgets import load_thresholds
-from guard.model.results import Pair, Status
+from guard.model.records import Pair, Status
 from guard.measure.stopping import measure_until_decided
 
 

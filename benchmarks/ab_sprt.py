@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pools and the sh
 from ab_sensitivity import load_pool, simulate_ab, slowed  # noqa: E402
 
 from guard.config.budgets import Profile, load_thresholds  # noqa: E402
-from guard.model.results import Pair  # noqa: E402
+from guard.model.records import Pair  # noqa: E402
 from guard.judge.rules import SequentialRule  # noqa: E402
 from guard.measure.stopping import measure_until_decided  # noqa: E402
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from guard.model import format as fmt
 from guard.config.budgets import Profile, load_thresholds, percentile_value
-from guard.model.results import RunRecord, Status
+from guard.model.records import RunRecord, Status
 from guard.judge.rules import judge_ttft, stopping_rule
 from guard.measure.stopping import measure_until_decided
 from guard.judge.stats import percentile

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from guard.measure.harness import INTERRUPTED, RunSpec
 from guard.model.jsonfiles import run_file_dict, write_json_atomic
-from guard.model.results import InvalidReason, ReasonKind, RunRecord
+from guard.model.records import InvalidReason, ReasonKind, RunRecord
 
 
 def open_run(spec: RunSpec, progress: Callable[[str], None]):

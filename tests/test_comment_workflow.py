@@ -26,7 +26,7 @@ from guard.config.budgets import load_thresholds
 from guard.judge.evaluate import ran_bf16_fallback
 from guard.judge.rejudge import judged_profile, rejudge
 from guard.model.jsonfiles import load_results
-from guard.model.results import ReasonKind
+from guard.model.records import ReasonKind
 from tests.conftest import REPO, clear_github_context
 from tests.fakes.github import FORK, HEAD, FakeGitHub
 from tests.workflow_commands import workflow_argv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from guard.model.environment import SpeedReading, SpeedReference
 from guard.judge.evaluate import evaluate
-from guard.model.results import InvalidReason, ReasonKind, Verdict
+from guard.model.records import InvalidReason, ReasonKind, Verdict
 from tests.ttft_scenarios import budgeted, record, spread
 
 
@@ -81,7 +81,7 @@ def test_a_run_that_measured_no_ttft_is_judged_on_what_it_measured():
     from guard.config.census import read_baseline
     from guard.judge.rejudge import judged_profile
     from guard.model.jsonfiles import load_results
-    from guard.model.results import Measures
+    from guard.model.records import Measures
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)

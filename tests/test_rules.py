@@ -9,7 +9,7 @@ import pytest
 
 from guard.config.budgets import Statistics
 from guard.judge.evaluate import evaluate
-from guard.model.results import Status, Verdict
+from guard.model.records import Status, Verdict
 from guard.judge.rules import decide_ttft, judge_ttft, next_batch, stopping_rule, ttft_rule, undecided
 from guard.measure.stopping import measure_until_decided
 from tests.ttft_scenarios import budgeted, record, spread

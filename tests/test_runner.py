@@ -12,7 +12,7 @@ from guard.measure.contention import ContentionSampler
 from guard.judge.evaluate import evaluate
 from guard.judge.rules import stopping_rule
 from guard.measure.hardware import Hardware
-from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
+from guard.model.records import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.measure.inprocess import InProcessSide
 from guard.measure.run import GuardRun
 from guard.measure.side import SideInfo
@@ -295,7 +295,7 @@ def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thre
     is invalid (exit 3), and the terminal says which budget."""
     from guard.measure.probes import load_events
     from guard.measure.run import run_side
-    from guard.model.results import Measures
+    from guard.model.records import Measures
     from guard.report.terminal import render_terminal
     from tests.test_probes import FIXTURES, MASK
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard import __version__
-from guard.model.results import ABRecord, Measures
+from guard.model.records import ABRecord, Measures
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds, load_thresholds
 from guard.config.census import read_baseline
 from guard.files import prepare_output
@@ -30,7 +30,7 @@ from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr
 from guard.measure.hardware import detect, select_profile
 from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
-from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
+from guard.model.records import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
 from guard.model.verdict import settled
 from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import function_changes, profile_side, side_cache, side_modules

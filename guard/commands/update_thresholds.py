@@ -34,7 +34,7 @@ from guard.errors import ConfigError, UsageError
 from guard.measure.hardware import git_commit, ttft_hardware_for
 from guard.model.environment import Environment, bf16_replaced
 from guard.model.jsonfiles import load_results
-from guard.model.results import TOTAL_OPS, ReasonKind, Results, Verdict, reasons_text
+from guard.model.records import TOTAL_OPS, ReasonKind, Results, Verdict, reasons_text
 
 SIGNIFICANT_FIGURES = 3
 HYSTERESIS_FRACTION = 1 / 3  # of the headroom: smaller moves are noise, not a new baseline

@@ -27,7 +27,7 @@ from guard.errors import UsageError
 from guard.github import approval, budget_files, publish
 from guard.github.trust import TrustPolicy
 from guard.judge.rejudge import rejudge
-from guard.model.results import Results
+from guard.model.records import Results
 from guard.report.markdown import text
 from guard.sanitize import one_line
 

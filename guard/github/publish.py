@@ -30,7 +30,7 @@ from guard.errors import ExitCode, GuardError, UsageError
 from guard.files import read_input
 from guard.sanitize import one_line
 from guard.report.markdown import render_markdown, text
-from guard.model.results import Results, Verdict
+from guard.model.records import Results, Verdict
 from guard.github.trust import (ChangedFile, Review, TrustPolicy, approver, notice_markdown, protected_changes,
                          thresholds_change_lines)
 

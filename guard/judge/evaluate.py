@@ -1,9 +1,10 @@
 """Budgets + run record -> typed checks -> verdict. Pure: no I/O, no engine.
 
 Each kind of budget has one function here that turns a budget and a measurement into its check
-record (``guard.model.results``); the decision rules themselves live in ``guard.judge.rules``, shared with the
-run stage so the two cannot disagree. Adding a kind of budget: a record in results.py, a function
-here, a label and failure sentence in guard.model.format, a table in each view.
+record (``guard.model.records``); the decision rules themselves live in ``guard.judge.rules``, shared with the
+run stage so the two cannot disagree. Adding a kind of budget: a record in records.py and its JSON
+form in jsonfiles.py, a function here, a label and failure sentence in guard.model.format, a table
+in each view.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from guard.judge.census import CensusJudgement, judge
 from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
 from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
-from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, CensusCheck, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
-                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
+from guard.model.records import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, CensusCheck,
+                                 InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results, RunRecord,
+                                 ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
 from guard.model.verdict import settled
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
@@ -298,7 +300,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     candidate's. Absolute TTFT budgets are measured and shown, never judged here: they are a
     statement about a machine, which A/B mode exists to take out of the verdict."""
     from guard.judge.ab import judge_ratio, op_diff
-    from guard.model.results import pairs
+    from guard.model.records import pairs
 
     # The census is judged below against the baseline side, not the committed baseline file.
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from guard.config.budgets import Profile
 from guard.measure.hardware import Hardware, mismatch
 from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState, SpeedReference
-from guard.model.results import Status, TtftCheck
+from guard.model.records import Status, TtftCheck
 
 
 # ----------------------------------------------------------------------------- the machine's speed

@@ -17,12 +17,12 @@ import dataclasses
 import math
 from typing import Any
 
-from guard.model.results import ABRecord
+from guard.model.records import ABRecord
 from guard.config.budgets import Profile, Thresholds
 from guard.config.census import read_baseline
 from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr, ran_bf16_fallback
-from guard.model.results import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck
+from guard.model.records import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck
 from guard.model.verdict import self_contradiction, settled
 from guard.sanitize import one_line
 

@@ -49,8 +49,8 @@ from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideIn
 from guard.measure.stopping import StoppingRule, measure_until_decided
 from guard.model.environment import Environment, OpCountsCacheNote, SpeedReference, WorkerReading, busy
 from guard.model.readings import size as size_key, total_calls
-from guard.model.results import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
-                                  RequestOutcome, RunRecord, ScopeCounts, pairs)
+from guard.model.records import (BASELINE, CANDIDATE, SIDES, ABRecord, InvalidReason, Measures, ReasonKind,
+                                 RequestOutcome, RunRecord, ScopeCounts, pairs)
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"

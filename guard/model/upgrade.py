@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from guard.model.results import InvalidReason, ReasonKind
+from guard.model.records import InvalidReason, ReasonKind
 from guard.model.schema import RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION
 
 # A version 2 file's reasons are strings: each is given the kind its producer names today, by the

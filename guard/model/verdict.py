@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from guard.model.results import Check, InvalidReason, Results, Status, Verdict
+from guard.model.records import Check, InvalidReason, Results, Status, Verdict
 
 
 def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[InvalidReason], *, unmeasurable: bool = False) -> Verdict:

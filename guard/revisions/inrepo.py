@@ -22,7 +22,7 @@ from typing import Protocol
 
 from guard.config.budgets import Thresholds, load_thresholds
 from guard.errors import ConfigError, GuardError, UsageError
-from guard.model.results import BudgetSource
+from guard.model.records import BudgetSource
 from guard.revisions import git
 
 FLAG = "--thresholds-in-repo"
