@@ -502,7 +502,8 @@ class HistoryStanding:
 
 @dataclass(frozen=True)
 class Results:
-    """The verdict with everything needed to explain it: the content of results.json."""
+    """The verdict with everything needed to explain it: the content of results.json. Judging sets
+    the verdict from these checks and reasons (``guard.model.verdict.settled``)."""
 
     verdict: Verdict
     run: RunRecord
