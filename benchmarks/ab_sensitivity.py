@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard.model import format as fmt
-from guard.judge.ab import decide_ratio, judge_ratio, pairs, ratio_estimate, undecided_ratios
-from guard.model.results import Pair, Status
+from guard.judge.ab import decide_ratio, judge_ratio, ratio_estimate, undecided_ratios
+from guard.model.records import Pair, Status, pairs
 from guard.config.budgets import Profile
 from guard.config.loading import load_thresholds
 from guard.judge.rules import judge_ttft, undecided

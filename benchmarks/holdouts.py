@@ -82,7 +82,8 @@ def judge(repo: Path, sha: str, model: str, out: Path, cache: Path) -> tuple[int
 
 def row_of(model: str, head: str, sha: str, expect: int, code: int, wall: float, stdout: str, out: Path,
            fails: tuple[str, ...]) -> Row:
-    from guard.model.results import Status, load_results
+    from guard.model.jsonfiles import load_results
+    from guard.model.records import Status
 
     row = Row(model, head, sha, expect, code, round(wall, 1), named=False,
               base_cached="op counts from the cache" in stdout)

@@ -81,7 +81,7 @@ def timed(cmd: list[str]) -> float:
 
 def requests_sent(results_json: Path) -> tuple[int, int]:
     """(all requests guard sent, measured ones) from the run it recorded: resampling rounds show here."""
-    from guard.model.results import load_results
+    from guard.model.jsonfiles import load_results
 
     run = load_results(results_json).run
     return len(run.outcomes), len(run.measured)

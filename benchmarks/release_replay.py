@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from guard.model.results import load_results  # noqa: E402
+from guard.model.jsonfiles import load_results  # noqa: E402
 from tests.vllm_repo import package_dir, pinned, release_venv, releases, upstream_package  # noqa: E402
 
 

@@ -45,7 +45,7 @@ from typing import Any
 from guard.model import format as fmt
 from guard.config.budgets import Profile, percentile_value
 from guard.config.loading import load_thresholds
-from guard.model.results import RunRecord, Status
+from guard.model.records import RunRecord, Status
 from guard.judge.rules import judge_ttft
 from guard.judge.sequential import single_run_rule
 from guard.measure.stopping import sample_until_decided

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guard.measure.harness import INTERRUPTED, RunSpec
-from guard.model.results import InvalidReason, ReasonKind, RunRecord, run_file_dict, write_json_atomic
+from guard.model.jsonfiles import run_file_dict, write_json_atomic
+from guard.model.records import InvalidReason, ReasonKind, RunRecord
 
 
 def open_run(spec: RunSpec, progress: Callable[[str], None]):

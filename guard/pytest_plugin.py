@@ -17,7 +17,7 @@ import contextlib
 import pytest
 
 from guard.config.budgets import DEFAULT_THRESHOLDS
-from guard.model.results import Measures
+from guard.model.records import Measures
 
 RUN_KEY = pytest.StashKey["GuardRun"]()
 
@@ -94,7 +94,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
-    from guard.model.results import InvalidReason, ReasonKind, run_file_dict, write_json_atomic
+    from guard.model.jsonfiles import run_file_dict, write_json_atomic
+    from guard.model.records import InvalidReason, ReasonKind
 
     record = run.finish()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -20,7 +20,7 @@ from guard.model.readings import INPUT_CALLS, counts_only, fold, folded, input_p
 from guard.errors import ConfigError, InvalidRunError
 from guard.measure.mutants import MUTANTS, Edit, Mutant, mutate
 from guard.measure.probes import ProfEvent, load_events
-from guard.model.results import Status
+from guard.model.records import Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 MASK_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model."

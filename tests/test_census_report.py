@@ -14,8 +14,8 @@ from guard.config.census import load_baseline, render_baseline
 from guard.commands import update_thresholds as ut
 from guard.judge.evaluate import evaluate
 from guard.report.markdown import render_markdown
-from guard.model.results import (ReasonKind, RequestOutcome, RunRecord, Status, Verdict, load_results, results_to_dict,
-                           write_json_atomic)
+from guard.model.jsonfiles import load_results, results_to_dict, write_json_atomic
+from guard.model.records import ReasonKind, RequestOutcome, RunRecord, Status, Verdict
 from guard.report.terminal import render_terminal
 from guard.measure.fit import on_cpu
 from tests.conftest import SHIPPED_THRESHOLDS

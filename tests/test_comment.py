@@ -17,7 +17,8 @@ from guard.github import client, inputs, publish, rendering, workflow_commands
 from guard.config.budgets import DEFAULT_THRESHOLDS
 from guard.report.markdown import render_markdown
 from guard.errors import ExitCode, UsageError
-from guard.model.results import InvalidReason, ReasonKind, Results, Status, TtftCheck, Verdict, load_results, results_to_dict
+from guard.model.jsonfiles import load_results, results_to_dict
+from guard.model.records import InvalidReason, ReasonKind, Results, Status, TtftCheck, Verdict
 from tests.conftest import clear_github_context
 from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,

@@ -25,7 +25,8 @@ from guard import cli
 from guard.config.loading import load_thresholds
 from guard.measure.fit import ran_bf16_fallback
 from guard.judge.rejudge import judged_profile, rejudge
-from guard.model.results import ReasonKind, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import ReasonKind
 from tests.conftest import REPO, clear_github_context
 from tests.fakes.github import FORK, HEAD, FakeGitHub
 from tests.workflow_commands import workflow_argv
@@ -321,7 +322,8 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     from guard.measure import harness, hardware
     from guard.measure import ab_run
     from guard.commands import check
-    from guard.model.results import ABRecord, run_file_dict, write_json_atomic
+    from guard.model.records import ABRecord
+    from guard.model.jsonfiles import run_file_dict, write_json_atomic
 
     recorded = load_results(fixture(name))
     env = recorded.run.environment
@@ -361,7 +363,7 @@ def test_the_history_workflows_check_and_record_steps_with_their_own_arguments(c
     from guard.measure import harness, hardware
     from guard.commands import check
     from guard.history.store import load_history
-    from guard.model.results import run_file_dict, write_json_atomic
+    from guard.model.jsonfiles import run_file_dict, write_json_atomic
 
     recorded = load_results(fixture("cpu-float32-clean"))
     env = recorded.run.environment

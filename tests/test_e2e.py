@@ -21,7 +21,8 @@ import jsonschema
 import pytest
 import yaml
 
-from guard.model.results import RESULTS_SCHEMA_VERSION, load_run, results_schema
+from guard.model.jsonfiles import load_run
+from guard.model.schema import RESULTS_SCHEMA_VERSION, results_schema
 from guard.judge.gates import unsteady
 from guard.model.environment import SpeedReference
 

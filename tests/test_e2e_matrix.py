@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from guard.measure.mutants import MUTANTS
-from guard.model.results import results_schema
+from guard.model.schema import results_schema
 from tests.conftest import run_guard
 
 pytestmark = pytest.mark.engine

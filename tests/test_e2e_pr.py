@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.model.results import ReasonKind, Status, Verdict, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import ReasonKind, Status, Verdict
 from tests.conftest import run_guard
 from tests.pr_heads import HEADS, ITEM_FN, MASK_FN, PROCESSOR_FN
 from tests.test_e2e import small_cpu_yaml

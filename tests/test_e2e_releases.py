@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.model.results import Verdict, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import Verdict
 from tests.conftest import REPO, run_guard
 from tests.test_e2e import small_cpu_yaml
 from tests.vllm_repo import package_dir, release_venv, releases

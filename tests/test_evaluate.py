@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from guard.model.environment import SpeedReading, SpeedReference
 from guard.judge.evaluate import evaluate
-from guard.model.results import InvalidReason, ReasonKind, Verdict
+from guard.model.records import InvalidReason, ReasonKind, Verdict
 from tests.ttft_scenarios import budgeted, record, spread
 
 
@@ -59,7 +59,7 @@ def test_a_stopped_in_process_run_is_not_said_to_be_a_remote_server():
 
     from guard.config.loading import load_thresholds
     from guard.judge.rejudge import judged_profile
-    from guard.model.results import load_results
+    from guard.model.jsonfiles import load_results
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)
@@ -80,7 +80,8 @@ def test_a_run_that_measured_no_ttft_is_judged_on_what_it_measured():
     from guard.config.loading import load_thresholds
     from guard.config.census import read_baseline
     from guard.judge.rejudge import judged_profile
-    from guard.model.results import Measures, load_results
+    from guard.model.jsonfiles import load_results
+    from guard.model.records import Measures
     from tests.conftest import SHIPPED_THRESHOLDS
 
     run = copy.deepcopy(load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json").run)

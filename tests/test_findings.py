@@ -17,7 +17,7 @@ import pytest
 
 from guard import cli
 from guard.history.findings import Outcome, finding_key, load_findings, parse_findings, run_from_results, to_line
-from guard.model.results import load_results
+from guard.model.jsonfiles import load_results
 from tests.conftest import run_guard
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -23,7 +23,7 @@ from guard.config.loading import load_thresholds
 from guard.measure import harness
 from guard.errors import ConfigError, ExitCode, GuardError, UsageError
 from guard.judge.opnames import check_op_names, problems, vacuous_budgets
-from guard.model.results import RunRecord, ScopeCounts
+from guard.model.records import RunRecord, ScopeCounts
 from guard.sanitize import clipped, no_workflow_commands, one_line
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 
@@ -438,7 +438,8 @@ def test_an_engine_error_that_quotes_a_whole_prompt_is_clipped_and_says_so():
 
 # ----------------------------------------------------------------------------- 7. guard check's run stage, without an engine
 def test_a_killed_suite_with_a_checkpoint_is_invalid_and_keeps_the_samples(tmp_path):
-    from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, run_file_dict, write_json_atomic
+    from guard.model.jsonfiles import run_file_dict, write_json_atomic
+    from guard.model.records import InvalidReason, ReasonKind, RequestOutcome
 
     rec = RunRecord(profile="cpu", thresholds_path="t", model="m", environment={},
                     outcomes=[RequestOutcome(0, (640, 480), True, True, 6.0),

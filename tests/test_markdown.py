@@ -10,7 +10,8 @@ import pytest
 
 from guard.report.markdown import code, render_markdown, text
 from guard.judge.stats import percentile
-from guard.model.results import InvalidReason, ReasonKind, OpSite, Results, Status, Verdict, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import InvalidReason, ReasonKind, OpSite, Results, Status, Verdict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 HOSTILE = ("x | y `z` <img src=x onerror=alert(1)> </details> & [a](javascript:alert(1)) **b** _c_ @maintainers"
@@ -221,7 +222,7 @@ def test_the_accept_these_numbers_recipe_works_off_the_runner(tmp_path):
     import shlex
     import shutil
 
-    from guard.model.results import load_results
+    from guard.model.jsonfiles import load_results
     from tests.conftest import REPO, engine_as_recorded, run_guard
 
     source = REPO / "tests" / "fixtures" / "runs" / "cpu-float32-clean.json"

@@ -21,7 +21,7 @@ from guard.judge.census import compare
 from guard.measure.hardware import Hardware, detect
 from guard.measure.fit import mismatch, select_profile
 from guard.model import format as fmt
-from guard.model.results import Status
+from guard.model.records import Status
 from tests.conftest import REPO, run_guard
 from tests.vllm_repo import commit
 from tests.vllm_repo import git as sh

@@ -20,7 +20,8 @@ from guard.config.loading import load_thresholds
 from guard.errors import UsageError
 from guard.files import cache_root
 from guard.measure import opcache
-from guard.model.results import Measures, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import Measures
 from guard.revisions import sides
 from guard.revisions.git import Revision
 from guard.revisions.overlay import SideEnvironment

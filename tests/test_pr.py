@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from guard.errors import InvalidRunError, UsageError
-from guard.model.results import ABRecord
+from guard.model.records import ABRecord
 from guard.config.loading import load_thresholds
 from guard.judge.evaluate import evaluate_pr
-from guard.model.results import (PullRequestDiff, RevisionInfo, Status, Verdict, load_results, read_json, results_from_dict,
-                           results_to_dict, validate)
+from guard.model.jsonfiles import load_results, read_json, results_from_dict, results_to_dict
+from guard.model.records import PullRequestDiff, RevisionInfo, Status, Verdict
+from guard.model.schema import validate
 from guard.revisions import git, overlay
 from guard.revisions.functions import function_spans, lines_inside
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
@@ -436,7 +437,7 @@ def test_a_side_that_checks_its_own_imports_stops_before_its_engine(tmp_path: Pa
     side, every bisect revision): one that does not import is the revision's reason, and no request
     and no engine start follow."""
     from guard.measure.harness import record_suite
-    from guard.model.results import Measures, ReasonKind
+    from guard.model.records import Measures, ReasonKind
 
     thresholds = load_thresholds(SHIPPED_THRESHOLDS)
     record = record_suite(thresholds, thresholds.profile("cpu"), tmp_path, measures=Measures.OPS,

@@ -20,7 +20,8 @@ from guard.errors import ConfigError, UsageError
 from guard.judge.evaluate import evaluate_pr
 from guard.measure.hardware import detect
 from guard.measure.fit import select_profile
-from guard.model.results import ABRecord, ReasonKind, Verdict, load_results
+from guard.model.records import ABRecord, ReasonKind, Verdict
+from guard.model.jsonfiles import load_results
 from guard.revisions import git, inrepo, scopes
 from tests.conftest import SHIPPED_THRESHOLDS, run_guard
 from tests.pr_heads import ENC2, HEADS

@@ -32,7 +32,7 @@ from guard.config.loading import load_thresholds
 from guard.measure.fit import ttft_not_judged
 from guard.judge.rejudge import rejudge
 from guard.report.output import write_report
-from guard.model.results import load_results
+from guard.model.jsonfiles import load_results
 from guard.report.terminal import render_terminal
 from tests.conftest import REPO, engine_as_recorded
 

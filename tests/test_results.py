@@ -1,4 +1,5 @@
-"""guard.model.results: results.json v3 round trip, reading v2 files, the shipped JSON Schema, and files guard must refuse."""
+"""results.json (guard.model.jsonfiles, schema, upgrade): v3 round trip, reading v2 files, the shipped
+JSON Schema, and files guard must refuse."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import pytest
 
 from guard.errors import ConfigError
 from guard.judge.evaluate import evaluate
-from guard.model.results import (
-    RESULTS_SCHEMA_VERSION, SCHEMA_FILE, InvalidReason, OpCheck, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
-    TtftCheck, classify_v2_reason, field_names, to_ms, load_results, load_run, results_schema, results_to_dict, run_file_dict,
-    write_json_atomic,
-)
+from guard.model.jsonfiles import load_results, load_run, results_to_dict, run_file_dict, write_json_atomic
+from guard.model.records import (InvalidReason, OpCheck, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
+                                 TtftCheck, to_ms)
+from guard.model.schema import RESULTS_SCHEMA_VERSION, SCHEMA_FILE, field_names, results_schema
+from guard.model.upgrade import classify_v2_reason
 from guard.model.environment import Environment, EnvironmentTypeError, HardwareMatch
 from tests.ttft_scenarios import record, spread
 
@@ -277,7 +278,7 @@ def test_seconds_become_milliseconds_in_one_place():
              for path in sorted(guard_dir.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
              and any(isinstance(x, ast.Constant) and x.value == 1000 for x in (node.left, node.right))]
-    assert len(found) == 1 and found[0].startswith("guard/model/results.py:"), found
+    assert len(found) == 1 and found[0].startswith("guard/model/records.py:"), found
     assert to_ms(1.5) == 1500.0
 
 

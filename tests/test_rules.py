@@ -9,7 +9,7 @@ import pytest
 
 from guard.config.budgets import Statistics
 from guard.judge.evaluate import evaluate
-from guard.model.results import Status, Verdict
+from guard.model.records import Status, Verdict
 from guard.judge.rules import decide_ttft, judge_ttft, undecided
 from guard.judge.sequential import next_batch, single_run_rule, ttft_rule
 from guard.measure.stopping import sample_until_decided

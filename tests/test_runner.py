@@ -13,7 +13,7 @@ from guard.measure.contention import ContentionSampler
 from guard.judge.evaluate import evaluate
 from guard.judge.sequential import single_run_rule
 from guard.measure.hardware import Hardware
-from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, Verdict
+from guard.model.records import InvalidReason, ReasonKind, RequestOutcome, Verdict
 from guard.measure.inprocess import InProcessSide
 from guard.measure.single_run import GuardRun
 from guard.measure.side import SideInfo
@@ -240,7 +240,7 @@ def test_the_speed_reference_runs_in_the_engines_dtype(thresholds, cpu, tmp_path
 def test_every_round_leaves_a_checkpoint_that_says_the_run_did_not_finish(thresholds, cpu, tmp_path):
     """If the process dies after any round (SIGKILL, OOM), run.json holds what was measured so far,
     marked unfinished, so `guard check` reports an invalid run with those samples (issue #11, 7)."""
-    from guard.model.results import load_run
+    from guard.model.jsonfiles import load_run
 
     run, driver, _ = scripted_run(thresholds, cpu, [7.0] * 40, tmp_path)
     run.warm_up()
@@ -297,7 +297,7 @@ def test_a_scope_whose_function_never_runs_makes_the_run_invalid_not_a_pass(thre
     is invalid (exit 3), and the terminal says which budget."""
     from guard.measure.probes import load_events
     from guard.measure.single_run import run_side
-    from guard.model.results import Measures
+    from guard.model.records import Measures
     from guard.report.terminal import render_terminal
     from tests.test_probes import FIXTURES, MASK
 

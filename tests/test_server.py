@@ -19,7 +19,9 @@ from guard.measure.side import plan_jobs
 from guard.errors import ConfigError, InvalidRunError
 from guard.judge.evaluate import evaluate
 from guard.report.markdown import render_markdown
-from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Status, Verdict, results_schema, results_to_dict
+from guard.model.jsonfiles import results_to_dict
+from guard.model.records import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Status, Verdict
+from guard.model.schema import results_schema
 from guard.measure.server import (
     SERVED_MODEL_NAME,
     VllmServer,

@@ -12,7 +12,7 @@ import pytest
 
 from guard.model import format as fmt
 from guard.measure import speedref
-from guard.model.results import Status, TtftCheck
+from guard.model.records import Status, TtftCheck
 from guard.judge.gates import speed_notice, speed_problems, unsteady
 from guard.measure.speedref import WORKLOAD, WORKLOAD_FLOAT32
 from guard.model.environment import SpeedReading, SpeedReference

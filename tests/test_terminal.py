@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from guard.model.results import InvalidReason, ReasonKind, Status, Verdict, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import InvalidReason, ReasonKind, Status, Verdict
 from guard.report.terminal import render_terminal, sites_lines
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"

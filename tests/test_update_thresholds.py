@@ -1,6 +1,6 @@
 """guard update-thresholds: golden files, minimal diffs, ratchet, hysteresis, refusals, atomic write.
 
-Results are recorded data built from guard.model.results' dataclasses (no engine). Goldens live in
+Results are recorded data built from guard.model.records' dataclasses (no engine). Goldens live in
 tests/fixtures/update/<case>/{input,expected}.yaml; REGEN_GOLDEN=1 rewrites the expected files.
 """
 
@@ -22,10 +22,9 @@ from guard.config import yamledit
 from guard.config.loading import load_thresholds
 from guard.commands import update_thresholds as ut
 from guard.errors import ConfigError
-from guard.model.results import (
-    InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord, Status, TtftCheck, Verdict,
-    results_to_dict, write_json_atomic,
-)
+from guard.model.jsonfiles import results_to_dict, write_json_atomic
+from guard.model.records import (InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord,
+                                 Status, TtftCheck, Verdict)
 from guard.model.environment import SpeedReading, SpeedReference
 from guard.measure.fit import ttft_binding_fits
 

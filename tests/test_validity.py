@@ -17,7 +17,7 @@ from guard.judge.gates import gpu_state_problems, other_gpu_processes
 from guard.judge.sequential import single_run_rule
 from guard.measure.hardware import Hardware, fingerprint, read_gpu_state
 from guard.model.environment import GpuProcess, GpuSnapshot, GpuState
-from guard.model.results import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
+from guard.model.records import InvalidReason, ReasonKind, RequestOutcome, RunRecord, Verdict
 from guard.measure.contention import ContentionSampler
 from guard.measure.single_run import GuardRun
 
@@ -300,7 +300,7 @@ def test_run_stage_samples_gpu_state_at_the_end_of_timing(thresholds, a10, monke
 from guard.config.budgets import TtftHardware, Validity  # noqa: E402
 from guard.measure.contention import ContentionReading  # noqa: E402
 from guard.report.markdown import render_markdown  # noqa: E402
-from guard.model.results import Status  # noqa: E402
+from guard.model.records import Status  # noqa: E402
 from guard.report.terminal import render_terminal  # noqa: E402
 
 BOUND_HERE = TtftHardware(cpu_model_regex="^Test CPU$", cpu_count=(2, 2))

@@ -19,7 +19,7 @@ from guard.commands.update_thresholds import provenance_for
 from guard.commands.weights import fetch
 from guard.errors import GuardError
 from guard.measure.hardware import detect, fingerprint
-from guard.model.results import load_results
+from guard.model.jsonfiles import load_results
 from guard.config.weights import hub_resolver, pin
 from tests.conftest import REPO, SHIPPED_THRESHOLDS
 

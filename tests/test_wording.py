@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from guard.model import format as fmt
-from guard.model.results import load_results
+from guard.model.jsonfiles import load_results
 from guard.report.markdown import render_markdown
 from guard.report.terminal import render_terminal
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from guard.model.results import RequestOutcome, RunRecord
+from guard.model.records import RequestOutcome, RunRecord
 
 THRESHOLDS = Path(__file__).parent / "fixtures" / "thresholds-statistics.yaml"  # pinned, see the file
 CPU_ENV = {"hardware_profile": "cpu", "cuda": False, "gpu": None, "cpu": "Test CPU", "cpu_count": 2,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from guard import __version__
 from guard.model import format as fmt
-from guard.model.results import ABRecord
+from guard.model.records import ABRecord
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds
 from guard.config.loading import load_thresholds
 from guard.model.readings import folded
@@ -30,8 +30,8 @@ from guard.judge.evaluate import DEFAULT_OUTPUT, evaluate_pr
 from guard.measure.hardware import detect
 from guard.measure.fit import select_profile
 from guard.judge.opnames import check_op_name, check_op_names
-from guard.model.results import (PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text,
-                           write_json_atomic)
+from guard.model.jsonfiles import write_json_atomic
+from guard.model.records import PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text
 from guard.revisions import bisect, git, inrepo, installed, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules
 

@@ -26,7 +26,7 @@ from guard.config.census import read_baseline
 from guard.measure.harness import profile_to_run, record_suite
 from guard.measure.hardware import detect
 from guard.judge.opnames import check_op_names
-from guard.model.results import Measures
+from guard.model.records import Measures
 from guard.files import prepare_output
 from guard.report.output import write_report
 from guard.report.terminal import render_terminal, say_dtype

@@ -26,7 +26,9 @@ from guard.history.store import commit_flag, load_history
 from guard.report.findings import has_finding, summary_line
 from guard.report.markdown import render_markdown, text
 from guard.judge.rejudge import rejudge
-from guard.model.results import Results, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import Results
+from guard.model.verdict import self_contradiction
 from guard.sanitize import no_workflow_commands, one_line
 from guard.github.trust import PROTECTED_PATTERNS, TrustPolicy
 
@@ -307,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--dry-run cannot read the budgets from vLLM's tree (that needs GitHub's API)",
                              hint="give --trusted-thresholds alone for an offline re-judge")
         results = rejudge(results, _trusted(gate.for_model(policy, results.run.model)), source=args.results)
-    elif contradiction := results.self_contradiction():  # trusted, yet damaged: its verdict is not its checks'
+    elif contradiction := self_contradiction(results):  # trusted, yet damaged: its verdict is not its checks'
         raise UsageError(f"{args.results}: verdict: {contradiction}; refusing to post",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
     shown = _rendered(args, results)

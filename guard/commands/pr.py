@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guard import __version__
-from guard.model.results import ABRecord, Measures
+from guard.model.records import ABRecord, Measures
 from guard.config.budgets import DEFAULT_THRESHOLDS, Profile, Thresholds
 from guard.config.loading import load_thresholds
 from guard.config.census import read_baseline
@@ -32,7 +32,8 @@ from guard.measure.hardware import Hardware, detect
 from guard.measure.fit import select_profile
 from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
-from guard.model.results import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
+from guard.model.records import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
+from guard.model.verdict import settled
 from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import function_changes, profile_side, side_cache, side_modules
 from guard.report.terminal import render_terminal, say_dtype
@@ -82,7 +83,8 @@ def unjudged(profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,
     """A pull request with nothing to measure (the same vllm/ Python on both sides) or whose
     sides could not run: no run record beyond why."""
     run = empty_record(profile, thresholds, invalid_reasons=list(reasons))
-    return Results(verdict=Verdict.INVALID, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)), pr=pr).settled()
+    return settled(Results(verdict=Verdict.INVALID, run=run, guard_version=__version__, notices=tuple(pr_notices(pr)),
+                           pr=pr))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,7 +27,9 @@ from guard.history.findings import (PullRequestRun, load_findings, login_flag, p
                                     run_from_results)
 from guard.history.store import DATE_EXAMPLE, append, commit_flag, date_problem, record_from_results
 from guard.judge.rejudge import rejudge
-from guard.model.results import Results, load_results
+from guard.model.jsonfiles import load_results
+from guard.model.records import Results
+from guard.model.verdict import self_contradiction
 
 DEFAULT_RESULTS = "guard-results/results.json"
 
@@ -109,7 +111,7 @@ def _as_the_poster_judged(results: Results, source: str, trusted_thresholds: str
     the file's own verdict, which its checks must support."""
     if trusted_thresholds is not None:  # {model}: the run's, as guard comment reads the flag
         return rejudge(results, load_thresholds(trusted_thresholds.replace("{model}", results.run.model)), source=source)
-    if contradiction := results.self_contradiction():
+    if contradiction := self_contradiction(results):
         raise UsageError(f"{source}: verdict: {contradiction}; not recorded",
                          hint="results files are written by `guard check`; re-run it rather than editing one")
     return results

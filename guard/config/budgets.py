@@ -17,7 +17,7 @@ from typing import Any
 from guard.errors import ConfigError
 from guard.files import person_path
 from guard.model.environment import bf16_replaced  # the rule a recorded engine is read by too
-from guard.model.results import Rule  # an op check's rule, the data model's; the budgets file names it
+from guard.model.records import Rule  # an op check's rule, the data model's; the budgets file names it
 
 SCHEMA_VERSION = 1
 DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"  # relative to the working directory

@@ -18,7 +18,7 @@ from guard.config.budgets import CensusRule
 from guard.errors import ConfigError
 from guard.files import read_input
 from guard.model.readings import Census, counts_only, folded, op_deltas, parse_size, size, total_calls, without
-from guard.model.results import first_refused, parse_strict_json
+from guard.model.strictjson import first_refused, parse_strict_json
 
 CENSUS_SCHEMA = "guard/census"
 CENSUS_SCHEMA_VERSION = 1

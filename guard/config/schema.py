@@ -27,7 +27,7 @@ from guard.config.budgets import (
     ScopeBudget, ScopeKind, Statistics, TtftHardware, Validity, Workload,
 )
 from guard.config.yamlread import MAX_INT, Fields, YamlReader
-from guard.model.results import Rule
+from guard.model.records import Rule
 
 SCHEMA_FILE = Path(__file__).with_name("budgets.schema.json")
 Reader = Callable[[YamlReader, yaml.Node, str], Any]

@@ -29,7 +29,7 @@ from guard.github import approval, budget_files, client, publish
 from guard.github.rendering import STATUS_DESCRIPTION_LIMIT, CommitStatus, clip, slug, trim_body
 from guard.github.trust import TrustPolicy
 from guard.judge.rejudge import rejudge
-from guard.model.results import Results
+from guard.model.records import Results
 from guard.report.markdown import text
 from guard.sanitize import one_line
 
@@ -208,7 +208,7 @@ def not_run_in(folder: Path) -> dict[str, str]:
 
 def results_in(folder: Path) -> list[tuple[Path, Results]]:
     """Each model's results.json under ``folder`` (``guard pr --model auto``'s OUTPUT/<model>/)."""
-    from guard.model.results import load_results
+    from guard.model.jsonfiles import load_results
 
     paths = sorted(folder.glob("*/results.json"))
     if (folder / "results.json").is_file():

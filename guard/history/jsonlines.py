@@ -12,7 +12,7 @@ from typing import Any
 
 from guard.errors import ConfigError
 from guard.files import read_input
-from guard.model.results import first_refused, parse_strict_json
+from guard.model.strictjson import first_refused, parse_strict_json
 
 
 @lru_cache(maxsize=None)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from guard.history.findings import Finding, Judgement, Line, Outcome, PullRequestRun
-from guard.model.results import Verdict
+from guard.model.records import Verdict
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
 
-No I/O and no engine: evaluation judges the pairs (``guard.model.results.pairs``) with
+No I/O and no engine: evaluation judges the pairs (``guard.model.records.pairs``) with
 ``decide_ratio``; ``guard.measure.ab_run`` measures until ``undecided_ratios`` is empty (by
 guard.judge.sequential.ab_run_rule, which the run's caller passes in).
 
@@ -51,8 +51,7 @@ from dataclasses import dataclass
 
 from guard.config.budgets import Statistics, percentile_value
 from guard.model import format as fmt
-from guard.model.results import (BASELINE, CANDIDATE, SIDES, TOTAL_OPS, OpDelta, Pair, ScopeCounts, Status, TtftRatioCheck,  # noqa: F401 - the sides' names, for A/B's readers
-                                  pairs, to_ms)
+from guard.model.records import TOTAL_OPS, OpDelta, Pair, ScopeCounts, Status, TtftRatioCheck, to_ms
 from guard.judge.rules import interval_status
 from guard.judge.stats import centre_estimate, percentile, percentile_interval
 

@@ -15,7 +15,7 @@ from guard.config.budgets import CensusRule
 from guard.config.census import Baseline
 from guard.model.readings import (Census, FunctionCounts, folded, input_processing_only, op_deltas, parse_size, size,
                                   total_calls, without)
-from guard.model.results import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
+from guard.model.records import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
 
 
 # ----------------------------------------------------------------------------- rule and diff

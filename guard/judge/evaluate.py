@@ -1,9 +1,10 @@
 """Budgets + run record -> typed checks -> verdict. Pure: no I/O, no engine.
 
 Each kind of budget has one function here that turns a budget and a measurement into its check
-record (``guard.model.results``); the decision rules themselves live in ``guard.judge.rules``, shared with the
-run stage so the two cannot disagree. Adding a kind of budget: a record in results.py, a function
-here, a label and failure sentence in guard.model.format, a table in each view.
+record (``guard.model.records``); the decision rules themselves live in ``guard.judge.rules``, shared with the
+run stage so the two cannot disagree. Adding a kind of budget: a record in records.py and its JSON
+form in jsonfiles.py, a function here, a label and failure sentence in guard.model.format, a table
+in each view.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from guard.judge.census import CensusJudgement, judge
 from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
 from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
-from guard.model.results import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, CensusCheck, InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results,
-                           RunRecord, ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
+from guard.model.records import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, CensusCheck,
+                                 InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results, RunRecord,
+                                 ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
+from guard.model.verdict import settled
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
 
@@ -255,8 +258,8 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     if profile.match.cuda and not run.environment.gpu_state:
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
-    return Results(
-        verdict=Verdict.INVALID, run=run,  # settled below, from these checks and reasons
+    return settled(Results(
+        verdict=Verdict.INVALID, run=run,  # settled() sets it from these checks and reasons
         ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
@@ -266,7 +269,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
                         "statistics": profile.statistics.as_dict(), "headroom_pct": profile.headroom_pct,
                         "validity": profile.validity.as_dict(), "speed_reference_ms": profile.speed_reference_ms,
                         **({"census": profile.census.as_dict()} if profile.census is not None else {})},
-    ).settled()
+    ))
 
 
 AB_NOT_JUDGED = ("A/B mode: TTFT is judged as the ratio to the baseline measured beside it; this absolute "
@@ -279,7 +282,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     candidate's. Absolute TTFT budgets are measured and shown, never judged here: they are a
     statement about a machine, which A/B mode exists to take out of the verdict."""
     from guard.judge.ab import judge_ratio, op_diff
-    from guard.model.results import pairs
+    from guard.model.records import pairs
 
     # The census is judged below against the baseline side, not the committed baseline file.
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)
@@ -321,9 +324,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                             "batch": stats.batch, "confidence": stats.confidence,
                                             "fail_confidence": stats.fail_confidence,
                                             "idle_side": "paused"}}
-    return dataclasses.replace(cand, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
-                               census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
-                               profile_config=config, notices=notices).settled()
+    return settled(dataclasses.replace(cand, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
+                                       census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
+                                       profile_config=config, notices=notices))
 
 
 def ab_contention_notices(profile: Profile, reading: ContentionReading | None) -> list[str]:
@@ -460,8 +463,8 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, guard_v
         census, accepted = _accepted_census(profile, rec, census_baseline, census, output)
         notices += accepted
     notices[:0] = pr_notices(pr) + environment_notice(rec, pr)
-    return dataclasses.replace(res, op_checks=tuple(ops), census_checks=tuple(census), notices=tuple(notices),
-                               pr=pr).settled()
+    return settled(dataclasses.replace(res, op_checks=tuple(ops), census_checks=tuple(census), notices=tuple(notices),
+                                       pr=pr))
 
 
 def _accepted_census(profile: Profile, rec: ABRecord, baseline: Baseline, checks: Sequence[CensusCheck],

@@ -24,7 +24,7 @@ from guard.config.budgets import Profile, Thresholds
 from guard.errors import ConfigError, UsageError
 from guard.model import format as fmt
 from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD
-from guard.model.results import TOTAL_OPS, ScopeCounts
+from guard.model.records import TOTAL_OPS, ScopeCounts
 
 PSEUDO_OPS = frozenset({MEMCPY_HTOD, CUDA_SYNC})
 

@@ -17,13 +17,14 @@ import dataclasses
 import math
 from typing import Any
 
-from guard.model.results import ABRecord
+from guard.model.records import ABRecord
 from guard.config.budgets import Profile, Thresholds
 from guard.config.census import read_baseline
 from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr
 from guard.measure.fit import as_it_ran
-from guard.model.results import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck
+from guard.model.verdict import self_contradiction, settled
+from guard.model.records import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck
 from guard.sanitize import one_line
 
 
@@ -76,7 +77,7 @@ def _same_budget(c: Check, f: Check, stored: Results, fresh: Results) -> bool:
 
 def contradictions(stored: Results, fresh: Results) -> list[str]:
     out = []
-    if contradiction := stored.self_contradiction():
+    if contradiction := self_contradiction(stored):
         out.append(contradiction)
     by_key = {f.key: f for f in fresh.checks}
     for c in stored.checks:
@@ -120,7 +121,7 @@ def recompute(stored: Results, profile: Profile) -> Results:
     through evaluate_ab from their two recorded sides, the rest through evaluate with the census
     baseline the profile names (resolved beside the thresholds file it was loaded from)."""
     if stored.pr is not None and stored.ab is None:  # guard pr measured nothing (same Python, or a side did not import)
-        return stored.settled()  # no checks: its reasons and the pull request's unmeasurable files decide
+        return settled(stored)  # no checks: its reasons and the pull request's unmeasurable files decide
     if stored.ab is not None:
         rec = ABRecord(candidate=stored.run, baseline=stored.ab.baseline, baseline_python=stored.ab.baseline_python,
                        order=list(stored.ab.order))

@@ -31,7 +31,7 @@ from guard.measure.side import EngineSide
 from guard.measure.stopping import StoppingRule
 from guard.model.environment import OpCountsCacheNote, WorkerReading
 from guard.model.readings import size as size_key
-from guard.model.results import BASELINE, CANDIDATE, SIDES, ABRecord, Measures, RunRecord
+from guard.model.records import BASELINE, CANDIDATE, SIDES, ABRecord, Measures, RunRecord
 
 
 class ABRun(RunStage):

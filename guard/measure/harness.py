@@ -22,7 +22,8 @@ from guard.errors import InvalidRunError
 from guard.files import clear_run_files
 from guard.measure.fit import Machine, select_profile
 from guard.model.environment import Environment
-from guard.model.results import InvalidReason, Measures, ReasonKind, RunRecord, load_run, write_json_atomic
+from guard.model.jsonfiles import load_run, write_json_atomic
+from guard.model.records import InvalidReason, Measures, ReasonKind, RunRecord
 
 GRACE_S = 60.0  # how long an interrupted run may take to write its run.json before it is killed
 FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not get it: send it on

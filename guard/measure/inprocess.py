@@ -24,7 +24,7 @@ from guard.config.budgets import EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
 from guard.measure import enginelog
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
-from guard.model.results import RequestOutcome, ScopeCounts
+from guard.model.records import RequestOutcome, ScopeCounts
 from guard.sanitize import clipped
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from guard.errors import GuardError
-from guard.model.results import RunRecord, load_run, run_file_dict, write_json_atomic
+from guard.model.jsonfiles import load_run, run_file_dict, write_json_atomic
+from guard.model.records import RunRecord
 
 # what else vLLM and torch read from the environment that changes which ops run
 ENV_PREFIXES = ("VLLM_", "TORCH_", "OMP_", "KMP_", "MKL_", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "LD_PRELOAD")

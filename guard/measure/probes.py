@@ -28,7 +28,7 @@ from pathlib import Path
 from guard import compat
 from guard.config.budgets import ScopeBudget
 from guard.model.readings import CUDA_SYNC, MEMCPY_HTOD
-from guard.model.results import OpSite, ScopeCounts
+from guard.model.records import OpSite, ScopeCounts
 
 FRAME_RE = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
 SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})

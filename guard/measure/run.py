@@ -39,8 +39,7 @@ from guard.measure.stopping import StoppingRule, sample_until_decided
 from guard.model import format as fmt
 from guard.model.environment import SpeedReference, busy
 from guard.model.readings import size as size_key, total_calls
-from guard.model.results import (BASELINE, CANDIDATE, InvalidReason, ReasonKind, RequestOutcome, RunRecord,
-                                  ScopeCounts, pairs)
+from guard.model.records import BASELINE, CANDIDATE, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts, pairs
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"
@@ -271,7 +270,7 @@ class RunStage:
         """Write run.json as it stands, marked unfinished: if this process is killed (SIGKILL, OOM),
         `guard check` still reports what was measured, as an invalid run. The session's final
         run.json replaces it."""
-        from guard.model.results import run_file_dict, write_json_atomic
+        from guard.model.jsonfiles import run_file_dict, write_json_atomic
 
         snapshot = dataclasses.replace(self.own, invalid_reasons=[*self.own.invalid_reasons,
                                                                     InvalidReason(ReasonKind.UNFINISHED, f"{UNFINISHED_PREFIX} {after}")],

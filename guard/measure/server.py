@@ -47,7 +47,7 @@ from guard.measure import enginelog
 from guard.measure.inprocess import DEFAULT_REQUEST_TIMEOUT_S, RETAIN_FREED_MEMORY_TUNABLES, InProcessSide, synthetic_image
 from guard.measure.process import die_with_parent, log_tail
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
-from guard.model.results import RequestOutcome
+from guard.model.records import RequestOutcome
 from guard.sanitize import one_line
 
 HOST = "127.0.0.1"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from guard.config.budgets import Workload
-    from guard.model.results import RequestOutcome, ScopeCounts
+    from guard.model.records import RequestOutcome, ScopeCounts
     from guard.model.environment import SpeedReading
 
 OnOutcome = Callable[["RequestOutcome"], None]

@@ -23,7 +23,7 @@ from guard.measure.side import EngineSide, Job
 from guard.measure.stopping import StoppingRule
 from guard.model import format as fmt
 from guard.model.environment import Environment
-from guard.model.results import InvalidReason, Measures, ReasonKind, RequestOutcome, RunRecord
+from guard.model.records import InvalidReason, Measures, ReasonKind, RequestOutcome, RunRecord
 
 
 class GuardRun(RunStage):

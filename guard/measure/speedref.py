@@ -31,7 +31,7 @@ import statistics
 import time
 
 from guard.model.environment import SPEED_WORKLOAD, SPEED_WORKLOAD_FLOAT32, SPEED_WORKLOADS, SpeedReading
-from guard.model.results import to_ms
+from guard.model.records import to_ms
 
 # The workloads, named where the record is typed: a budget's reference and a run's reading are in
 # the same dtype, since ttft_hardware.cpu_isa binds the budget to CPUs that resolve the engine's dtype alike.

@@ -286,7 +286,7 @@ def baseline_hint(python: str) -> str:
 
 
 def _outcome(msg: dict[str, Any]):
-    from guard.model.results import outcome_from_dict
+    from guard.model.jsonfiles import outcome_from_dict
 
     return outcome_from_dict({k: v for k, v in msg.items() if k != "type"})
 
@@ -405,7 +405,7 @@ class WorkerSide:
         return self
 
     def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
-        from guard.model.results import scope_counts_from_dict
+        from guard.model.jsonfiles import scope_counts_from_dict
 
         outcomes: list = []
 

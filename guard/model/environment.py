@@ -3,7 +3,7 @@
 The run stage writes it: ``guard.measure.hardware.fingerprint`` at the start, then what the stage and
 its engine side learn as they run (engine mode, contention, speed reference, GPU state, the worker or
 server). Evaluation, the reports, ``update-thresholds`` and history read its fields, never string keys.
-A file is checked against results.schema.json at the edge (``guard.model.results.read_json``), which
+A file is checked against results.schema.json at the edge (``guard.model.jsonfiles.read_json``), which
 names the line and field of a bad value; ``from_dict`` types what passed. The readings the validity
 gates judge are records (``cpu_contention``: ``ContentionReading``, ``speed_reference``:
 ``SpeedReference``, ``gpu_state``: ``GpuState``, ``worker``: ``WorkerReading``, ``server``:

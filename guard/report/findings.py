@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guard.config import models
-from guard.model.results import (TOTAL_OPS, CensusCheck, OpCheck, Results, ScopeCounts, Status, TtftCheck, TtftRatioCheck,
-                                  Verdict)
+from guard.model.records import (TOTAL_OPS, CensusCheck, OpCheck, Results, ScopeCounts, Status, TtftCheck,
+                                 TtftRatioCheck, Verdict)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from typing import Any
 from guard.model import format as fmt
 from guard.report.findings import Finding, added_calls, code_owner, findings, owner_text
 from guard.model.environment import Environment
-from guard.model.results import ENVIRONMENTS_DIFFER, TOTAL_OPS, HistoryStanding, ImageSize, OpCheck, ReasonKind, Results, Rule, ScopeCounts, Status, TtftCheck, Verdict, to_ms
+from guard.model.readings import ImageSize
+from guard.model.records import (ENVIRONMENTS_DIFFER, TOTAL_OPS, HistoryStanding, OpCheck, ReasonKind, Results, Rule,
+                                 ScopeCounts, Status, TtftCheck, Verdict, to_ms)
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path, recorded_as_person_path

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from guard.config.budgets import Profile
 from guard.model import format as fmt
 from guard.model.environment import Environment
-from guard.model.results import FunctionChange, ReasonKind, Results, Status, Verdict
+from guard.model.records import FunctionChange, ReasonKind, Results, Status, Verdict
 from guard.report.findings import code_owner
 from guard.judge.stats import percentile
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from guard.config.budgets import CensusRule, Profile, ScopeBudget, ScopeKind
 from guard.judge.census import compare, request_deltas
 from guard.model.readings import folded, parse_size, size
-from guard.model.results import ABRecord, InvalidReason, ReasonKind, RunRecord, ScopeCounts
+from guard.model.records import ABRecord, InvalidReason, ReasonKind, RunRecord, ScopeCounts
 from guard.revisions import git
 from guard.revisions.functions import function_spans
 

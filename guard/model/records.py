@@ -1,41 +1,29 @@
-"""The records that flow run -> verdict -> report -> publish, and results.json, their file form.
+"""The records that flow run -> verdict -> report -> publish.
 
-results.json (schema ``guard/results``, version 3, described by ``results.schema.json`` beside this
-module) is what every later stage reads: ``guard comment`` and ``guard update-thresholds`` never
-look at the engine, only at this file. Each fact is written once; seconds inside, and every number
-carries its unit in its name (``_s``, ``_ms``, ``_calls``).
+Their file form is results.json (``guard.model.jsonfiles`` writes and reads it; schema
+``guard/results``, ``guard.model.schema``), what every later stage reads: ``guard comment`` and
+``guard update-thresholds`` never look at the engine, only at this file. Each fact is written once;
+seconds inside, and every number carries its unit in its name (``_s``, ``_ms``, ``_calls``).
 
 A check is a typed record (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``): its
 identity is its ``key`` (built from its fields: percentile; scope, image size and op; function and
 image size), never a string to parse back, and its ``label`` is the one short name every view shows.
-How the rest of a check reads to people is ``guard.model.format``'s business. ``verdict_of`` is the one
-roll-up from checks and invalid reasons to a verdict. An invalid reason is typed the same way
-(``InvalidReason``: a ``ReasonKind`` for code to filter on, the text for people), never matched by
-substring.
+How the rest of a check reads to people is ``guard.model.format``'s business, and the one roll-up
+from checks and invalid reasons to a verdict is ``guard.model.verdict``'s. An invalid reason is typed
+the same way (``InvalidReason``: a ``ReasonKind`` for code to filter on, the text for people), never
+matched by substring.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from guard.errors import ConfigError, ExitCode
-from guard.files import read_input
+from guard.errors import ExitCode
 from guard.model.environment import Environment
 from guard.model.readings import ImageSize, size
-
-RESULTS_SCHEMA = "guard/results"
-RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
-RESULTS_SCHEMA_VERSION = 3  # 3: invalid reasons are {"kind", "text"} objects (2: strings)
-READABLE_SCHEMA_VERSIONS = (2, RESULTS_SCHEMA_VERSION)  # a v2 file is upgraded on reading (_upgrade_v2)
-SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
 
 TTFT_DEFINITION = (
     "Client-side TTFT: from just before the request is handed to the in-process vLLM engine "
@@ -443,18 +431,6 @@ class CensusCheck:
 Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
 
 
-def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[InvalidReason], *, unmeasurable: bool = False) -> Verdict:
-    """The one roll-up from checks to a verdict: invalid when there is any reason to distrust the
-    run, else a regression when any check failed, else not measurable when ``guard pr`` saw changes
-    this engine stack cannot measure (``unmeasurable``), else a pass. ``guard check``'s, ``guard
-    pr``'s and ``guard comment``'s re-judged verdict (guard.judge.rejudge) are all this function's."""
-    if any(True for _ in invalid_reasons):
-        return Verdict.INVALID
-    if any(c.status == Status.FAIL for c in checks):
-        return Verdict.REGRESSION
-    return Verdict.NOT_MEASURABLE if unmeasurable else Verdict.PASS
-
-
 ENVIRONMENTS_DIFFER = "environments differ:"  # how the notice naming two sides' differing environments begins
 
 
@@ -526,7 +502,8 @@ class HistoryStanding:
 
 @dataclass(frozen=True)
 class Results:
-    """The verdict with everything needed to explain it: the content of results.json."""
+    """The verdict with everything needed to explain it: the content of results.json. Judging sets
+    the verdict from these checks and reasons (``guard.model.verdict.settled``)."""
 
     verdict: Verdict
     run: RunRecord
@@ -563,373 +540,3 @@ class Results:
     @property
     def exit_code(self) -> int:
         return int(self.verdict.exit_code)
-
-    @property
-    def implied_verdict(self) -> Verdict:
-        """The verdict these checks and invalid reasons give (verdict_of): a pull request's changes
-        this engine stack cannot measure make a pass not measurable."""
-        return verdict_of(self.checks, self.invalid_reasons,
-                          unmeasurable=self.pr is not None and bool(self.pr.unmeasured_files))
-
-    def self_contradiction(self) -> str | None:
-        """Why the stored verdict is not the one its own checks and reasons give; None when it is."""
-        implied = self.implied_verdict
-        if self.verdict == implied:
-            return None
-        return f"its verdict is '{self.verdict}' but its own checks and reasons make it '{implied}'"
-
-    def settled(self) -> Results:
-        """These results with their implied verdict: the one place judging sets a verdict."""
-        return replace(self, verdict=self.implied_verdict)
-
-
-# ----------------------------------------------------------------------------- JSON
-def _finite_or_null(x: float) -> float | None:
-    """Strict JSON has no Infinity: an interval side that does not exist is written as null."""
-    return None if math.isinf(x) else x
-
-
-def run_to_dict(run: RunRecord) -> dict[str, Any]:
-    return {**asdict(run), "environment": run.environment.as_dict(),
-            "invalid_reasons": [r.as_dict() for r in run.invalid_reasons]}
-
-
-def run_file_dict(run: RunRecord) -> dict[str, Any]:
-    """run.json: the run record under a schema header."""
-    return {"schema": RUN_SCHEMA, "schema_version": RESULTS_SCHEMA_VERSION, "run": run_to_dict(run)}
-
-
-def outcome_from_dict(d: dict[str, Any]) -> RequestOutcome:
-    return RequestOutcome(**{**d, "image_size": tuple(d["image_size"])})
-
-
-def scope_counts_from_dict(d: dict[str, Any]) -> ScopeCounts:
-    """One scope's counts as run.json, a worker's message and the op-count cache store them."""
-    return ScopeCounts(**{**d, "image_size": tuple(d["image_size"]), "sites": tuple(OpSite(**s) for s in d.get("sites", ()))})
-
-
-def run_from_dict(d: dict[str, Any]) -> RunRecord:
-    d = dict(d)
-    if d.get("measures") is None:  # written before the field: an ops-only run timed no request
-        d["measures"] = Measures.BOTH if any(not o.get("warmup") for o in d.get("outcomes", [])) else Measures.OPS
-    d["invalid_reasons"] = [InvalidReason.from_dict(r) for r in d.get("invalid_reasons", [])]
-    d["outcomes"] = [outcome_from_dict(o) for o in d.get("outcomes", [])]
-    d["op_counts"] = [scope_counts_from_dict(c) for c in d.get("op_counts", [])]
-    return RunRecord(**d)
-
-
-def _ttft_to_dict(c: TtftCheck) -> dict[str, Any]:
-    return {**asdict(c), "interval_ms": [_finite_or_null(x) for x in c.interval_ms]}
-
-
-def _ttft_from_dict(d: dict[str, Any]) -> TtftCheck:
-    lo, hi = d["interval_ms"]
-    return TtftCheck(**{**d, "status": Status(d["status"]),
-                        "interval_ms": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
-
-
-def _ratio_to_dict(c: TtftRatioCheck) -> dict[str, Any]:
-    return {**asdict(c), "interval_pct": [_finite_or_null(x) for x in c.interval_pct]}
-
-
-def _ratio_from_dict(d: dict[str, Any]) -> TtftRatioCheck:
-    lo, hi = d["interval_pct"]
-    return TtftRatioCheck(**{**d, "status": Status(d["status"]),
-                             "interval_pct": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
-
-
-def _ab_to_dict(ab: ABComparison | None) -> dict[str, Any] | None:
-    if ab is None:
-        return None
-    return {"baseline_python": ab.baseline_python, "baseline": run_to_dict(ab.baseline), "order": list(ab.order),
-            "pairs": [asdict(p) for p in ab.pairs], "op_diff": [asdict(d) for d in ab.op_diff]}
-
-
-def _ab_from_dict(d: dict[str, Any] | None) -> ABComparison | None:
-    if d is None:
-        return None
-    return ABComparison(baseline_python=d["baseline_python"], baseline=run_from_dict(d["baseline"]),
-                        order=tuple(d.get("order", ())), pairs=tuple(Pair(**p) for p in d.get("pairs", ())),
-                        op_diff=tuple(OpDelta(**{**o, "image_size": tuple(o["image_size"])}) for o in d.get("op_diff", ())))
-
-
-def _op_from_dict(d: dict[str, Any]) -> OpCheck:
-    return OpCheck(**{**d, "image_size": tuple(d["image_size"]), "rule": Rule(d["rule"]), "status": Status(d["status"])})
-
-
-def _census_from_dict(d: dict[str, Any]) -> CensusCheck:
-    return CensusCheck(**{**d, "image_size": tuple(d["image_size"]), "status": Status(d["status"]),
-                          "op_deltas": tuple(CensusOpDelta(**o) for o in d["op_deltas"]),
-                          "watched_ops": tuple(d.get("watched_ops", ())),
-                          "moved_from": tuple(d.get("moved_from", ()))})
-
-
-def results_to_dict(res: Results) -> dict[str, Any]:
-    return {
-        "schema": RESULTS_SCHEMA,
-        "schema_version": RESULTS_SCHEMA_VERSION,
-        "guard_version": res.guard_version,
-        "verdict": str(res.verdict),
-        "checks": {"ttft": [_ttft_to_dict(c) for c in res.ttft_checks], "ops": [asdict(c) for c in res.op_checks],
-                   "ops_not_measured": [asdict(c) for c in res.unmeasured_op_checks],
-                   "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks],
-                   "census": [asdict(c) for c in res.census_checks]},
-        "ab": _ab_to_dict(res.ab),
-        "judged_invalid_reasons": [r.as_dict() for r in res.judged_invalid_reasons],
-        "notices": list(res.notices),
-        "profile_config": res.profile_config,
-        "ttft_definition": res.ttft_definition,
-        "run": run_to_dict(res.run),
-        **({"pr": _pr_to_dict(res.pr)} if res.pr is not None else {}),
-    }
-
-
-def _pr_to_dict(pr: PullRequestDiff) -> dict[str, Any]:
-    d = asdict(pr)
-    for side in ("base", "head"):  # not recorded (an older guard, an overlay side's count) is not written
-        d[side] = {k: v for k, v in d[side].items() if not (k in ("version", "environment", "differs") and not v)}
-    d["changed_files"], d["unmeasured_files"] = list(pr.changed_files), list(pr.unmeasured_files)
-    d["function_changes"] = [{"function": f.function, "lines": [{"line": n, "text": t} for n, t in f.lines]}
-                             for f in pr.function_changes]
-    if pr.budgets is None:
-        del d["budgets"]  # written only when the budgets came from the vLLM tree
-    return d
-
-
-def _pr_from_dict(d: dict[str, Any] | None) -> PullRequestDiff | None:
-    if d is None:
-        return None
-    return PullRequestDiff(
-        repository=d["repository"], base=RevisionInfo(**d["base"]), head=RevisionInfo(**d["head"]),
-        changed_files=tuple(d["changed_files"]), unmeasured_files=tuple(d["unmeasured_files"]), measured=d["measured"],
-        function_changes=tuple(FunctionChange(f["function"], tuple((x["line"], x["text"]) for x in f["lines"]))
-                               for f in d["function_changes"]),
-        budgets=None if d.get("budgets") is None else BudgetSource(**{
-            k: tuple(v) if isinstance(v, list) else v for k, v in d["budgets"].items()}))
-
-
-def results_from_dict(d: dict[str, Any]) -> Results:
-    checks = d["checks"]
-    return Results(
-        verdict=Verdict(d["verdict"]),
-        run=run_from_dict(d["run"]),
-        ttft_checks=tuple(_ttft_from_dict(c) for c in checks.get("ttft", [])),
-        op_checks=tuple(_op_from_dict(c) for c in checks.get("ops", [])),
-        unmeasured_op_checks=tuple(UnmeasuredOpCheck(**{**c, "rule": Rule(c["rule"]), "status": Status(c["status"])})
-                                   for c in checks.get("ops_not_measured", [])),
-        ab_checks=tuple(_ratio_from_dict(c) for c in checks.get("ttft_vs_baseline", [])),
-        ab=_ab_from_dict(d.get("ab")),
-        census_checks=tuple(_census_from_dict(c) for c in checks.get("census", [])),
-        judged_invalid_reasons=tuple(InvalidReason.from_dict(r) for r in d.get("judged_invalid_reasons", ())),
-        notices=tuple(d.get("notices", ())),
-        guard_version=d.get("guard_version", ""),
-        ttft_definition=d.get("ttft_definition", TTFT_DEFINITION),
-        profile_config=d.get("profile_config", {}),
-        pr=_pr_from_dict(d.get("pr")),
-    )
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Strict JSON (no NaN/Infinity), atomically (guard.files): a reader never sees half a file."""
-    from guard.files import write_text_atomic
-
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
-
-
-# Larger than any count, time, size or seed guard records; numbers beyond it are damage, and near
-# the float limit they overflow the arithmetic and charts that read them.
-MAX_MAGNITUDE = 10**18
-
-
-class _Refused:
-    """Where the text had NaN, Infinity, a number beyond MAX_MAGNITUDE or a key given twice: kept
-    while parsing, so the error can name the field's JSON path, then refused (guard writes strict
-    JSON only)."""
-
-    def __init__(self, text: str, problem: str) -> None:
-        self.text, self.problem = text, problem
-
-
-def _constant(name: str) -> _Refused:
-    return _Refused(name, f"{name} is not a number guard writes")
-
-
-def _finite_float(text: str) -> float | _Refused:
-    value = float(text)
-    if math.isfinite(value) and abs(value) < MAX_MAGNITUDE:
-        return value
-    return _Refused(text, f"{text[:40]} is out of range")
-
-
-def _bounded_int(text: str) -> int | _Refused:
-    if len(text.lstrip("-")) > len(str(MAX_MAGNITUDE)):  # before int(): 5000 digits cost, then refuse
-        return _Refused(text, f"{text[:40]}... ({len(text)} digits) is out of range")
-    value = int(text)
-    return value if abs(value) < MAX_MAGNITUDE else _Refused(text, f"{text} is out of range")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are each given once: json would keep the last of two silently."""
-    d: dict[str, Any] = {}
-    for k, v in pairs:
-        d[k] = _Refused(k, f"the key {k!r} is given twice in one object") if k in d else v
-    return d
-
-
-def parse_strict_json(text: str) -> Any:
-    """JSON as guard writes it; what guard never writes (NaN, Infinity, numbers beyond
-    MAX_MAGNITUDE, a key given twice) is marked in place: ``first_refused`` says where."""
-    return json.loads(text, parse_constant=_constant, parse_float=_finite_float, parse_int=_bounded_int,
-                      object_pairs_hook=_unique_keys)
-
-
-def first_refused(data: Any) -> tuple[list[str | int], str] | None:
-    """The JSON path of the first value ``parse_strict_json`` marked, in document order, and why
-    (iterative: a deep file is no recursion)."""
-    stack: list[tuple[list[str | int], Any]] = [([], data)]
-    while stack:
-        where, node = stack.pop()
-        if isinstance(node, _Refused):
-            return where, node.problem
-        if isinstance(node, dict):
-            stack += [([*where, k], v) for k, v in reversed(node.items())]
-        elif isinstance(node, list):
-            stack += [([*where, i], v) for i, v in reversed(list(enumerate(node)))]
-    return None
-
-
-@lru_cache(maxsize=1)
-def results_schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-
-
-def _json_path(parts: Any) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
-
-
-def validate(data: Any, path: Path, schema_name: str) -> None:
-    """Check a parsed file against the shipped JSON Schema; the first error names the JSON path."""
-    import jsonschema
-
-    schema = results_schema()
-    if schema_name == RUN_SCHEMA:  # run.json holds the ``run`` object of results.json
-        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "type": "object",
-                  "required": ["schema", "schema_version", "run"],
-                  "properties": {"schema": {"const": RUN_SCHEMA}, "schema_version": {"const": RESULTS_SCHEMA_VERSION},
-                                 "run": {"$ref": "#/$defs/run"}}, "additionalProperties": False}
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if error is not None:
-        raise ConfigError(str(path), None, _json_path(error.absolute_path), f"not a valid {schema_name} file: {error.message}",
-                          hint="results files are written by `guard check`; re-run it rather than editing one")
-
-
-def read_json(path: Path, schema_name: str) -> dict[str, Any]:
-    """Read a guard JSON file and validate it (ConfigError, exit 2)."""
-    try:
-        raw = read_input(path)
-    except FileNotFoundError:
-        raise ConfigError(str(path), None, "(file)", "no such file", hint="run `guard check` first") from None
-    except OSError as exc:  # a folder, no permission, ...
-        raise ConfigError(str(path), None, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        data = parse_strict_json(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), None, "(file)", "not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), exc.lineno, "(syntax)", f"not valid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
-    except ValueError as exc:
-        raise ConfigError(str(path), None, "(content)", f"not a results file guard can read: {exc}") from None
-    bad = first_refused(data)
-    if bad is not None:
-        where, problem = bad
-        raise ConfigError(str(path), None, _json_path(where), f"not a results file guard can read: {problem}",
-                          hint="results files are written by `guard check`; re-run it rather than editing one")
-    if not isinstance(data, dict) or data.get("schema") != schema_name:
-        raise ConfigError(str(path), None, "schema", f"not a {schema_name} file")
-    version = data.get("schema_version")
-    if version not in READABLE_SCHEMA_VERSIONS:
-        raise ConfigError(str(path), None, "schema_version",
-                          f"schema version {version!r}; this guard reads versions "
-                          f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}",
-                          hint="results files from an older guard cannot be judged again: re-run `guard check`")
-    if version == 2:
-        data = _upgrade_v2(data, schema_name)
-    try:
-        validate(data, path, schema_name)
-    except RecursionError:
-        raise ConfigError(str(path), None, "(content)", "nested too deeply to be a guard file") from None
-    return data
-
-
-# A version 2 file's reasons are strings: each is given the kind its producer names today, by the
-# text it begins with (or holds, for "census: ..."); the only place guard still reads reason text.
-_V2_KINDS: tuple[tuple[str, ReasonKind], ...] = (
-    ("engine ", ReasonKind.ENGINE), ("vllm serve ", ReasonKind.ENGINE), ("baseline worker", ReasonKind.ENGINE),
-    ("candidate worker", ReasonKind.ENGINE),
-    ("the perf suite ", ReasonKind.CRASH),
-    ("the run did not finish", ReasonKind.UNFINISHED),
-    ("perf test ", ReasonKind.TEST_FAILED),
-    ("request ", ReasonKind.REQUEST_FAILED), ("warm-up request ", ReasonKind.REQUEST_FAILED),
-    ("... and ", ReasonKind.REQUEST_FAILED),
-    ("no TTFT samples", ReasonKind.TOO_FEW_SAMPLES), ("too few ", ReasonKind.TOO_FEW_SAMPLES),
-    ("no A/B pairs", ReasonKind.TOO_FEW_SAMPLES),
-    ("hardware d", ReasonKind.HARDWARE_MISMATCH),
-    ("another process was using the GPU", ReasonKind.GPU_STATE), ("GPU clocks were throttled", ReasonKind.GPU_STATE),
-    ("busy machine:", ReasonKind.BUSY_MACHINE), ("slow machine:", ReasonKind.SLOW_MACHINE),
-    ("op-count scope ", ReasonKind.SCOPE_NEVER_ENTERED),  # refined below: "budgeted but not measured"
-    ("op budget ", ReasonKind.VACUOUS_BUDGET),
-    ("census: no census baseline", ReasonKind.CENSUS_BASELINE),
-    ("census: baseline ", ReasonKind.CENSUS_BASELINE_MISMATCH),
-    ("census: ", ReasonKind.CENSUS_MISSING),
-)
-
-
-def classify_v2_reason(text: str) -> InvalidReason:
-    bare = text.removeprefix("baseline: ")  # A/B: the baseline side's own reason
-    kind = next((k for prefix, k in _V2_KINDS if bare.startswith(prefix)), ReasonKind.UNKNOWN)
-    if kind == ReasonKind.SCOPE_NEVER_ENTERED and bare.endswith("was budgeted but not measured"):
-        kind = ReasonKind.SCOPE_NOT_MEASURED
-    elif kind == ReasonKind.REQUEST_FAILED and " failed" not in bare:
-        kind = ReasonKind.UNKNOWN
-    elif kind == ReasonKind.UNKNOWN and bare.endswith(": the run was stopped before it finished"):
-        kind = ReasonKind.INTERRUPTED  # "<how it was stopped>: ..."
-    elif kind == ReasonKind.UNKNOWN and re.match(r"\d+ request\(s\) failed during ", bare):
-        kind = ReasonKind.REQUEST_FAILED  # server mode
-    return InvalidReason(kind, text)
-
-
-def _upgrade_v2(data: dict[str, Any], schema_name: str) -> dict[str, Any]:
-    """A version 2 results.json or run.json as version 3: its reasons typed, nothing else differs."""
-    def run(r: Any) -> Any:
-        if not isinstance(r, dict) or not isinstance(r.get("invalid_reasons"), list):
-            return r  # validation names what is wrong
-        return {**r, "invalid_reasons": [classify_v2_reason(x).as_dict() if isinstance(x, str) else x
-                                         for x in r["invalid_reasons"]]}
-
-    out = {**data, "schema_version": RESULTS_SCHEMA_VERSION, "run": run(data.get("run"))}
-    if schema_name == RESULTS_SCHEMA:
-        if isinstance(data.get("judged_invalid_reasons"), list):
-            out["judged_invalid_reasons"] = [classify_v2_reason(x).as_dict() if isinstance(x, str) else x
-                                             for x in data["judged_invalid_reasons"]]
-        if isinstance(data.get("ab"), dict):
-            out["ab"] = {**data["ab"], "baseline": run(data["ab"].get("baseline"))}
-    return out
-
-
-def load_results(path: Path) -> Results:
-    return results_from_dict(read_json(path, RESULTS_SCHEMA))
-
-
-def load_run(path: Path) -> RunRecord:
-    return run_from_dict(read_json(path, RUN_SCHEMA)["run"])
-
-
-def field_names(cls: type) -> list[str]:
-    """A record's field names, for the schema test."""
-    return [f.name for f in fields(cls)]
