@@ -463,7 +463,7 @@ CENSUS = Section({
     "min_growth_calls": optional(integer(0), CensusRule.min_growth_calls, "growth below this many calls always passes"),
     "new_function_max_calls": optional(integer(0), CensusRule.new_function_max_calls,
                                        "a new function with more calls than this fails"),
-    "watch": optional(STRINGS_OR_NONE, DEFAULT_WATCH, "ops whose every new call fails (host syncs, index writes)"),
+    "watch": optional(STRINGS_OR_NONE, DEFAULT_WATCH, "ops whose growth fails a function whatever the floors (host syncs, index writes, copies to the GPU)"),
     "roots": optional(PACKAGE_ROOTS, DEFAULT_ROOTS, "packages whose functions are counted, relative to site-packages"),
     "exclude": optional(EXCLUSIONS, {}, "file:function -> why it is not judged"),
 }, build=_census)
