@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pool format belongs to ab_sensitivity.py
 from ab_sensitivity import load_pool, pool_from_results  # noqa: E402
 
-from guard.model.records import Pair  # noqa: E402
+from guard.model.checks import Pair  # noqa: E402
 
 MIN_PAIRS = 4  # a run's SE from fewer pairs is too rough to weigh it by
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from guard.judge.ab import judge_ratio
 from guard.judge.sequential import ab_run_rule
 from guard.config.loading import load_thresholds
-from guard.model.records import Pair, Status
+from guard.model.records import Status
+from guard.model.checks import Pair
 from guard.measure.stopping import sample_until_decided
 
 

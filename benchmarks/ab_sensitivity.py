@@ -34,7 +34,8 @@ from pathlib import Path
 
 from guard.model import format as fmt
 from guard.judge.ab import decide_ratio, judge_ratio, ratio_estimate, undecided_ratios
-from guard.model.records import Pair, Status, pairs
+from guard.model.records import Status
+from guard.model.checks import Pair, pairs
 from guard.config.budgets import Profile
 from guard.config.loading import load_thresholds
 from guard.judge.rules import judge_ttft, undecided

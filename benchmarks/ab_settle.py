@@ -38,7 +38,7 @@ def main() -> int:
     args = ap.parse_args()
     settles = [float(x) for x in args.settle.split(",")]
 
-    from guard.model.records import pairs
+    from guard.model.checks import pairs
     from guard.measure.ab_run import ABRun
     from guard.config.loading import load_thresholds
     from guard.measure.hardware import detect

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pools and the sh
 from ab_sensitivity import load_pool, simulate_ab, slowed  # noqa: E402
 
 from guard.config.budgets import Profile  # noqa: E402
-from guard.config.loading import load_thresholds
-from guard.model.records import Pair  # noqa: E402
+from guard.config.loading import load_thresholds  # noqa: E402
+from guard.model.checks import Pair  # noqa: E402
 from guard.judge.sequential import SequentialRule  # noqa: E402
 from guard.measure.stopping import sample_until_decided  # noqa: E402
 

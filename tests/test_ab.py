@@ -16,7 +16,7 @@ import pytest
 
 from guard.measure.run import block_order, blocks
 from guard.judge.sequential import ab_run_rule
-from guard.model.records import pairs
+from guard.model.checks import pairs
 from guard.judge.ab import decide_ratio, op_diff, undecided_ratios
 from guard.config.budgets import Statistics
 from guard.config.loading import load_thresholds
@@ -583,7 +583,7 @@ def test_pairs_to_settle_lands_the_nearer_end_on_the_budget(centre_pct, level):
 
 def test_the_cap_note_gives_the_spread_and_the_pairs_it_would_take():
     from guard.judge.ab import judge_ratio
-    from guard.model.records import Pair
+    from guard.model.checks import Pair
 
     rng = random.Random(5)
     paired = [Pair(i, 6.0 * 1.05 * math.exp(rng.gauss(0, 0.10)), 6.0) for i in range(24)]
@@ -709,7 +709,7 @@ def ab_sensitivity():
 
 
 def test_simulated_ab_rule_separates_identical_from_slowed(ab_sensitivity, ab_profile):
-    from guard.model.records import Pair
+    from guard.model.checks import Pair
 
     rng = random.Random(3)
     pool = [Pair(i, b * rng.gauss(1, 0.01), b) for i, b in enumerate(6 + rng.random() for _ in range(40))]
@@ -761,7 +761,7 @@ def test_cap_rules_table_compares_the_point_estimate_with_undecided(ab_sensitivi
 def test_a_run_level_lean_survives_any_number_of_pairs_in_the_simulation(ab_sensitivity, ab_profile):
     """A pool without per-pair noise never fails when pairs are all there is; a lean shared by
     each run's pairs (SD 3 %) leaves clean runs above a +2.5 % budget about P(N(0,3%) > 2.5%) ~ 20 %."""
-    from guard.model.records import Pair
+    from guard.model.checks import Pair
 
     flat = [Pair(i, 6.0, 6.0) for i in range(40)]
     profile = dataclasses.replace(ab_profile, workload=dataclasses.replace(ab_profile.workload, requests=6))
@@ -901,7 +901,7 @@ def test_ab_resampling_fails_a_look_only_at_ab_fail_confidence(tmp_path, ab_prof
         calls[fail] = run.measure.calls
     assert calls[None] == [6] and calls[0.95][0] == 6 and len(calls[0.95]) > 1
     from guard.judge.ab import judge_ratio
-    from guard.model.records import Pair
+    from guard.model.checks import Pair
 
     paired = [Pair(i, 6.0 * r, 6.0) for i, r in enumerate(first)]
     check = judge_ratio("p50", 3.0, paired, 1, Statistics(confidence=0.8, max_requests=6, fail_confidence=0.95))

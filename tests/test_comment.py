@@ -18,7 +18,9 @@ from guard.config.budgets import DEFAULT_THRESHOLDS
 from guard.report.markdown import render_markdown
 from guard.errors import ExitCode, UsageError
 from guard.model.jsonfiles import load_results, results_to_dict
-from guard.model.records import InvalidReason, ReasonKind, Results, Status, TtftCheck, Verdict
+from guard.model.records import InvalidReason, ReasonKind, Status, Verdict
+from guard.model.results import Results
+from guard.model.checks import TtftCheck
 from tests.conftest import clear_github_context
 from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,

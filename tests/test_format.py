@@ -7,7 +7,8 @@ import math
 import pytest
 
 from guard.model import format as fmt
-from guard.model.records import TOTAL_OPS, OpCheck, Rule, Status, TtftCheck
+from guard.model.records import TOTAL_OPS, Rule, Status
+from guard.model.checks import OpCheck, TtftCheck
 
 
 def op(measured: int, budget: int, rule: Rule = Rule.MAX, name: str = "aten::copy_") -> OpCheck:

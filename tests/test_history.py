@@ -21,7 +21,8 @@ from guard.history.store import (append, census_digest, load_history, parse_hist
                                  record_from_results, record_to_dict, to_line)
 from guard.report.markdown import render_markdown
 from guard.model.jsonfiles import load_results, write_json_atomic
-from guard.model.records import Results, Verdict
+from guard.model.records import Verdict
+from guard.model.results import Results
 from guard.judge.stats import percentile
 from tests.conftest import run_guard
 

@@ -11,7 +11,8 @@ import pytest
 from guard.report.markdown import code, render_markdown, text
 from guard.judge.stats import percentile
 from guard.model.jsonfiles import load_results
-from guard.model.records import InvalidReason, ReasonKind, OpSite, Results, Status, Verdict
+from guard.model.records import InvalidReason, ReasonKind, OpSite, Status, Verdict
+from guard.model.results import Results
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic-a10-regression.results.json"
 HOSTILE = ("x | y `z` <img src=x onerror=alert(1)> </details> & [a](javascript:alert(1)) **b** _c_ @maintainers"

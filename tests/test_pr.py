@@ -19,7 +19,8 @@ from guard.model.records import ABRecord
 from guard.config.loading import load_thresholds
 from guard.judge.evaluate import evaluate_pr
 from guard.model.jsonfiles import load_results, read_json, results_from_dict, results_to_dict
-from guard.model.records import PullRequestDiff, RevisionInfo, Status, Verdict
+from guard.model.records import Status, Verdict
+from guard.model.results import PullRequestDiff, RevisionInfo
 from guard.model.schema import validate
 from guard.revisions import git, overlay
 from guard.revisions.functions import function_spans, lines_inside

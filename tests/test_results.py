@@ -14,8 +14,8 @@ import pytest
 from guard.errors import ConfigError
 from guard.judge.evaluate import evaluate
 from guard.model.jsonfiles import load_results, load_run, results_to_dict, run_file_dict, write_json_atomic
-from guard.model.records import (InvalidReason, OpCheck, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts,
-                                 TtftCheck, to_ms)
+from guard.model.records import InvalidReason, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts, to_ms
+from guard.model.checks import OpCheck, TtftCheck
 from guard.model.schema import RESULTS_SCHEMA_VERSION, SCHEMA_FILE, field_names, results_schema
 from guard.model.upgrade import classify_v2_reason
 from guard.model.environment import Environment, EnvironmentTypeError, HardwareMatch

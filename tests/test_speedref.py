@@ -12,7 +12,8 @@ import pytest
 
 from guard.model import format as fmt
 from guard.measure import speedref
-from guard.model.records import Status, TtftCheck
+from guard.model.records import Status
+from guard.model.checks import TtftCheck
 from guard.judge.gates import speed_notice, speed_problems, unsteady
 from guard.measure.speedref import WORKLOAD, WORKLOAD_FLOAT32
 from guard.model.environment import SpeedReading, SpeedReference

@@ -23,8 +23,9 @@ from guard.config.loading import load_thresholds
 from guard.commands import update_thresholds as ut
 from guard.errors import ConfigError
 from guard.model.jsonfiles import results_to_dict, write_json_atomic
-from guard.model.records import (InvalidReason, OpCheck, ReasonKind as K, RequestOutcome, Results, Rule, RunRecord,
-                                 Status, TtftCheck, Verdict)
+from guard.model.records import InvalidReason, ReasonKind as K, RequestOutcome, Rule, RunRecord, Status, Verdict
+from guard.model.results import Results
+from guard.model.checks import OpCheck, TtftCheck
 from guard.model.environment import SpeedReading, SpeedReference
 from guard.measure.fit import ttft_binding_fits
 

@@ -31,7 +31,8 @@ from guard.measure.hardware import detect
 from guard.measure.fit import select_profile
 from guard.judge.opnames import check_op_name, check_op_names
 from guard.model.jsonfiles import write_json_atomic
-from guard.model.records import PullRequestDiff, Results, RevisionInfo, RunRecord, Status, Verdict, reasons_text
+from guard.model.records import RunRecord, Status, Verdict, reasons_text
+from guard.model.results import PullRequestDiff, Results, RevisionInfo
 from guard.revisions import bisect, git, inrepo, installed, overlay
 from guard.revisions.sides import function_changes, profile_side, side_modules
 

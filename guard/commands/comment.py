@@ -27,7 +27,7 @@ from guard.report.findings import has_finding, summary_line
 from guard.report.markdown import render_markdown, text
 from guard.judge.rejudge import rejudge
 from guard.model.jsonfiles import load_results
-from guard.model.records import Results
+from guard.model.results import Results
 from guard.model.verdict import self_contradiction
 from guard.sanitize import no_workflow_commands, one_line
 from guard.github.trust import PROTECTED_PATTERNS, TrustPolicy

@@ -32,7 +32,8 @@ from guard.measure.hardware import Hardware, detect
 from guard.measure.fit import select_profile
 from guard.measure.harness import empty_record
 from guard.judge.opnames import check_op_names
-from guard.model.records import InvalidReason, PullRequestDiff, ReasonKind, Results, RevisionInfo, Verdict
+from guard.model.records import InvalidReason, ReasonKind, Verdict
+from guard.model.results import PullRequestDiff, Results, RevisionInfo
 from guard.model.verdict import settled
 from guard.revisions import git, inrepo, installed, overlay, scopes
 from guard.revisions.sides import function_changes, profile_side, side_cache, side_modules

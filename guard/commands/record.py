@@ -28,7 +28,7 @@ from guard.history.findings import (PullRequestRun, load_findings, login_flag, p
 from guard.history.store import DATE_EXAMPLE, append, commit_flag, date_problem, record_from_results
 from guard.judge.rejudge import rejudge
 from guard.model.jsonfiles import load_results
-from guard.model.records import Results
+from guard.model.results import Results
 from guard.model.verdict import self_contradiction
 
 DEFAULT_RESULTS = "guard-results/results.json"

@@ -27,7 +27,8 @@ from guard.config.census import read_baseline
 from guard.report.output import write_report
 from guard.measure.hardware import detect
 from guard.measure.fit import select_profile
-from guard.model.records import Measures, Results, Status, Verdict, reasons_text
+from guard.model.records import Measures, Status, Verdict, reasons_text
+from guard.model.results import Results
 from guard.report.terminal import render_terminal, sites_lines
 
 INDEX_PUT = "aten::_index_put_impl_"

@@ -35,7 +35,8 @@ from guard.errors import ConfigError, UsageError
 from guard.measure.fit import as_it_ran, census_of_other_kernels, engine_on_cpu, engine_ran_bf16_fallback, ttft_binding_fits
 from guard.measure.hardware import git_commit, ttft_hardware_for
 from guard.model.environment import Environment
-from guard.model.records import TOTAL_OPS, ReasonKind, Results, Verdict, reasons_text
+from guard.model.records import TOTAL_OPS, ReasonKind, Verdict, reasons_text
+from guard.model.results import Results
 from guard.model.jsonfiles import load_results
 
 SIGNIFICANT_FIGURES = 3

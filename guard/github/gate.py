@@ -29,7 +29,7 @@ from guard.github import approval, budget_files, client, publish
 from guard.github.rendering import STATUS_DESCRIPTION_LIMIT, CommitStatus, clip, slug, trim_body
 from guard.github.trust import TrustPolicy
 from guard.judge.rejudge import rejudge
-from guard.model.records import Results
+from guard.model.results import Results
 from guard.report.markdown import text
 from guard.sanitize import one_line
 

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 
 from guard.model import format as fmt
-from guard.model.records import Results, Verdict
+from guard.model.records import Verdict
+from guard.model.results import Results
 from guard.report.markdown import render_markdown, text
 
 MARKER_VERSION = 1  # bump only with a migration: old comments are found by this exact text

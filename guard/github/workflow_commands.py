@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from guard.model import format as fmt
-from guard.model.records import Results
+from guard.model.results import Results
 
 SUMMARY_LIMIT = 250_000  # characters; GitHub takes 1 MiB per step summary, and a character is up to 4 bytes
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from guard.history.changepoints import DEFAULT, Method, Shift, change_points
 from guard.history.store import HistoryRecord, census_totals
 from guard.judge.stats import percentile
-from guard.model.records import HistoryStanding, Results, to_ms
+from guard.model.records import to_ms
+from guard.model.results import HistoryStanding, Results
 
 
 @dataclass(frozen=True)

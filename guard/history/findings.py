@@ -33,7 +33,9 @@ from guard.files import write_text_atomic
 from guard.history import jsonlines
 from guard.history.store import DATE_EXAMPLE, date_problem, locked_folder
 from guard.model.readings import size
-from guard.model.records import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck, Verdict
+from guard.model.records import RunRecord, Verdict
+from guard.model.results import Results
+from guard.model.checks import CensusCheck, Check, OpCheck, TtftCheck, TtftRatioCheck
 
 FINDINGS_SCHEMA = "guard/findings"
 FINDINGS_SCHEMA_VERSION = 1

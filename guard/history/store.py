@@ -34,7 +34,8 @@ from guard.errors import ConfigError, InvalidRunError, UsageError
 from guard.files import write_text_atomic
 from guard.history import jsonlines
 from guard.model.readings import ImageSize, counts_only, parse_size, total_calls
-from guard.model.records import Results, Verdict, reasons_text, to_ms
+from guard.model.records import Verdict, reasons_text, to_ms
+from guard.model.results import Results
 from guard.judge.stats import percentile
 
 HISTORY_SCHEMA = "guard/history"

@@ -1,6 +1,6 @@
 """A/B mode's pure core: the alternation schedule, paired samples, the ratio verdict, the op diff.
 
-No I/O and no engine: evaluation judges the pairs (``guard.model.records.pairs``) with
+No I/O and no engine: evaluation judges the pairs (``guard.model.checks.pairs``) with
 ``decide_ratio``; ``guard.measure.ab_run`` measures until ``undecided_ratios`` is empty (by
 guard.judge.sequential.ab_run_rule, which the run's caller passes in).
 
@@ -51,7 +51,8 @@ from dataclasses import dataclass
 
 from guard.config.budgets import Statistics, percentile_value
 from guard.model import format as fmt
-from guard.model.records import TOTAL_OPS, OpDelta, Pair, ScopeCounts, Status, TtftRatioCheck, to_ms
+from guard.model.records import TOTAL_OPS, ScopeCounts, Status, to_ms
+from guard.model.checks import OpDelta, Pair, TtftRatioCheck
 from guard.judge.rules import interval_status
 from guard.judge.stats import centre_estimate, percentile, percentile_interval
 

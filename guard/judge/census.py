@@ -15,7 +15,8 @@ from guard.config.budgets import CensusRule
 from guard.config.census import Baseline
 from guard.model.readings import (Census, FunctionCounts, folded, input_processing_only, op_deltas, parse_size, size,
                                   total_calls, without)
-from guard.model.records import CensusCheck, CensusOpDelta, InvalidReason, ReasonKind, Status
+from guard.model.records import InvalidReason, ReasonKind, Status
+from guard.model.checks import CensusCheck, CensusOpDelta
 
 
 # ----------------------------------------------------------------------------- rule and diff

@@ -23,9 +23,9 @@ from guard.judge.census import CensusJudgement, judge
 from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
 from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
-from guard.model.records import (ENVIRONMENTS_DIFFER, TOTAL_OPS, ABComparison, ABRecord, BudgetSource, CensusCheck,
-                                 InvalidReason, OpCheck, PullRequestDiff, ReasonKind as K, Results, RunRecord,
-                                 ScopeCounts, Status, TtftCheck, UnmeasuredOpCheck, Verdict, ttft_definition)
+from guard.model.records import TOTAL_OPS, ABRecord, InvalidReason, ReasonKind as K, RunRecord, ScopeCounts, Status, Verdict, ttft_definition
+from guard.model.results import ENVIRONMENTS_DIFFER, BudgetSource, PullRequestDiff, Results
+from guard.model.checks import ABComparison, CensusCheck, OpCheck, TtftCheck, UnmeasuredOpCheck
 from guard.model.verdict import settled
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_ttft
@@ -282,7 +282,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     candidate's. Absolute TTFT budgets are measured and shown, never judged here: they are a
     statement about a machine, which A/B mode exists to take out of the verdict."""
     from guard.judge.ab import judge_ratio, op_diff
-    from guard.model.records import pairs
+    from guard.model.checks import pairs
 
     # The census is judged below against the baseline side, not the committed baseline file.
     no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)

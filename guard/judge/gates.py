@@ -16,7 +16,8 @@ from guard.config.budgets import Profile
 from guard.measure.hardware import Hardware
 from guard.measure.fit import mismatch
 from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState, SpeedReference
-from guard.model.records import Status, TtftCheck
+from guard.model.records import Status
+from guard.model.checks import TtftCheck
 
 
 # ----------------------------------------------------------------------------- the machine's speed

@@ -24,7 +24,9 @@ from guard.errors import UsageError
 from guard.judge.evaluate import evaluate, evaluate_ab, evaluate_pr
 from guard.measure.fit import as_it_ran
 from guard.model.verdict import self_contradiction, settled
-from guard.model.records import CensusCheck, Check, OpCheck, Results, RunRecord, TtftCheck, TtftRatioCheck
+from guard.model.records import RunRecord
+from guard.model.results import Results
+from guard.model.checks import CensusCheck, Check, OpCheck, TtftCheck, TtftRatioCheck
 from guard.sanitize import one_line
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from guard.model import format as fmt
 from guard.config.budgets import Statistics, min_samples_for_upper_bound, percentile_value
-from guard.model.records import Status, TtftCheck, to_ms
+from guard.model.records import Status, to_ms
+from guard.model.checks import TtftCheck
 from guard.judge.stats import percentile, percentile_interval
 
 

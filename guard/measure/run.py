@@ -39,7 +39,8 @@ from guard.measure.stopping import StoppingRule, sample_until_decided
 from guard.model import format as fmt
 from guard.model.environment import SpeedReference, busy
 from guard.model.readings import size as size_key, total_calls
-from guard.model.records import BASELINE, CANDIDATE, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts, pairs
+from guard.model.records import BASELINE, CANDIDATE, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
+from guard.model.checks import pairs
 
 TRACES_ON_FAILURE, TRACES_ALWAYS = "on-failure", "always"
 UNFINISHED_PREFIX = "the run did not finish: the last checkpoint was written after"

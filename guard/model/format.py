@@ -5,7 +5,7 @@ progress lines all call these, so a check reads the same everywhere. Plain text:
 escaping (Markdown) escape what comes from the run, and only that.
 
 ``failure`` dispatches on the check's type (``functools.singledispatch``): a new kind of check
-registers its sentence here, and its ``label`` on its record (guard.model.records), and every view shows it.
+registers its sentence here, and its ``label`` on its record (guard.model.checks), and every view shows it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping
 
 from guard.model.environment import ContentionReading, SpeedReference
 from guard.model.readings import input_processing_only, size  # noqa: F401 - size: the one writing of an image size
-from guard.model.records import (TOTAL_OPS, CensusCheck, Check, OpCheck, RevisionInfo, Rule, Status, TtftCheck,
-                                 TtftRatioCheck, to_ms)
+from guard.model.records import TOTAL_OPS, Rule, Status, to_ms
+from guard.model.results import RevisionInfo
+from guard.model.checks import CensusCheck, Check, OpCheck, TtftCheck, TtftRatioCheck
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}

@@ -13,10 +13,9 @@ from typing import Any
 
 from guard.errors import ConfigError
 from guard.files import read_input
-from guard.model.records import (TTFT_DEFINITION, ABComparison, BudgetSource, CensusCheck, CensusOpDelta,
-                                 FunctionChange, InvalidReason, Measures, OpCheck, OpDelta, OpSite, Pair,
-                                 PullRequestDiff, RequestOutcome, Results, RevisionInfo, Rule, RunRecord, ScopeCounts,
-                                 Status, TtftCheck, TtftRatioCheck, UnmeasuredOpCheck, Verdict)
+from guard.model.records import TTFT_DEFINITION, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
+from guard.model.results import BudgetSource, FunctionChange, PullRequestDiff, Results, RevisionInfo
+from guard.model.checks import ABComparison, CensusCheck, CensusOpDelta, OpCheck, OpDelta, Pair, TtftCheck, TtftRatioCheck, UnmeasuredOpCheck
 from guard.model.schema import READABLE_SCHEMA_VERSIONS, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, RUN_SCHEMA, validate
 from guard.model.strictjson import first_refused, json_path, parse_strict_json
 from guard.model.upgrade import upgrade_v2

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from guard.model.records import Check, InvalidReason, Results, Status, Verdict
+from guard.model.records import InvalidReason, Status, Verdict
+from guard.model.results import Results
+from guard.model.checks import Check
 
 
 def verdict_of(checks: Iterable[Check], invalid_reasons: Iterable[InvalidReason], *, unmeasurable: bool = False) -> Verdict:

@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guard.config import models
-from guard.model.records import (TOTAL_OPS, CensusCheck, OpCheck, Results, ScopeCounts, Status, TtftCheck,
-                                 TtftRatioCheck, Verdict)
+from guard.model.records import TOTAL_OPS, ScopeCounts, Status, Verdict
+from guard.model.results import Results
+from guard.model.checks import CensusCheck, OpCheck, TtftCheck, TtftRatioCheck
 
 
 @dataclass(frozen=True)

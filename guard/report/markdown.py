@@ -18,8 +18,9 @@ from guard.model import format as fmt
 from guard.report.findings import Finding, added_calls, code_owner, findings, owner_text
 from guard.model.environment import Environment
 from guard.model.readings import ImageSize
-from guard.model.records import (ENVIRONMENTS_DIFFER, TOTAL_OPS, HistoryStanding, OpCheck, ReasonKind, Results, Rule,
-                                 ScopeCounts, Status, TtftCheck, Verdict, to_ms)
+from guard.model.records import TOTAL_OPS, ReasonKind, Rule, ScopeCounts, Status, Verdict, to_ms
+from guard.model.results import ENVIRONMENTS_DIFFER, HistoryStanding, Results
+from guard.model.checks import OpCheck, TtftCheck
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path, recorded_as_person_path

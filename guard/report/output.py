@@ -7,7 +7,7 @@ from pathlib import Path
 from guard.errors import UsageError
 from guard.files import write_text_atomic
 from guard.model.jsonfiles import results_to_dict, write_json_atomic
-from guard.model.records import Results
+from guard.model.results import Results
 from guard.report.markdown import render_markdown
 
 

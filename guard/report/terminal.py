@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from guard.config.budgets import Profile
 from guard.model import format as fmt
 from guard.model.environment import Environment
-from guard.model.records import FunctionChange, ReasonKind, Results, Status, Verdict
+from guard.model.records import ReasonKind, Status, Verdict
+from guard.model.results import FunctionChange, Results
 from guard.report.findings import code_owner
 from guard.judge.stats import percentile
 

@@ -23,7 +23,7 @@ from typing import Protocol
 from guard.config.budgets import Thresholds
 from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, GuardError, UsageError
-from guard.model.records import BudgetSource
+from guard.model.results import BudgetSource
 from guard.revisions import git
 
 FLAG = "--thresholds-in-repo"

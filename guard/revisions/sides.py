@@ -17,7 +17,8 @@ from guard.measure.harness import record_suite
 from guard.errors import GuardError, InvalidRunError
 from guard.files import clear_run_files
 from guard.model.jsonfiles import run_file_dict, write_json_atomic
-from guard.model.records import FunctionChange, Measures, ReasonKind, Results, RunRecord, Status
+from guard.model.records import Measures, ReasonKind, RunRecord, Status
+from guard.model.results import FunctionChange, Results
 from guard.revisions import git, overlay
 from guard.revisions.functions import lines_inside
 from guard.revisions.installed import InstalledEnvironment

@@ -1,0 +1,201 @@
+"""What the judge found: one typed record per check, and A/B's pairs and op diff.
+
+A check (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``) is identified by its
+``key``, built from its fields (percentile; scope, image size and op; function and image size),
+never a string to parse back; its ``label`` is the one short name every view shows. How the rest
+of a check reads to people is ``guard.model.format``'s business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from guard.model.readings import ImageSize, size
+from guard.model.records import RequestOutcome, Rule, RunRecord, Status
+
+
+@dataclass(frozen=True)
+class TtftCheck:
+    """A TTFT percentile budget judged by its confidence interval (guard.judge.rules)."""
+
+    percentile: str  # "p50"
+    budget_ms: float
+    measured_ms: float  # the point estimate
+    interval_ms: tuple[float, float]  # -inf / inf where that side does not exist at this sample count
+    samples: int
+    rounds: int
+    confidence: float
+    status: Status
+    note: str | None = None  # how an undecided interval was settled
+
+    @property
+    def key(self) -> tuple:
+        """The check's identity: the same budget in another run (or re-judged) has the same key."""
+        return ("ttft", self.percentile)
+
+    @property
+    def label(self) -> str:
+        """A short name for tables, status lines and messages (never parsed back)."""
+        return f"ttft {self.percentile}"
+
+
+@dataclass(frozen=True)
+class OpCheck:
+    """An operator-count budget of one scope, for one profiled image size."""
+
+    scope: str
+    image_size: ImageSize
+    op: str  # an operator name, a guard pseudo-op, or TOTAL_OPS
+    rule: Rule
+    budget_calls: int
+    measured_calls: int
+    status: Status
+
+    @property
+    def key(self) -> tuple:
+        return ("ops", self.scope, tuple(self.image_size), self.op)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scope} [{size(self.image_size)}] {self.op}"
+
+    @property
+    def excess_calls(self) -> int:
+        return self.measured_calls - self.budget_calls
+
+
+@dataclass(frozen=True)
+class UnmeasuredOpCheck:
+    """An operator-count budget this run could not measure (``--server-url``: a remote server's
+    Python frames cannot be profiled). Shown as "not measured in this mode", never as pass."""
+
+    scope: str
+    op: str  # an operator name, a guard pseudo-op, or TOTAL_OPS
+    rule: Rule
+    budget_calls: int
+    reason: str
+    status: Status = Status.NOT_MEASURED
+
+
+@dataclass(frozen=True)
+class TtftRatioCheck:
+    """A/B mode: a percentile of the paired ratio candidate TTFT / baseline TTFT, as a slowdown in
+    percent, judged by its confidence interval against ``ttft_vs_baseline_pct`` (guard.judge.ab)."""
+
+    percentile: str  # "p50"
+    budget_pct: float  # allowed slowdown of the candidate, percent
+    measured_pct: float  # the percentile of (candidate_i / baseline_i - 1) x 100 over the pairs
+    interval_pct: tuple[float, float]  # -inf / inf where that side does not exist at this pair count
+    pairs: int
+    rounds: int
+    confidence: float
+    status: Status
+    candidate_ms: float  # the same percentile of each side's own TTFT, for the side-by-side view
+    baseline_ms: float
+    note: str | None = None  # how an undecided interval was settled
+    fail_confidence: float | None = None  # the interval's lower end is at this stricter level (ab.fail_confidence)
+    pair_spread_pct: float | None = None  # SD of the pairs' log ratio x 100: the machine's noise as A/B sees it
+
+    @property
+    def key(self) -> tuple:
+        return ("ttft_vs_baseline", self.percentile)
+
+    @property
+    def label(self) -> str:
+        return f"ttft {self.percentile} vs baseline"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One measured request of an A/B run: the same image on both sides, seconds apart."""
+
+    index: int  # the job index (it names the image)
+    candidate_s: float
+    baseline_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.candidate_s / self.baseline_s
+
+
+def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome]) -> list[Pair]:
+    """Measured requests that succeeded on both sides, matched by job index, in index order."""
+    def ok(outcomes):
+        return {o.index: o.ttft_client_s for o in outcomes
+                if not o.warmup and o.success and o.ttft_client_s and o.ttft_client_s > 0}
+
+    c, b = ok(candidate), ok(baseline)
+    return [Pair(i, c[i], b[i]) for i in sorted(c.keys() & b.keys())]
+
+
+@dataclass(frozen=True)
+class OpDelta:
+    """An op whose count per request differs between the A/B sides (or a scope entered differently)."""
+
+    scope: str
+    image_size: ImageSize
+    op: str  # an operator name, TOTAL_OPS, or "entries" (times the scope's function ran)
+    baseline_calls: int
+    candidate_calls: int
+
+    @property
+    def delta_calls(self) -> int:
+        return self.candidate_calls - self.baseline_calls
+
+
+@dataclass(frozen=True)
+class ABComparison:
+    """What an A/B run adds to the candidate's run: the baseline side and how the two compare."""
+
+    baseline_python: str  # --baseline PYTHON
+    baseline: RunRecord
+    order: tuple[str, ...] = ()  # per measured block, the side that ran first (ABBA...)
+    pairs: tuple[Pair, ...] = ()
+    op_diff: tuple[OpDelta, ...] = ()
+
+
+@dataclass(frozen=True)
+class CensusOpDelta:
+    """An op whose census count moved against the committed baseline."""
+
+    op: str
+    delta_calls: int  # measured - baseline, per request
+
+
+@dataclass(frozen=True)
+class CensusCheck:
+    """One function whose operator census differs from the committed baseline, for one profiled
+    image size (guard.judge.census). Functions whose counts equal the baseline have no record."""
+
+    function: str  # "file:qualname", the file relative to its package's folder; no line numbers
+    image_size: ImageSize
+    baseline_calls: int | None  # None: a function the baseline does not have (new)
+    measured_calls: int | None  # None: a function that no longer issues any op (vanished)
+    op_deltas: tuple[CensusOpDelta, ...]  # the ops that moved, largest growth first
+    status: Status  # FAIL: beyond the rule; PASS: a change within it (shrinkage, small growth)
+    reason: str = ""  # why it failed
+    watched_ops: tuple[str, ...] = ()  # watched ops that grew (any growth fails)
+    # every call ran in vLLM's input processing, on host tensors: held to the growth rules only
+    input_processing: bool = False
+    # calls this function gained that the rest of the request gave up (a refactor moved them here):
+    # a notice, never growth; ``moved_from`` names the functions that gave them up, most first
+    moved_calls: int = 0
+    moved_from: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple:
+        return ("census", self.function, tuple(self.image_size))
+
+    @property
+    def label(self) -> str:
+        return f"census {self.function} [{size(self.image_size)}]"
+
+    @property
+    def growth_calls(self) -> int:
+        return (self.measured_calls or 0) - (self.baseline_calls or 0)
+
+
+Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
+
+
