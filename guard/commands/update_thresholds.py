@@ -421,9 +421,10 @@ def _census_to_update(prof: Profile, results: Results, results_path: Path, only:
         return None
     fallback = engine_ran_bf16_fallback((results.profile_config or {}).get("engine"))
     env = results.run.environment
-    other = census_of_other_kernels(prof, env, bf16_fallback=fallback)
+    ran_as = as_it_ran(prof, env, bf16_fallback=fallback)
+    other = census_of_other_kernels(prof, ran_as, bf16_fallback=fallback)
     if other is None:
-        return as_it_ran(prof, env, bf16_fallback=fallback).census
+        return ran_as.census
     dtype = prof.engine.dtype_without_native_bf16
     refusal, hint, said = {
         "amx": (f"{results_path}: counted on a CPU with AMX; {prof.census.baseline} was counted "

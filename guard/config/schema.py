@@ -382,7 +382,7 @@ def _scope_budget(r: YamlReader, key: str, f: Fields) -> dict[str, Any]:
 
 
 def _scope_budgets(r: YamlReader, node: yaml.Node, key: str) -> tuple[ScopeBudget, ...]:
-    return tuple(ScopeBudget(name=name, **values) for name, values in map_of(SCOPE_BUDGET.type).read(r, node, key).items())
+    return tuple(ScopeBudget(name=name, **values) for name, values in SCOPE_BUDGETS.read(r, node, key).items())
 
 
 # ----------------------------------------------------------------------------- tables
@@ -480,6 +480,7 @@ SCOPE_BUDGET = Section({
     "ops": optional(map_of(OP_BUDGET_TYPE), {}, "op name (aten::..., cuda::...) -> its budget"),
     "total_ops": optional(OP_BUDGET_TYPE, doc="every op call in the scope together"),
 }, build=_scope_budget, json_extra={"anyOf": [{"required": ["ops"]}, {"required": ["total_ops"]}]})
+SCOPE_BUDGETS = map_of(SCOPE_BUDGET.type)  # name -> scope budget, read as ScopeBudget records by _scope_budgets
 MODE_BUDGETS = Section({"ttft_ms": required(percentiles(), "percentile -> TTFT budget, ms")})
 
 
@@ -497,7 +498,7 @@ BUDGETS = Section({
     "ttft_ms": optional(percentiles(), {}, "percentile (p50, p90, ...) -> TTFT budget, ms"),
     "ttft_hardware": optional(TTFT_HARDWARE.type, doc="the machine the TTFT budgets were measured on; elsewhere "
                                                       "they are shown, not judged"),
-    "ops": optional(ValueType(_scope_budgets, map_of(SCOPE_BUDGET.type).json), (), "named code paths and their op budgets"),
+    "ops": optional(ValueType(_scope_budgets, SCOPE_BUDGETS.json), (), "named code paths and their op budgets"),
     "modes": optional(ValueType(_engine_modes, {**map_of(MODE_BUDGETS.type).json, "propertyNames": {"enum": list(ENGINE_MODES)}}),
                       {}, "TTFT budgets for the other engine mode"),
     "ttft_vs_baseline_pct": optional(percentiles(allow_zero=True), {}, "A/B: allowed slowdown against the baseline, %"),

@@ -156,13 +156,13 @@ def census_against_bf16(profile: Profile, env: Environment) -> bool:
     return ran_bf16_fallback(env) and profile.census is not None and profile.census.baseline_without_native_bf16 is None
 
 
-def census_of_other_kernels(profile: Profile, env: Environment, *, bf16_fallback: bool) -> str | None:
+def census_of_other_kernels(profile: Profile, ran_as: Profile, *, bf16_fallback: bool) -> str | None:
     """Why the census a run counted cannot go into the profile's baseline for those kernels (AMX
     without ``baseline_with_amx``, float32 without ``baseline_without_native_bf16``): "amx",
-    "float32"; None: the run's census has a baseline of its own kernels."""
+    "float32"; None: the run's census has a baseline of its own kernels. ``ran_as``: the profile
+    as the run ran it (``as_it_ran``)."""
     if profile.census is None:
         return None
-    ran_as = as_it_ran(profile, env, bf16_fallback=bf16_fallback)
     if ran_as.census.not_judged:
         return "amx"
     if bf16_fallback and ran_as.census.baseline == profile.census.baseline:
