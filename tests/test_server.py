@@ -440,3 +440,22 @@ def test_a_servers_prompt_token_count_is_kept_only_when_it_is_one(value, kept):
     from guard.measure.server import _token_count
 
     assert _token_count(value) == kept
+
+
+def test_a_server_whose_requests_failed_is_given_a_moment_to_exit_before_it_counts_as_alive(tmp_path):
+    """A killed server's broken responses reach the client before its process is gone: right after
+    the failures ``alive()`` still says yes, ``alive_after_failures`` waits for the exit."""
+    import subprocess
+    import sys
+
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    server = VllmServer(cpu.engine, 0, tmp_path / "server.log")
+    server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    assert server.alive()  # the process has not exited yet
+    assert server.alive_after_failures(wait_s=30) is False
+    server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert server.alive_after_failures(wait_s=0.2) is True  # a live server whose requests failed
+    finally:
+        server.proc.kill()
+        server.proc.wait()

@@ -57,6 +57,7 @@ CHAT_PATH = "/v1/chat/completions"
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 STARTUP_TIMEOUT_S = 900.0  # real weights load from disk; the tiny CPU model takes 25-55 s
 STOP_TIMEOUT_S = 30.0
+DYING_S = 3.0  # how long a server whose requests failed is given to exit before it counts as alive
 LOG_TAIL_LINES = 25
 SERVER_LOG = "server.log"
 
@@ -176,6 +177,17 @@ class VllmServer:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def alive_after_failures(self, wait_s: float = DYING_S) -> bool:
+        """Whether the server still runs once requests failed: a killed server's broken responses
+        reach the client before its process has exited, so it is given ``wait_s`` to end first."""
+        if self.proc is None:
+            return False
+        try:
+            self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def stop(self) -> int | None:
         """SIGTERM the process group, then SIGKILL after STOP_TIMEOUT_S. Returns the exit status."""
@@ -435,7 +447,8 @@ class ServerSide:
                                  on_outcome=on_outcome)
         for o in outcomes:
             enginelog.note("request", label=label, warmup=o.warmup, ok=o.success)
-        if self.server is not None and not self.server.alive():
+        failed = any(not o.success for o in outcomes)
+        if self.server is not None and not (self.server.alive_after_failures() if failed else self.server.alive()):
             exc = self.server.fail(f"vllm serve died during {label} (exit status {self.server.proc.returncode})")
             raise EngineDied(str(exc)) from exc
         return outcomes
