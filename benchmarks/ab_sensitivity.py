@@ -48,7 +48,7 @@ POOL_SCHEMA = "guard/ab-pool"
 
 # ----------------------------------------------------------------------------- pools
 def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> None:
-    from guard.measure.ab_run import run_ab
+    from guard.measure.ab_run import ABRun, run_ab
     from guard.measure.hardware import detect
     from guard.measure.fit import select_profile
 
@@ -60,8 +60,8 @@ def record_pool(path: Path, args: argparse.Namespace, inject: str | None) -> Non
                                   workload=dataclasses.replace(profile.workload, requests=args.pool_size))
     out = args.output / (inject or "identical").replace(":", "-").replace("%", "pct")
     out.mkdir(parents=True, exist_ok=True)
-    rec = run_ab(thresholds, profile, hw, out, args.baseline, inject=inject,
-                 progress=lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True), rule=ab_run_rule(profile))
+    rec = run_ab(ABRun(thresholds, profile, hw, out, args.baseline, inject=inject,
+                       progress=lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True), rule=ab_run_rule(profile)))
     if rec.candidate.invalid_reasons:
         raise SystemExit("pool run invalid: " + "; ".join(rec.candidate.invalid_reasons))
     got = pairs(rec.candidate.outcomes, rec.baseline.outcomes)

@@ -158,7 +158,7 @@ def find_recorded(recorded: str, *, start: Path | str | None = None) -> Path | N
     return None
 
 
-RUN_FILES = ("run.json", "results.json", "report.md", "benchmark.json", "server.log")  # what a run writes
+RUN_FILES = ("run.json", "ab-run.json", "results.json", "report.md", "benchmark.json", "server.log")  # what a run writes
 
 
 def clear_run_files(output: Path) -> None:

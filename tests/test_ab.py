@@ -380,13 +380,13 @@ def test_a_baseline_that_cannot_start_ends_the_run_at_once_with_its_own_reason(b
     start nothing will use, the reason names the baseline's python with advice about that
     environment (not guard's `uv sync`), and the baseline side shows no versions borrowed from
     guard's own environment."""
-    from guard.measure.ab_run import run_ab
+    from guard.measure.ab_run import ABRun, run_ab
     from guard.measure.hardware import detect
     from tests.conftest import SHIPPED_THRESHOLDS
 
     said: list[str] = []
-    rec = run_ab(load_thresholds(SHIPPED_THRESHOLDS), ab_profile, detect(quick=True), tmp_path, bare_python,
-                 progress=said.append, rule=ab_run_rule(ab_profile))
+    rec = run_ab(ABRun(load_thresholds(SHIPPED_THRESHOLDS), ab_profile, detect(quick=True), tmp_path, bare_python,
+                       progress=said.append, rule=ab_run_rule(ab_profile)))
     reasons = rec.candidate.invalid_reasons
     assert len(reasons) == 1 and reasons[0].kind == ReasonKind.ENGINE
     why = reasons[0].text
@@ -1154,3 +1154,73 @@ def test_an_op_only_run_whose_baseline_pass_is_cached_never_starts_the_baseline_
     rec, log = op_only_run()
     assert ("start", BASELINE) in log and {e[1] for e in log if e[0] == "profile"} == {CANDIDATE, BASELINE}
     assert rec.baseline.environment.worker.op_counts_cache.status == "stored"
+
+
+# ----------------------------------------------------------------------------- one way to host a side
+def test_a_spec_says_what_runs_and_the_harness_where_the_child_runs(tmp_path):
+    """A command names its sides' interpreters; the child runs in a side's interpreter only where
+    guard imports there and the run has one side (else guard's, which starts the workers)."""
+    from guard.measure.harness import RunSpec, SidePython
+
+    own = SidePython("/envs/head/bin/python", has_guard=False)
+    overlay = SidePython("/cache/rev/python")
+    one = RunSpec(profile="cpu", thresholds="/t.yaml", output=str(tmp_path), side=overlay, imports=("vllm.x",))
+    worker = RunSpec(profile="cpu", thresholds="/t.yaml", output=str(tmp_path), side=own)
+    ab = RunSpec(profile="cpu", thresholds="/t.yaml", output=str(tmp_path), side=overlay, baseline=own,
+                 fresh_baseline=True)
+    assert (one.child_python, worker.child_python, ab.child_python) == ("/cache/rev/python", None, None)
+    assert (one.record_file, worker.record_file, ab.record_file) == ("run.json", "run.json", "ab-run.json")
+    for spec in (one, worker, ab):
+        spec.write(tmp_path / "spec.json")
+        assert RunSpec.read(tmp_path / "spec.json") == spec
+
+
+def test_an_ab_run_is_hosted_by_the_run_stages_child_and_leaves_ab_run_json(bare_python, tmp_path, capfd):
+    """guard check --baseline's way in (guard.measure.harness.record_ab): the child starts both
+    workers, the baseline's environment cannot start one (no yaml there), the candidate's is killed
+    mid start, and the child still leaves ab-run.json with the baseline's own reason."""
+    from guard.measure.harness import SidePython, record_ab
+    from guard.model.jsonfiles import load_ab_run
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    thresholds = load_thresholds(SHIPPED_THRESHOLDS)
+    rec = record_ab(thresholds, thresholds.profile("cpu"), tmp_path, baseline=SidePython(bare_python, has_guard=False))
+    assert (tmp_path / "ab-run.json").exists() and not (tmp_path / "run.json").exists()
+    assert load_ab_run(tmp_path / "ab-run.json").baseline_python == bare_python == rec.baseline_python
+    (reason,) = rec.candidate.invalid_reasons
+    assert reason.kind == ReasonKind.ENGINE and reason.text.startswith("baseline worker: ModuleNotFoundError")
+    assert rec.candidate.thresholds_path == rec.baseline.thresholds_path == thresholds.recorded_path
+    assert "engine ready" not in capfd.readouterr().out
+
+
+def test_a_side_whose_interpreter_lacks_guard_runs_in_a_worker_under_the_child(bare_python, tmp_path):
+    """A side in another environment (guard pr --base-python): the child runs in guard's
+    interpreter and its engine in a worker of the side's, whose failure to start is the run's
+    reason in run.json, not a crash of the child."""
+    from guard.measure.harness import SidePython, record_suite
+    from guard.model.records import Measures
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    thresholds = load_thresholds(SHIPPED_THRESHOLDS)
+    rec = record_suite(thresholds, thresholds.profile("cpu"), tmp_path, measures=Measures.OPS,
+                       side=SidePython(bare_python, has_guard=False))
+    assert (tmp_path / "run.json").exists()
+    assert [r.kind for r in rec.invalid_reasons] == [ReasonKind.ENGINE], rec.invalid_reasons
+    assert "ModuleNotFoundError" in rec.invalid_reasons[0].text and "yaml" in rec.invalid_reasons[0].text
+    assert rec.environment.vllm is None  # the worker's to say; it never said hello
+    assert rec.op_counts == [] and rec.outcomes == []
+
+
+def test_an_ab_child_that_left_no_record_is_an_invalid_run_with_how_it_ended(tmp_path):
+    from guard.measure.harness import empty_record, read_ab_record
+    from guard.model.records import ABRecord
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    thresholds = load_thresholds(SHIPPED_THRESHOLDS)
+    cpu = thresholds.profile("cpu")
+    fallback = ABRecord(candidate=empty_record(cpu, thresholds), baseline=empty_record(cpu, thresholds), baseline_python="b")
+    rec = read_ab_record(tmp_path / "ab-run.json", -9, None, fallback)
+    texts = [r.text for r in rec.candidate.invalid_reasons]
+    assert [r.kind for r in rec.candidate.invalid_reasons] == [ReasonKind.CRASH, ReasonKind.CRASH]
+    assert "killed by SIGKILL" in texts[0] and "without writing ab-run.json" in texts[1]
+    assert rec.baseline.invalid_reasons == []

@@ -320,10 +320,9 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     import sys
 
     from guard.measure import harness, hardware
-    from guard.measure import ab_run
     from guard.commands import check
     from guard.model.records import ABRecord
-    from guard.model.jsonfiles import run_file_dict, write_json_atomic
+    from guard.model.jsonfiles import ab_run_file_dict, run_file_dict, write_json_atomic
 
     recorded = load_results(fixture(name))
     env = recorded.run.environment
@@ -332,16 +331,17 @@ def test_perf_guards_check_step_hands_the_comment_step_what_it_posts(name, basel
     monkeypatch.setattr(check, "detect", lambda quick=False: here)
     monkeypatch.setattr(hardware, "detect", lambda quick=False: here)
 
-    def suite(profile_name, thresholds, output, **kw):
-        write_json_atomic(output / "run.json", run_file_dict(recorded.run))
+    def suite(spec):  # what the run stage's child leaves: a recorded run (A/B: both sides')
+        output = Path(spec.output)
+        if spec.is_ab:
+            write_json_atomic(output / "ab-run.json", ab_run_file_dict(ABRecord(
+                candidate=recorded.run, baseline=recorded.ab.baseline, baseline_python=spec.baseline.path,
+                order=list(recorded.ab.order))))
+        else:
+            write_json_atomic(output / "run.json", run_file_dict(recorded.run))
         return 0, None
 
-    def ab(thresholds, profile, hw, output, baseline_python, **kw):
-        return ABRecord(candidate=recorded.run, baseline=recorded.ab.baseline,
-                        baseline_python=baseline_python, order=list(recorded.ab.order))
-
     monkeypatch.setattr(harness, "run_suite", suite)
-    monkeypatch.setattr(ab_run, "run_ab", ab)
     monkeypatch.setattr(cli, "COMMANDS", ALL_COMMANDS)
     argv = workflow_argv("perf-guard.yml", "check", {"PROFILE": "cpu", "THRESHOLDS": TH,
                                                      "BASELINE_PYTHON": sys.executable if baseline else ""})
@@ -371,8 +371,8 @@ def test_the_history_workflows_check_and_record_steps_with_their_own_arguments(c
                              native_bf16=not ran_bf16_fallback(env))
     monkeypatch.setattr(check, "detect", lambda quick=False: here)
     monkeypatch.setattr(hardware, "detect", lambda quick=False: here)
-    monkeypatch.setattr(harness, "run_suite", lambda profile_name, thresholds, output, **kw: (
-        write_json_atomic(output / "run.json", run_file_dict(recorded.run)), (0, None))[1])
+    monkeypatch.setattr(harness, "run_suite", lambda spec: (
+        write_json_atomic(Path(spec.output) / "run.json", run_file_dict(recorded.run)), (0, None))[1])
     monkeypatch.setattr(cli, "COMMANDS", ALL_COMMANDS)
     assert cli.main(workflow_argv("guard-history.yml", "check", {})) == recorded.exit_code
     capsys.readouterr()

@@ -180,11 +180,9 @@ def _run_one(args: argparse.Namespace) -> int:
 
 
 def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) -> int:
-    """A/B mode: both engines here, in alternation (guard.measure.ab_run), judged by guard.judge.evaluate.evaluate_ab."""
-    from guard.judge.sequential import ab_run_rule
-    from guard.measure.ab_run import run_ab
+    """A/B mode: both engines in alternation (guard.measure.ab_run, in the run stage's child), judged by guard.judge.evaluate.evaluate_ab."""
     from guard.judge.evaluate import evaluate_ab
-    from guard.measure.hardware import detect
+    from guard.measure.harness import SidePython, record_ab
 
     if not profile.ttft_vs_baseline_pct and not profile.ops:
         raise ConfigError(str(thresholds.path), profile.line, f"profiles.{profile.name}.budgets.ttft_vs_baseline_pct",
@@ -197,9 +195,9 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
     print(f"guard check (A/B): both engines start together; {w.warmup_requests} warm-up + {w.requests} measured "
           f"requests per side in alternating blocks of {w.concurrency} (ABBA), then the op-count pass on both", flush=True)
     t0 = time.perf_counter()
-    record = run_ab(thresholds, profile, detect(), output, args.baseline, inject=args.inject,
-                    progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=args.fresh_baseline,
-                    rule=ab_run_rule(profile))
+    # the baseline's interpreter may hold only vLLM: a worker hosts each side's engine
+    record = record_ab(thresholds, profile, output, baseline=SidePython(args.baseline, has_guard=False),
+                       inject=args.inject, fresh_baseline=args.fresh_baseline)
     results = evaluate_ab(profile, record, guard_version=__version__, output=output)
     write_report(results, output, args.thresholds)
     print()

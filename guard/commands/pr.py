@@ -30,13 +30,13 @@ from guard.errors import InvalidRunError, UsageError
 from guard.judge.evaluate import DEFAULT_OUTPUT, budget_notices, evaluate_pr, pr_notices
 from guard.measure.hardware import Hardware, detect
 from guard.measure.fit import select_profile
-from guard.measure.harness import empty_record
+from guard.measure.harness import empty_record, record_ab
 from guard.judge.opnames import check_op_names
 from guard.model.records import InvalidReason, ReasonKind, Verdict
 from guard.model.results import PullRequestDiff, Results, RevisionInfo
 from guard.model.verdict import settled
 from guard.revisions import git, inrepo, installed, overlay, scopes
-from guard.revisions.sides import function_changes, profile_side, side_cache, side_modules
+from guard.revisions.sides import function_changes, profile_side, side_cache, side_modules, side_python
 from guard.report.terminal import render_terminal, say_dtype
 
 SIDES = ("base", "head")
@@ -253,13 +253,9 @@ def _profile_each_side(envs: dict, checks: _Prepared, profile: Profile, threshol
 
 def _run_ab(envs: dict, profile: Profile, thresholds: Thresholds, output: Path, fresh: bool) -> ABRecord:
     """Both engines on this machine in alternation: head the candidate, base the baseline."""
-    from guard.judge.sequential import ab_run_rule
-    from guard.measure.ab_run import run_ab
-
     say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
-    return run_ab(thresholds, profile, detect(), output, str(envs["base"].python),
-                  progress=lambda m: print(f"[guard] {m}", flush=True), fresh_baseline=fresh,
-                  candidate_python=str(envs["head"].python), rule=ab_run_rule(profile))
+    return record_ab(thresholds, profile, output, candidate=side_python(envs["head"]), baseline=side_python(envs["base"]),
+                     fresh_baseline=fresh)
 
 
 def _unmeasurable_revision(exc: InvalidRunError, profile: Profile, thresholds: Thresholds, pr: PullRequestDiff,

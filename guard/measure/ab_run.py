@@ -173,14 +173,12 @@ class ABRun(RunStage):
         return self.record
 
 
-def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path, baseline_python: str,
-           progress: Callable[[str], None] = print, inject: str | None = None, fresh_baseline: bool = False,
-           candidate_python: str | None = None, *, rule: StoppingRule) -> ABRecord:
-    """The whole A/B run stage, measuring pairs until ``rule`` (guard.judge.sequential.ab_run_rule of
-    ``profile``) has decided. A side that fails makes the record invalid (its reason is kept),
-    never raises past here: evaluation turns the record into the verdict."""
-    with ABRun(thresholds, profile, hw, output, baseline_python, progress, inject, fresh_baseline,
-               candidate_python, rule=rule) as run:  # the workers end even on an unexpected error
+def run_ab(run: ABRun) -> ABRecord:
+    """The whole A/B run stage, measuring pairs until the run's rule
+    (guard.judge.sequential.ab_run_rule of its profile) has decided. A side that fails makes the
+    record invalid (its reason is kept), never raises past here: evaluation turns the record into
+    the verdict. The workers end with it, even on an unexpected error or Ctrl-C."""
+    with run:
         try:
             run.start()
             if run.timed:
@@ -188,7 +186,7 @@ def run_ab(thresholds: Thresholds, profile: Profile, hw: Hardware, output: Path,
                 run.time_until_decided()
             # an op-count pass warms each size it profiles, and only on the sides it profiles: a
             # baseline whose counts are cached sends no request at all
-            if profile.has_op_count_pass:
+            if run.profile.has_op_count_pass:
                 run.profile_ops()
         except InvalidRunError:
             pass  # recorded in run.record.candidate.invalid_reasons

@@ -1,4 +1,4 @@
-"""results.json and run.json, the records' file form: each record as a JSON object and back,
+"""results.json, run.json and ab-run.json, the records' file form: each record as a JSON object and back,
 written atomically as strict JSON, and read back checked (strict JSON, the schema header and version,
 a version 2 file upgraded, then the JSON Schema), every problem a ConfigError naming the file and
 the field (exit 2)."""
@@ -13,10 +13,10 @@ from typing import Any
 
 from guard.errors import ConfigError
 from guard.files import read_input
-from guard.model.records import TTFT_DEFINITION, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
+from guard.model.records import TTFT_DEFINITION, ABRecord, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
 from guard.model.results import BudgetSource, FunctionChange, PullRequestDiff, Results, RevisionInfo
 from guard.model.checks import ABComparison, CensusCheck, CensusOpDelta, OpCheck, OpDelta, Pair, TtftCheck, TtftRatioCheck, UnmeasuredOpCheck
-from guard.model.schema import READABLE_SCHEMA_VERSIONS, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, RUN_SCHEMA, validate
+from guard.model.schema import AB_RUN_SCHEMA, READABLE_SCHEMA_VERSIONS, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, RUN_SCHEMA, validate
 from guard.model.strictjson import first_refused, json_path, parse_strict_json
 from guard.model.upgrade import upgrade_v2
 
@@ -34,6 +34,13 @@ def run_to_dict(run: RunRecord) -> dict[str, Any]:
 def run_file_dict(run: RunRecord) -> dict[str, Any]:
     """run.json: the run record under a schema header."""
     return {"schema": RUN_SCHEMA, "schema_version": RESULTS_SCHEMA_VERSION, "run": run_to_dict(run)}
+
+
+def ab_run_file_dict(rec: ABRecord) -> dict[str, Any]:
+    """ab-run.json: both sides' run records, the baseline's python and the block order."""
+    return {"schema": AB_RUN_SCHEMA, "schema_version": RESULTS_SCHEMA_VERSION, "candidate": run_to_dict(rec.candidate),
+            "baseline": run_to_dict(rec.baseline), "baseline_python": rec.baseline_python, "order": list(rec.order),
+            "duration_s": rec.duration_s}
 
 
 def outcome_from_dict(d: dict[str, Any]) -> RequestOutcome:
@@ -219,3 +226,9 @@ def load_results(path: Path) -> Results:
 
 def load_run(path: Path) -> RunRecord:
     return run_from_dict(read_json(path, RUN_SCHEMA)["run"])
+
+
+def load_ab_run(path: Path) -> ABRecord:
+    d = read_json(path, AB_RUN_SCHEMA)
+    return ABRecord(candidate=run_from_dict(d["candidate"]), baseline=run_from_dict(d["baseline"]),
+                    baseline_python=d["baseline_python"], order=list(d["order"]), duration_s=d.get("duration_s"))

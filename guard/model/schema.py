@@ -1,4 +1,4 @@
-"""results.json's schema and run.json's: their names and versions, the JSON Schema shipped beside
+"""results.json's schema, run.json's and ab-run.json's: their names and versions, the JSON Schema shipped beside
 this module (``results.schema.json``), and the check of a parsed file against it, whose first error
 names the JSON path of the bad value."""
 
@@ -15,6 +15,7 @@ from guard.model.strictjson import json_path
 
 RESULTS_SCHEMA = "guard/results"
 RUN_SCHEMA = "guard/run"  # the run stage's hand-off file (run.json)
+AB_RUN_SCHEMA = "guard/ab-run"  # an A/B run stage's hand-off file (ab-run.json): both sides' records
 RESULTS_SCHEMA_VERSION = 3  # 3: invalid reasons are {"kind", "text"} objects (2: strings)
 READABLE_SCHEMA_VERSIONS = (2, RESULTS_SCHEMA_VERSION)  # a v2 file is upgraded on reading (guard.model.upgrade)
 SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
@@ -35,6 +36,15 @@ def validate(data: Any, path: Path, schema_name: str) -> None:
                   "required": ["schema", "schema_version", "run"],
                   "properties": {"schema": {"const": RUN_SCHEMA}, "schema_version": {"const": RESULTS_SCHEMA_VERSION},
                                  "run": {"$ref": "#/$defs/run"}}, "additionalProperties": False}
+    elif schema_name == AB_RUN_SCHEMA:  # ab-run.json holds a ``run`` object per side
+        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "type": "object",
+                  "required": ["schema", "schema_version", "candidate", "baseline", "baseline_python", "order"],
+                  "properties": {"schema": {"const": AB_RUN_SCHEMA}, "schema_version": {"const": RESULTS_SCHEMA_VERSION},
+                                 "candidate": {"$ref": "#/$defs/run"}, "baseline": {"$ref": "#/$defs/run"},
+                                 "baseline_python": {"type": "string"},
+                                 "order": {"type": "array", "items": {"enum": ["candidate", "baseline"]}},
+                                 "duration_s": {"type": ["number", "null"]}},
+                  "additionalProperties": False}
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is not None:

@@ -13,10 +13,8 @@ from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
 from guard.measure import opcache
-from guard.measure.harness import record_suite
+from guard.measure.harness import SidePython, record_suite
 from guard.errors import GuardError, InvalidRunError
-from guard.files import clear_run_files
-from guard.model.jsonfiles import run_file_dict, write_json_atomic
 from guard.model.records import Measures, ReasonKind, RunRecord, Status
 from guard.model.results import FunctionChange, Results
 from guard.revisions import git, overlay
@@ -90,19 +88,18 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     if cache.key is None:
         say(f"{name} {rev.sha[:12]}: op counts not cached: {cache.covers}")
     say(f"{name} {rev.sha[:12]} ({rev.subject[:60]}): profiling one request per image size ...")
-    side_out = output / name
-    clear_run_files(side_out)  # an own environment's pass writes its run.json itself
     t0 = time.perf_counter()
-    if env.as_worker:
-        if imports and isinstance(env, overlay.SideEnvironment):  # a worker has no import check of its own
-            overlay.check_imports([env], list(imports))
-        record = own_environment_pass(name, env, profile, thresholds, side_out, say)
-    else:
-        record = record_suite(thresholds, profile, side_out, measures=Measures.OPS, python=str(env.python),
-                              imports=tuple(imports or ()), vllm_under=str(env.root) if imports else None)
-        broken = [r.text for r in record.invalid_reasons if r.kind == ReasonKind.REVISION]
-        if broken:
-            raise InvalidRunError(f"{rev.rev} ({rev.sha[:12]}): {broken[0]}", hint=overlay.IMPORT_HINT)
+    # a side whose interpreter runs guard checks its imports in its own run, before the engine; one
+    # that runs a worker asks a process of its own first
+    checks_itself = bool(imports) and not env.as_worker
+    if imports and env.as_worker and isinstance(env, overlay.SideEnvironment):
+        overlay.check_imports([env], list(imports))
+    record = record_suite(thresholds, profile, output / name, measures=Measures.OPS, side=side_python(env),
+                          imports=tuple(imports or ()) if checks_itself else (),
+                          vllm_under=str(env.root) if checks_itself else None)
+    broken = [r.text for r in record.invalid_reasons if r.kind == ReasonKind.REVISION]
+    if broken:
+        raise InvalidRunError(f"{rev.rev} ({rev.sha[:12]}): {broken[0]}", hint=overlay.IMPORT_HINT)
     took = f"{time.perf_counter() - t0:.0f} s"
     if record.invalid_reasons:  # a stopped or broken run says why, and is never kept
         say(f"{name} {rev.sha[:12]}: not profiled ({took}): {record.invalid_reasons[0].text}")
@@ -112,25 +109,10 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     return record, False
 
 
-def own_environment_pass(name: str, env: InstalledEnvironment | overlay.SideEnvironment, profile: Profile,
-                         thresholds: Thresholds, output: Path, say: Callable[[str], None]) -> RunRecord:
-    """The op-count pass in an interpreter without guard (the side's own, or an overlay over another
-    environment's stack): the run stage over one worker side, which imports guard from here and needs
-    nothing installed there but vLLM (guard.measure.worker)."""
-    from guard.measure.hardware import detect, fingerprint
-    from guard.measure.single_run import GuardRun, run_side
-    from guard.measure.worker import WORKER_REPORTED, WorkerSide
-
-    side = WorkerSide(name, str(env.python), output, thresholds=thresholds.path.resolve(), profile=profile,
-                      progress=lambda m: say(f"{name} {m}"))
-    hw = detect()
-    environment = fingerprint(hw, profile)  # this machine's; the versions are the worker's to say
-    environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))
-    stage = GuardRun(thresholds, profile, hw, output, side=side, environment=environment,
-                     progress=lambda m: say(f"{name} {m}"))
-    record = run_side(stage, Measures.OPS)  # the same sequence as a child's, in a worker
-    write_json_atomic(output / "run.json", run_file_dict(record))
-    return record
+def side_python(env: InstalledEnvironment | overlay.SideEnvironment) -> SidePython:
+    """The interpreter a revision's side runs: guard's own stack with the revision's vLLM over it
+    (it holds guard), or another environment's (only vLLM there: its engine runs in a worker)."""
+    return SidePython(str(env.python), has_guard=not env.as_worker)
 
 
 def function_changes(repo: Path, base: git.Revision, head: git.Revision, results: Results) -> tuple[FunctionChange, ...]:
