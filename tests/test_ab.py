@@ -1224,3 +1224,41 @@ def test_an_ab_child_that_left_no_record_is_an_invalid_run_with_how_it_ended(tmp
     assert [r.kind for r in rec.candidate.invalid_reasons] == [ReasonKind.CRASH, ReasonKind.CRASH]
     assert "killed by SIGKILL" in texts[0] and "without writing ab-run.json" in texts[1]
     assert rec.baseline.invalid_reasons == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_run_stages_child_dies_with_a_killed_guard(tmp_path):
+    """guard killed outright (SIGKILL: no finally, no Ctrl-C grace) mid run: the child running its
+    engine must not go on measuring for nobody."""
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from pathlib import Path\n"
+        "from guard.measure.harness import RunSpec, run_suite\n"
+        f"run_suite(RunSpec(profile='cpu', thresholds={str(SHIPPED_THRESHOLDS.resolve())!r}, output={str(tmp_path)!r}))\n")],
+        cwd=GUARD_ROOT, env=worker_env())
+    child = None
+    for _ in range(400):  # the child starts within a second or two
+        found = [p for p in _children_of(parent.pid)]
+        if found:
+            child = found[0]
+            break
+        time.sleep(0.05)
+    assert child is not None, "the run stage's child never started"
+    parent.kill()
+    parent.wait()
+    for _ in range(200):
+        if not Path(f"/proc/{child}").exists() or _state(child) == "Z":
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or _state(child) == "Z", "the run stage's child outlived guard"
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from guard.config.budgets import Profile, Thresholds
@@ -27,6 +28,7 @@ from guard.config.weights import hub_resolver, pin
 from guard.errors import InvalidRunError
 from guard.files import clear_run_files
 from guard.measure.fit import Machine, select_profile
+from guard.measure.process import die_with_parent
 from guard.model.environment import Environment
 from guard.model.jsonfiles import load_ab_run, load_run, write_json_atomic
 from guard.model.records import ABRecord, InvalidReason, Measures, ReasonKind, RunRecord
@@ -120,7 +122,9 @@ def run_suite(spec: RunSpec) -> tuple[int, str | None]:
         raise Interrupted(f"guard received {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, stop)
-    child = subprocess.Popen(cmd, cwd=output if python else None)
+    # a guard killed outright (SIGKILL: no finally) takes its run with it: no engine, worker or
+    # server is left measuring for nobody
+    child = subprocess.Popen(cmd, cwd=output if python else None, preexec_fn=partial(die_with_parent, signal.SIGKILL))
     try:
         try:
             return child.wait(), None

@@ -1,4 +1,4 @@
-"""Child processes guard owns (a worker, a ``vllm serve``): they die with guard, and their logs'
+"""Child processes guard owns (the run stage's child, a worker, a ``vllm serve``): they die with guard, and their logs'
 tails explain a failure."""
 
 from __future__ import annotations
