@@ -184,3 +184,18 @@ def test_an_argparse_namespace_stops_at_the_commands(command):
     assert reached[0] == (f"guard.commands.{command}", "run")
     below = [f"{m}:{fn}" for m, fn in reached if not m.startswith(trace.EDGE)]
     assert below == [], below
+
+
+# How a measured side is hosted (in the child's own process, in a worker, two workers for A/B) is
+# decided by the harness and the child alone; a command or a revision's side says what to run in a
+# RunSpec (guard.measure.harness) and never builds the hosts itself.
+HOSTS = ("guard.measure.single_run", "guard.measure.ab_run", "guard.measure.worker")
+HOSTED_BY = ("guard.child", "guard.measure.", "guard.pytest_plugin")  # the child, the run stage, the pytest suite
+
+
+def test_only_the_harness_and_the_child_choose_how_a_side_is_hosted():
+    graph = import_graph()
+    edges = sorted((m, t) for m, targets in graph.items() for t in targets
+                   if t in HOSTS and not m.startswith(HOSTED_BY))
+    assert edges == [], "these build a side's host themselves; say what to run in a RunSpec instead:\n  " + \
+        "\n  ".join(map(str, edges))
