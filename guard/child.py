@@ -52,7 +52,9 @@ def open_run(spec: RunSpec, progress: Callable[[str], None]):
     if not spec.side.has_guard:
         from guard.measure.worker import WORKER_REPORTED, WorkerSide
 
-        side = WorkerSide("side", spec.side.path, output, thresholds=thresholds.path.resolve(), profile=profile,
+        name = spec.side.name
+        progress = (lambda m, say=progress: say(f"{name} {m}"))
+        side = WorkerSide(name, spec.side.path, output, thresholds=thresholds.path.resolve(), profile=profile,
                           progress=progress, inject=spec.inject)
         environment = fingerprint(hw, profile)  # this machine's; the versions are the worker's to say
         environment.update(dict.fromkeys((*WORKER_REPORTED, "git_commit")))

@@ -254,7 +254,8 @@ def _profile_each_side(envs: dict, checks: _Prepared, profile: Profile, threshol
 def _run_ab(envs: dict, profile: Profile, thresholds: Thresholds, output: Path, fresh: bool) -> ABRecord:
     """Both engines on this machine in alternation: head the candidate, base the baseline."""
     say("A/B: head is the candidate, base the baseline; both engines on this machine in alternation")
-    return record_ab(thresholds, profile, output, candidate=side_python(envs["head"]), baseline=side_python(envs["base"]),
+    return record_ab(thresholds, profile, output, candidate=side_python(envs["head"], "head"),
+                     baseline=side_python(envs["base"], "base"),
                      fresh_baseline=fresh)
 
 

@@ -49,6 +49,7 @@ class SidePython:
 
     path: str | None = None
     has_guard: bool = True  # the child itself can run there, the engine in its own process
+    name: str = "side"  # a worker's name in its progress lines and log file (guard pr: head, base)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     checks_itself = bool(imports) and not env.as_worker
     if imports and env.as_worker and isinstance(env, overlay.SideEnvironment):
         overlay.check_imports([env], list(imports))
-    record = record_suite(thresholds, profile, output / name, measures=Measures.OPS, side=side_python(env),
+    record = record_suite(thresholds, profile, output / name, measures=Measures.OPS, side=side_python(env, name),
                           imports=tuple(imports or ()) if checks_itself else (),
                           vllm_under=str(env.root) if checks_itself else None)
     broken = [r.text for r in record.invalid_reasons if r.kind == ReasonKind.REVISION]
@@ -109,10 +109,11 @@ def profile_side(name: str, env: overlay.SideEnvironment, profile: Profile, thre
     return record, False
 
 
-def side_python(env: InstalledEnvironment | overlay.SideEnvironment) -> SidePython:
-    """The interpreter a revision's side runs: guard's own stack with the revision's vLLM over it
-    (it holds guard), or another environment's (only vLLM there: its engine runs in a worker)."""
-    return SidePython(str(env.python), has_guard=not env.as_worker)
+def side_python(env: InstalledEnvironment | overlay.SideEnvironment, name: str) -> SidePython:
+    """The interpreter a revision's side (``name``: head, base) runs: guard's own stack with the
+    revision's vLLM over it (it holds guard), or another environment's (only vLLM there: its engine
+    runs in a worker)."""
+    return SidePython(str(env.python), has_guard=not env.as_worker, name=name)
 
 
 def function_changes(repo: Path, base: git.Revision, head: git.Revision, results: Results) -> tuple[FunctionChange, ...]:
