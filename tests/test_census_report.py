@@ -13,6 +13,9 @@ from guard.config.loading import load_thresholds
 from guard.config.census import load_baseline, render_baseline
 from guard.commands import update_thresholds as ut
 from guard.judge.evaluate import evaluate
+from guard.judge.pricing import shipped_costs
+from guard.model import format as fmt
+from guard.model.checks import OpClass
 from guard.report.markdown import render_markdown
 from guard.model.jsonfiles import load_results, results_to_dict, write_json_atomic
 from guard.model.records import ReasonKind, RequestOutcome, RunRecord, Status, Verdict
@@ -92,6 +95,36 @@ def test_a_loop_of_small_ops_fails_and_every_view_names_function_and_ops(tmp_pat
     write_json_atomic(out, results_to_dict(res))  # and back, through the JSON Schema
     again = load_results(out)
     assert again.census_checks == res.census_checks and again.run.census == res.run.census
+
+
+def test_a_finding_says_what_it_would_cost_on_a_gpu_beside_its_counts_in_every_view(tmp_path: Path) -> None:
+    res, _ = judged(tmp_path, grown())
+    (c,) = res.census_checks  # +512 select (views), +256 copy_ (kernels), +1 empty_like (a view)
+    launch = {gpu: shipped_costs().row(gpu, OpClass.KERNEL_LAUNCH).us_per_call for gpu in ("A10", "H100")}
+    assert [(g.gpu, g.ms_per_request) for g in c.gpu_costs] == [(gpu, pytest.approx(256 * us / 1000))
+                                                                 for gpu, us in launch.items()]
+    said = (f"≈ {fmt.signed_ms(256 * launch['A10'] / 1000)} per request on an A10, "
+            f"{fmt.signed_ms(256 * launch['H100'] / 1000)} on an H100 (A10: 256 kernel launches × {launch['A10']:g} µs; "
+            "constants: estimates, see docs/gpu-cost.md)")
+    term = render_terminal(res).splitlines()
+    row = next(i for i, line in enumerate(term) if line.startswith(LOOP))
+    assert term[row + 1] == f"  on a GPU, {LOOP} [640x480]: {said}"  # under the row whose counts it prices
+    md = render_markdown(res).splitlines()
+    counts = md.index("- ops that grew most at 640×480: `+512 aten::select, +256 aten::copy_, +1 aten::empty_like`")
+    assert md[counts + 1] == f"- on a GPU, at 640×480: {said}"
+    out = tmp_path / "results.json"
+    write_json_atomic(out, results_to_dict(res))  # and back, through the JSON Schema
+    assert load_results(out).census_checks[0].gpu_costs == c.gpu_costs
+
+
+def test_a_growth_that_costs_nothing_on_a_gpu_still_fails_the_rule(tmp_path: Path) -> None:
+    """The estimate is shown beside the counts, never as the verdict: 300 more views fail the rule."""
+    res, _ = judged(tmp_path, {"640x480": {**BASE["640x480"], LOOP: {"aten::view": 301}}})
+    assert res.verdict == Verdict.REGRESSION
+    (c,) = res.census_checks
+    assert [g.ms_per_request for g in c.gpu_costs] == [0, 0]
+    assert ("≈ 0.00 ms per request on an A10, 0.00 ms on an H100 (A10: views and metadata only: no kernel, no copy, "
+            "no sync; constants: estimates, see docs/gpu-cost.md)") in render_terminal(res)
 
 
 def test_shrinkage_is_a_notice_with_the_update_command(tmp_path: Path) -> None:

@@ -589,6 +589,27 @@ def test_a_pr_finding_is_one_entry_per_function_and_no_ab_section_for_ops_only(g
     assert "### A/B" not in body and "0 pairs" not in body and "Operator counts that differ" not in body
 
 
+def test_a_census_finding_says_what_it_would_cost_on_a_gpu_beside_its_counts(gh_env, guard, tmp_path):
+    """The recorded pre-#49531 loop, judged again by this guard (which prices each change), posted:
+    the estimate stands under the counts it prices, and the verdict is still the counts'."""
+    from guard.config.loading import load_thresholds
+    from guard.judge.rejudge import rejudge
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    stored = load_results(PR_FIXTURE)
+    assert all(c.gpu_costs == () for c in stored.census_checks)  # written before guard priced a change
+    fresh = rejudge(stored, load_thresholds(SHIPPED_THRESHOLDS), source="mask-loop.results.json")
+    assert fresh.verdict == stored.verdict == Verdict.REGRESSION
+    assert guard("--pr", "7", results=write_results(tmp_path, fresh))[0] == 0
+    [c] = gh_env.comments[7]
+    lines = c["body"].splitlines()
+    counts = next(i for i, line in enumerate(lines) if line.startswith("- ops that grew most at 800×400:"))
+    assert "+1091 aten::_index_put_impl_" in lines[counts]  # the counts stay, as they were
+    assert lines[counts + 1].startswith("- on a GPU, at 800×400: ≈ +44.9 ms per request on an A10, +49.8 ms on an H100 "
+                                        "(A10: 1091 index writes × 17 µs, 1094 host syncs × 12 µs, ")
+    assert lines[counts + 1].endswith("; constants: estimates, see docs/gpu-cost.md)")
+
+
 def test_growth_within_the_rule_in_a_function_the_pr_edited_is_a_finding(gh_env, guard, tmp_path):
     res = load_results(PR_FIXTURE)
     edited = res.pr.function_changes[0].function

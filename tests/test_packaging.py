@@ -36,7 +36,8 @@ def test_the_wheel_carries_the_suite_the_budgets_and_the_checkpoint(wheel):
     budgets = {f"guard/_thresholds/{p.name}" for p in (REPO / "thresholds").iterdir()}
     model = {f"guard/models/tiny-deepseek-ocr2/{p.name}" for p in (REPO / "guard" / "models" / "tiny-deepseek-ocr2").iterdir()}
     assert {"guard/_suite/pytest.ini", "guard/_thresholds/deepseek-ocr-2.yaml"} <= suite | budgets
-    assert suite | budgets | model | {"guard/model/results.schema.json", "guard/config/budgets.schema.json"} <= names
+    assert suite | budgets | model | {"guard/model/results.schema.json", "guard/config/budgets.schema.json",
+                                     "guard/judge/gpu_costs.json"} <= names  # the GPU pricing's constants
     assert not any(n.startswith("tests/") for n in names)
     # one subpackage per stage (guard/config, measure, judge, report, github)
     assert {f"guard/{s}/__init__.py" for s in ("config", "measure", "judge", "report", "github")} <= names

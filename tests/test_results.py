@@ -15,7 +15,7 @@ from guard.errors import ConfigError
 from guard.judge.evaluate import evaluate
 from guard.model.jsonfiles import load_results, load_run, results_to_dict, run_file_dict, write_json_atomic
 from guard.model.records import InvalidReason, OpSite, ReasonKind, RequestOutcome, RunRecord, ScopeCounts, to_ms
-from guard.model.checks import OpCheck, TtftCheck
+from guard.model.checks import CensusCheck, GpuCost, OpCheck, PricedClass, TtftCheck
 from guard.model.schema import RESULTS_SCHEMA_VERSION, SCHEMA_FILE, field_names, results_schema
 from guard.model.upgrade import classify_v2_reason
 from guard.model.environment import Environment, EnvironmentTypeError, HardwareMatch
@@ -106,7 +106,8 @@ def test_version_2_reason_kinds(text, kind):
 
 @pytest.mark.parametrize("record_type, schema_def", [
     (TtftCheck, "ttft_check"), (OpCheck, "op_check"), (RequestOutcome, "request_outcome"), (OpSite, "op_site"),
-    (ScopeCounts, "scope_counts"), (RunRecord, "run"),
+    (ScopeCounts, "scope_counts"), (RunRecord, "run"), (CensusCheck, "census_check"), (GpuCost, "gpu_cost"),
+    (PricedClass, "priced_class"),
 ])
 def test_schema_describes_every_field_of_every_record(record_type, schema_def):
     """The schema and the dataclasses are one description: a field added to one must be added to the other."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from guard.config.budgets import CensusRule
 from guard.config.census import Baseline
+from guard.judge.pricing import CostTable, counted_on_gpu, price, shipped_costs
 from guard.model.readings import (Census, FunctionCounts, folded, input_processing_only, op_deltas, parse_size, size,
                                   total_calls, without)
 from guard.model.records import InvalidReason, ReasonKind, Status
@@ -59,7 +60,7 @@ def _donors(op_moves: Mapping[str, int], baseline: FunctionCounts, measured: Fun
 
 
 def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCounts,
-            measured: FunctionCounts) -> list[CensusCheck]:
+            measured: FunctionCounts, *, costs: CostTable | None = None, on_gpu: bool = False) -> list[CensusCheck]:
     """A check per function whose counts differ, failures first, by growth. Excluded functions are skipped.
 
     Growth is judged after taking out what merely moved: calls of an op that this function gained
@@ -75,6 +76,9 @@ def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCou
     measured side saw it) is held to the growth rules only: its watched ops act on the processor's
     host tensors and wait for no device. The request's watched ops are summed over the other
     functions, so a sync that moves from the processor into the model still fails.
+
+    ``costs``: each check also says what its change would cost on each GPU the table names
+    (guard.judge.pricing), calls that merely moved left out; a function on host tensors is not priced.
     """
     watch = set(rule.watch)
     judged_base = {fn: ops for fn, ops in baseline.items() if fn not in rule.exclude}
@@ -112,11 +116,14 @@ def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCou
         if grew_watched:
             why = "watched op(s) grew in the request: " + ", ".join(f"{dict(deltas)[op]:+d} {op}" for op in grew_watched)
             reason = f"{reason}; {why}" if reason else why
+        priced = () if costs is None or fn in host else price(
+            {op: d - moved_ops.get(op, 0) for op, d in deltas}, costs, on_gpu=on_gpu)
         out.append(CensusCheck(function=fn, image_size=tuple(image_size), baseline_calls=b, measured_calls=m,
                                op_deltas=tuple(CensusOpDelta(op, d) for op, d in deltas),
                                status=Status.FAIL if reason else Status.PASS, reason=reason, watched_ops=grew_watched,
                                input_processing=fn in host, moved_calls=moved,
-                               moved_from=_donors(moved_ops, judged_base, judged_got) if moved else ()))
+                               moved_from=_donors(moved_ops, judged_base, judged_got) if moved else (),
+                               gpu_costs=priced))
     out.sort(key=_check_order)
     return out
 
@@ -145,8 +152,10 @@ class CensusJudgement:
 
 
 def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
-          sizes: Iterable[tuple[int, int]], *, model: str, profile: str, update_command: str) -> CensusJudgement:
-    """Compare every profiled image size's census with the baseline. Pure."""
+          sizes: Iterable[tuple[int, int]], *, model: str, profile: str, update_command: str,
+          costs: CostTable | None = None) -> CensusJudgement:
+    """Compare every profiled image size's census with the baseline, each change priced by ``costs``
+    (guard's shipped constants unless given). Pure, but for reading those constants once."""
     invalid: list[InvalidReason] = []
     missing, stale = ReasonKind.CENSUS_MISSING, ReasonKind.CENSUS_BASELINE_MISMATCH
     sizes = [size(s) for s in sizes]
@@ -174,8 +183,10 @@ def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
         return CensusJudgement(invalid=tuple(invalid))
     checks: list[CensusCheck] = []
     judged = 0
+    costs, on_gpu = (costs or shipped_costs()), counted_on_gpu(measured)
     for s in sizes:
         judged += len((set(folded(measured[s])) | set(folded(baseline.census[s]))) - set(rule.exclude))
-        checks += compare(rule, parse_size(s), without(folded(baseline.census[s]), rule.exclude), folded(measured[s]))
+        checks += compare(rule, parse_size(s), without(folded(baseline.census[s]), rule.exclude), folded(measured[s]),
+                          costs=costs, on_gpu=on_gpu)
     checks.sort(key=_check_order)
     return CensusJudgement(checks=tuple(checks), functions=judged)

@@ -9,7 +9,8 @@ of a check reads to people is ``guard.model.format``'s business.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 from guard.model.readings import ImageSize, size
 from guard.model.records import RequestOutcome, Rule, RunRecord, Status
@@ -163,6 +164,49 @@ class CensusOpDelta:
     delta_calls: int  # measured - baseline, per request
 
 
+class OpClass(StrEnum):
+    """What an operator call costs on a GPU, by kind (guard.judge.pricing classes each op)."""
+
+    KERNEL_LAUNCH = "kernel_launch"  # runs a kernel: the host's launch is the cost of a small one
+    HOST_SYNC = "host_sync"  # the host waits for the device (.item(), nonzero, a boolean-mask read)
+    H2D_COPY = "h2d_copy"  # a small host-to-device copy, which PyTorch waits for
+    INDEX_WRITE = "index_write"  # an advanced-index write: a launch, and its indices and value sent to the device
+    VIEW = "view"  # a view or metadata: no kernel, no copy
+    COMPOSITE = "composite"  # only calls other ops, which the census counts themselves: never priced
+
+
+class CostStatus(StrEnum):
+    """Where a per-call constant comes from: published figures (docs/gpu-cost.md), or a GPU that ran
+    benchmarks/gpu_cost.py."""
+
+    ESTIMATE = "estimate"
+    CALIBRATED = "calibrated"
+
+
+@dataclass(frozen=True)
+class PricedClass:
+    """One op class of a census change, priced: its calls per request times the GPU's constant."""
+
+    op_class: OpClass
+    calls: int  # per request; negative: fewer than the baseline
+    us_per_call: float
+    status: CostStatus
+
+
+@dataclass(frozen=True)
+class GpuCost:
+    """What a census change would add to each request on one GPU, as host time: an estimate beside
+    the op counts, never a verdict (guard.judge.pricing)."""
+
+    gpu: str  # "A10", as the constants name it
+    ms_per_request: float
+    classes: tuple[PricedClass, ...] = ()  # the classes with a cost, largest share first
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.classes) and all(c.status == CostStatus.CALIBRATED for c in self.classes)
+
+
 @dataclass(frozen=True)
 class CensusCheck:
     """One function whose operator census differs from the committed baseline, for one profiled
@@ -182,6 +226,11 @@ class CensusCheck:
     # a notice, never growth; ``moved_from`` names the functions that gave them up, most first
     moved_calls: int = 0
     moved_from: tuple[str, ...] = ()
+    # the change as it would cost on each GPU the constants name (guard.judge.pricing); none for a
+    # function on host tensors only (input processing) or one whose calls only moved. An estimate
+    # beside the counts, not part of what was judged: two checks that judged the same counts are
+    # equal whatever constants priced them (a file from before pricing re-judges to the same checks)
+    gpu_costs: tuple[GpuCost, ...] = field(default=(), compare=False)
 
     @property
     def key(self) -> tuple:

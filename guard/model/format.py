@@ -19,7 +19,7 @@ from guard.model.environment import ContentionReading, SpeedReference
 from guard.model.readings import input_processing_only, size  # noqa: F401 - size: the one writing of an image size
 from guard.model.records import TOTAL_OPS, Rule, Status, to_ms
 from guard.model.results import RevisionInfo
-from guard.model.checks import CensusCheck, Check, OpCheck, TtftCheck, TtftRatioCheck
+from guard.model.checks import CensusCheck, Check, GpuCost, OpCheck, OpClass, TtftCheck, TtftRatioCheck
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}
@@ -163,6 +163,50 @@ def census_calls(c: CensusCheck) -> str:
     before = "new" if c.baseline_calls is None else str(c.baseline_calls)
     after = "gone" if c.measured_calls is None else str(c.measured_calls)
     return f"{before} → {after}"
+
+
+# What a census change would cost on a GPU (CensusCheck.gpu_costs, guard.judge.pricing), in words.
+GPU_COST_DOC = "docs/gpu-cost.md"
+OP_CLASS_WORDS = {OpClass.KERNEL_LAUNCH: ("kernel launch", "kernel launches"), OpClass.HOST_SYNC: ("host sync", "host syncs"),
+                  OpClass.H2D_COPY: ("host-to-device copy", "host-to-device copies"),
+                  OpClass.INDEX_WRITE: ("index write", "index writes"), OpClass.VIEW: ("view op", "view ops")}
+
+
+def signed_ms(value_ms: float) -> str:
+    """``+10.3 ms``, ``−0.42 ms``: a change in time, to a precision its size deserves."""
+    digits = 2 if abs(value_ms) < 1 else 1 if abs(value_ms) < 100 else 0
+    text = f"{abs(value_ms):.{digits}f} ms"
+    return text if round(value_ms, digits) == 0 else ("+" if value_ms > 0 else "−") + text
+
+
+def on_a(gpu: str) -> str:
+    """``an A10``, ``an H100``, ``a T4``: a letter's name (A, H, L...) decides the article, as it is read."""
+    return f"{'an' if gpu[:1].upper() in 'AEFHILMNORSX' else 'a'} {gpu}"
+
+
+def _breakdown(g: GpuCost) -> str:
+    parts = []
+    for c in g.classes:
+        one, many = OP_CLASS_WORDS[c.op_class]
+        count = f"{c.calls}" if c.calls >= 0 else f"−{-c.calls}"
+        parts.append(f"{count} {one if abs(c.calls) == 1 else many} × {c.us_per_call:g} µs")
+    return ", ".join(parts) or "views and metadata only: no kernel, no copy, no sync"
+
+
+def gpu_cost(c: CensusCheck) -> str | None:
+    """What a census change would cost on each GPU, beside its op counts (never instead of them):
+    ``≈ +21.1 ms per request on an A10, +23.4 ms on an H100 (A10: 513 index writes × 17 µs, ...;
+    constants: estimates, see docs/gpu-cost.md)``. None when the change was not priced."""
+    if not c.gpu_costs:
+        return None
+    first, *rest = c.gpu_costs
+    said = f"≈ {signed_ms(first.ms_per_request)} per request on {on_a(first.gpu)}"
+    said += "".join(f", {signed_ms(g.ms_per_request)} on {on_a(g.gpu)}" for g in rest)
+    classes = [k for g in c.gpu_costs for k in g.classes]
+    calibrated = sum(k.status == "calibrated" for k in classes)
+    status = ("calibrated by benchmarks/gpu_cost.py" if classes and calibrated == len(classes)
+              else "partly calibrated, partly estimates" if calibrated else "estimates")
+    return f"{said} ({first.gpu}: {_breakdown(first)}; constants: {status}, see {GPU_COST_DOC})"
 
 
 def revision(side: RevisionInfo) -> str:

@@ -15,7 +15,8 @@ from guard.errors import ConfigError
 from guard.files import read_input
 from guard.model.records import TTFT_DEFINITION, ABRecord, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
 from guard.model.results import BudgetSource, FunctionChange, PullRequestDiff, Results, RevisionInfo
-from guard.model.checks import ABComparison, CensusCheck, CensusOpDelta, OpCheck, OpDelta, Pair, TtftCheck, TtftRatioCheck, UnmeasuredOpCheck
+from guard.model.checks import (ABComparison, CensusCheck, CensusOpDelta, CostStatus, GpuCost, OpCheck, OpClass, OpDelta, Pair,
+                                PricedClass, TtftCheck, TtftRatioCheck, UnmeasuredOpCheck)
 from guard.model.schema import AB_RUN_SCHEMA, READABLE_SCHEMA_VERSIONS, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, RUN_SCHEMA, validate
 from guard.model.strictjson import first_refused, json_path, parse_strict_json
 from guard.model.upgrade import upgrade_v2
@@ -101,11 +102,19 @@ def _op_from_dict(d: dict[str, Any]) -> OpCheck:
     return OpCheck(**{**d, "image_size": tuple(d["image_size"]), "rule": Rule(d["rule"]), "status": Status(d["status"])})
 
 
+def _gpu_cost_from_dict(d: dict[str, Any]) -> GpuCost:
+    return GpuCost(gpu=d["gpu"], ms_per_request=d["ms_per_request"],
+                   classes=tuple(PricedClass(OpClass(c["op_class"]), c["calls"], c["us_per_call"], CostStatus(c["status"]))
+                                 for c in d["classes"]))
+
+
 def _census_from_dict(d: dict[str, Any]) -> CensusCheck:
     return CensusCheck(**{**d, "image_size": tuple(d["image_size"]), "status": Status(d["status"]),
                           "op_deltas": tuple(CensusOpDelta(**o) for o in d["op_deltas"]),
                           "watched_ops": tuple(d.get("watched_ops", ())),
-                          "moved_from": tuple(d.get("moved_from", ()))})
+                          "moved_from": tuple(d.get("moved_from", ())),
+                          # absent in files written before guard priced a change (guard.judge.pricing)
+                          "gpu_costs": tuple(_gpu_cost_from_dict(g) for g in d.get("gpu_costs", ()))})
 
 
 def results_to_dict(res: Results) -> dict[str, Any]:

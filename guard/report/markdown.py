@@ -168,6 +168,9 @@ def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
                      + (f"; {text(worst.reason)}" if worst.reason else "")
                      + (f" ({added_calls(worst)} added at {_size(worst.image_size)})" if f.kind == "census_notice" else ""))
         lines.append(f"- ops that grew most at {_size(worst.image_size)}: {code(fmt.census_ops(worst))}")
+        cost = fmt.gpu_cost(worst)
+        if cost:  # beside the counts, never the verdict: an estimate of what they would cost on a GPU
+            lines.append(f"- on a GPU, at {_size(worst.image_size)}: {text(cost)}")
         lines.append(f"- attributed to: {text(owner_text(f.name, results.run.model))}")
     differ = next((n for n in results.notices if n.startswith(ENVIRONMENTS_DIFFER)), None)
     if f.census and differ:  # said where the finding is read, so a dependency's change is not taken for a loop

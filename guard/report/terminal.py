@@ -105,6 +105,8 @@ def census_lines(results: Results) -> list[str]:
         columns = "baseline side → candidate" if results.ab is not None else "baseline → measured"
         lines += _table(["census (op calls per request)", "code", "image", columns, "change per op", "status"],
                         rows, left=5)
+        # beside the counts, never instead of them: what the growth would cost on a GPU
+        lines += [f"  on a GPU, {c.function} [{fmt.size(c.image_size)}]: {fmt.gpu_cost(c)}" for c in failed if c.gpu_costs]
     judged = not any(r.kind == ReasonKind.CENSUS_BASELINE for r in results.invalid_reasons)
     lines.append("host syncs on a GPU, ops per request: "
                  + " · ".join(fmt.host_syncs(results.run.census, results.census_checks, judged=judged)))
