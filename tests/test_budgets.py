@@ -381,15 +381,19 @@ def test_the_default_budget_file_is_found_from_outside_the_checkout_as_model_fin
 def test_profile_mixes_default_to_the_samplers_main_paths_and_may_be_listed_or_dropped(tmp_path: Path) -> None:
     """No profile_mixes: the default set (greedy, random top-k/top-p, seeded, penalties and logprobs);
     a profile's own list replaces it, with vLLM's defaults for what a mix does not set; {}: none."""
-    default = load_thresholds(write(tmp_path, GOOD)).profile("cpu").workload.profile_mixes
+    census = GOOD.replace("    budgets:\n", "    budgets:\n      census: {baseline: m.census.json}\n")
+    default = load_thresholds(write(tmp_path, census)).profile("cpu").workload.profile_mixes
     assert [m.name for m in default] == ["greedy", "random-topk-topp", "seeded", "penalties-logprobs"]
+    assert load_thresholds(write(tmp_path, GOOD)).profile("cpu").workload.profile_mixes == ()  # no census rule
+    with pytest.raises(ConfigError, match="only meaningful with budgets.census"):
+        load_thresholds(write(tmp_path, GOOD.replace(P, P + "\n      profile_mixes: {}")))
     assert default[2].sampling_kwargs() == {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "seed": 0, "min_tokens": 0,
                                             "stop": None, "max_tokens": 8, "ignore_eos": True}
-    own = GOOD.replace(P, P + "\n      profile_mixes:\n        s: {temperature: 0.5, seed: 1, output_tokens: 4, "
+    own = census.replace(P, P + "\n      profile_mixes:\n        s: {temperature: 0.5, seed: 1, output_tokens: 4, "
                              "stop: [x]}")
     (mix,) = load_thresholds(write(tmp_path, own)).profile("cpu").workload.profile_mixes
     assert (mix.name, mix.temperature, mix.seed, mix.output_tokens, mix.stop, mix.top_k) == ("s", 0.5, 1, 4, ("x",), None)
     assert mix.sampling_kwargs()["stop"] == ["x"]
     assert RequestMix.of_message(mix.message()) == mix  # what an A/B worker is told, whole
-    none = GOOD.replace(P, P + "\n      profile_mixes: {}")
+    none = census.replace(P, P + "\n      profile_mixes: {}")
     assert load_thresholds(write(tmp_path, none)).profile("cpu").workload.profile_mixes == ()

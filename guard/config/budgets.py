@@ -235,6 +235,8 @@ class Workload:
         d["image_sizes"] = [list(s) for s in self.image_sizes]
         d["profile_image_sizes"] = [list(s) for s in self.profile_image_sizes]
         d["profile_mixes"] = {m.name: m.as_dict() for m in self.profile_mixes}
+        if not self.profile_mixes:  # no decode census: as a profile config was written before there was one
+            del d["profile_mixes"]
         return d
 
     def mix(self, name: str) -> RequestMix:

@@ -585,7 +585,9 @@ PROFILE = Section({
     "budgets": required(later(BUDGETS), "the budgets; at least one of ttft_ms, ttft_vs_baseline_pct, ops, census"),
     "provenance": optional(PROVENANCE, {}, "where the budgets came from (written by update-thresholds)"),
     "ab": optional(AB.type, ABSettings(), "A/B mode: how the two engines share the machine"),
-})
+}, json_extra={  # request mixes feed the decode census, which the census rule judges (config.loading)
+    "if": {"required": ["workload"], "properties": {"workload": {"required": ["profile_mixes"]}}},
+    "then": {"properties": {"budgets": {"required": ["census"]}}}})
 TOP = Section({
     "schema_version": required(ValueType(YamlReader.integer, {"const": SCHEMA_VERSION}), "the budget file's format"),
     "model": required(STRING, "the model the budgets are for"),

