@@ -163,6 +163,10 @@ def _profile(tmp_path: Path):
 def test_update_thresholds_writes_the_decode_census_and_refuses_its_growth_unasked(tmp_path: Path) -> None:
     prof = _profile(tmp_path)
     prefill = {"640x480": {"vllm/a.py:f": {"aten::add": 2}}, "800x400": {"vllm/a.py:f": {"aten::add": 3}}}
+    prof.census.baseline.write_text(render_baseline("deepseek-ocr-2", "cpu", ("vllm",), prefill, {}, {}))
+    added = plan_census(prof, "deepseek-ocr-2", prefill, provenance={}, allow_increase=False,
+                        results_path=tmp_path / "r.json", run_decode={"seeded": decode("seeded")})
+    assert added.increases == ()  # a file without the mix gets its first decode baseline, no growth to allow
     first = plan_census(prof, "m", prefill, provenance={}, allow_increase=False, results_path=tmp_path / "r.json",
                         run_decode={"seeded": seeded_before_the_loop()})
     prof.census.baseline.write_text(first.new_text)

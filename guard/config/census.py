@@ -240,8 +240,9 @@ def plan_census(profile, model: str, run_census: Census, *, provenance: Mapping[
         for s in sizes:
             _moves(s, old.census.get(s, {}), census[s], ups, downs)
         for mix, d in decode.items():
-            pair = comparable(old.decode[mix], d) if mix in old.decode else ({}, d.census)
-            if pair is not None:  # None: another output length, another quantity; nothing to compare
+            # a mix the file does not hold yet is its first baseline; None: another output length, nothing to compare
+            pair = comparable(old.decode[mix], d) if mix in old.decode else None
+            if pair is not None:
                 _moves(f"decode {mix}", pair[0], pair[1], ups, downs)
     increases = tuple(line for _, line in sorted(ups, key=lambda x: -x[0]))
     if increases and not allow_increase:
