@@ -179,7 +179,7 @@ BAD = [
     (P, P + "\n      profile_mixes:\n        seeded: {seed: 3}", 14, f"{M}.seeded.seed", "only meaningful with temperature > 0"),
     (P, P + "\n      profile_mixes:\n        short: {output_tokens: 1}", 14, f"{M}.short.output_tokens", "must be >= 2"),
     (P, P + "\n      profile_mixes:\n        long: {output_tokens: 100000}", 14, f"{M}.long.output_tokens", "more than 256"),
-    (P, P + "\n      profile_mixes:\n        two: {images: 2}", 14, f"{M}.two.images", "none or one"),
+    (P, P + "\n      profile_mixes:\n        two: {images: 2}", 14, f"{M}.two.images", "2 is more than 1"),
     (P, P + "\n      profile_mixes:\n        m: {min_tokens: 9}", 14, f"{M}.m.min_tokens", "more than output_tokens (8)"),
     (P, P + "\n      profile_mixes:\n        Seeded Mix: {}", 14, f"{M}.Seeded Mix", "expected a name"),
     (P, P + "\n      profile_mixes:\n        p: {temperature: 1, top_p: 1.5}", 14, f"{M}.p.top_p", "fraction"),

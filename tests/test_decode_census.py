@@ -186,3 +186,40 @@ def test_the_default_mixes_cover_greedy_random_seeded_and_penalties_with_logprob
     assert kw["greedy"]["temperature"] == 0.0 and "seed" in kw["seeded"] and kw["penalties-logprobs"]["logprobs"] == 5
     assert kw["penalties-logprobs"]["min_tokens"] == kw["penalties-logprobs"]["max_tokens"]  # every step alike
     assert all(k["ignore_eos"] for k in kw.values())
+
+
+# ----------------------------------------------------------------------------- guard pr
+def _pr_sides():
+    """A recorded real guard pr run's sides (tests/fixtures/pr/mask-loop.results.json), each given the
+    seeded mix's decode census: base as 0.31's sampler counts it, head as 0.32's (recorded)."""
+    from guard.model.jsonfiles import load_results
+    from guard.model.records import ABRecord
+
+    res = load_results(Path(__file__).parent / "fixtures" / "pr" / "mask-loop.results.json")
+    base = dataclasses.replace(res.ab.baseline, decode_census={"seeded": seeded_before_the_loop()})
+    head = dataclasses.replace(res.ab.baseline, decode_census={"seeded": decode("seeded")})
+    return ABRecord(candidate=head, baseline=base, baseline_python="base"), res.pr
+
+
+@pytest.mark.parametrize("committed", ["none", "base", "head"])
+def test_guard_pr_fails_the_loop_unless_the_committed_decode_baseline_already_holds_it(committed: str) -> None:
+    """Side against side the seeded loop fails; the budgets that judge accept it only where their census
+    file holds head's decode counts. Without a decode baseline (a file from before decode steps were
+    counted) nothing accepts it: not being judged there is no acceptance."""
+    from guard.config.loading import load_thresholds
+    from guard.judge.evaluate import evaluate_pr
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    prof = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    prof = dataclasses.replace(prof, workload=dataclasses.replace(prof.workload, profile_mixes=(SEEDED,)))
+    rec, pr = _pr_sides()
+    decode_file = {"none": {}, "base": {"seeded": seeded_before_the_loop()}, "head": {"seeded": decode("seeded")}}[committed]
+    baseline = Baseline(path=Path("deepseek-ocr-2.cpu.census.json"), model=rec.candidate.model, profile="cpu",
+                        roots=("vllm",), census=rec.baseline.census, decode=decode_file)
+    judged = evaluate_pr(prof, rec, pr, census_baseline=baseline)
+    failed = [c for c in judged.census_checks if c.status == Status.FAIL]
+    if committed == "head":
+        assert failed == [] and judged.exit_code == 0
+        assert any("grew against base, within the committed census baseline" in n for n in judged.notices)
+    else:
+        assert [(c.function, c.mix) for c in failed] == [(SAMPLER, "seeded")] and judged.exit_code == 1

@@ -445,27 +445,20 @@ ENGINE = Section({
      "then": {"required": ["dtype"], "properties": {"dtype": {"const": "bfloat16"}},
               "not": {"required": ["dtype_without_native_bf16"]}}},
 ]})
-def _output_tokens(r: YamlReader, node: yaml.Node, key: str) -> int:
-    n = r.integer(node, key, minimum=2)
-    if n > MAX_OUTPUT_TOKENS:
-        raise r.error(node, key, f"{n} is more than {MAX_OUTPUT_TOKENS}",
-                      hint="every decode step is profiled; a few show the calls a step makes")
-    return n
+def integer_between(lo: int, hi: int, hint: str) -> ValueType:
+    def read(r: YamlReader, node: yaml.Node, key: str) -> int:
+        n = r.integer(node, key, minimum=lo)
+        if n > hi:
+            raise r.error(node, key, f"{n} is more than {hi}", hint=hint)
+        return n
+    return ValueType(read, {"type": "integer", "minimum": lo, "maximum": hi})
 
 
-def _images(r: YamlReader, node: yaml.Node, key: str) -> int:
-    n = r.integer(node, key, minimum=0)
-    if n > 1:
-        raise r.error(node, key, f"{n} images: a mix sends none or one", hint="0 or 1")
-    return n
-
-
-OUTPUT_TOKENS = ValueType(_output_tokens, {"type": "integer", "minimum": 2, "maximum": MAX_OUTPUT_TOKENS})
-IMAGES = ValueType(_images, {"enum": [0, 1]})
 PROFILE_MIX = Section({
-    "output_tokens": optional(OUTPUT_TOKENS, RequestMix.output_tokens,
+    "output_tokens": optional(integer_between(2, MAX_OUTPUT_TOKENS, "every decode step is profiled: a few show the "
+                                              "calls a step makes"), RequestMix.output_tokens,
                               "tokens generated (end of sequence ignored): one prefill step, the rest decode steps"),
-    "images": optional(IMAGES, RequestMix.images, "0: a short text prompt; 1: the workload's prompt and first profile image size"),
+    "images": optional(integer_between(0, 1, "a mix sends no image or one"), RequestMix.images, "0: a short text prompt; 1: the workload's prompt and first profile image size"),
     "temperature": optional(number(minimum=0.0), RequestMix.temperature, "0: greedy"),
     "top_k": optional(integer(1), doc="sample among the k most likely tokens"),
     "top_p": optional(FRACTION, doc="sample within this probability mass"),
@@ -476,8 +469,7 @@ PROFILE_MIX = Section({
     "logprobs": optional(integer(0), doc="log probabilities returned per output token"),
     "min_tokens": optional(integer(0), RequestMix.min_tokens, "tokens before a stop may end the request"),
     "stop": optional(STRINGS_OR_NONE, (), "stop strings (checked on the detokenised text)"),
-}, build=_mix, json_extra={
-    # top_k, top_p and seed only with temperature > 0 (_mix)
+}, build=_mix, json_extra={  # top_k, top_p and seed only with temperature > 0 (_mix)
     "if": {"not": {"required": ["temperature"], "properties": {"temperature": {"exclusiveMinimum": 0}}}},
     "then": {"not": {"anyOf": [{"required": [k]} for k in ("top_k", "top_p", "seed")]}}})
 MIXES = ValueType(_mixes, map_of(PROFILE_MIX.type).json
