@@ -223,3 +223,15 @@ def test_guard_pr_fails_the_loop_unless_the_committed_decode_baseline_already_ho
         assert any("grew against base, within the committed census baseline" in n for n in judged.notices)
     else:
         assert [(c.function, c.mix) for c in failed] == [(SAMPLER, "seeded")] and judged.exit_code == 1
+
+
+def test_an_ab_worker_is_told_the_whole_mix_with_each_job() -> None:
+    """guard.measure.worker sends a job as JSON (Job.message): the mix goes with every parameter, so a
+    worker runs what the parent's budget file says, whatever its own copy holds."""
+    from guard.measure.side import Job
+
+    job = Job(7, (640, 480), True, DEFAULT_MIXES[3])
+    sent = json.loads(json.dumps(job.message()))
+    assert sent[3]["name"] == "penalties-logprobs" and sent[3]["stop"] == ["@@guard-stop@@"]
+    assert Job.of_message(*sent) == job
+    assert Job.of_message(*json.loads(json.dumps(Job(8, (800, 400), False).message()))) == Job(8, (800, 400), False)
