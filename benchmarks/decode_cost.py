@@ -56,7 +56,7 @@ def check(thresholds: Path, out: Path) -> dict:
     if results.exists():
         run = json.loads(results.read_text())["run"]
         row.update(duration_s=run.get("duration_s"), census_s=run.get("census_s"),
-                   mixes=sorted(run.get("decode_census", {})))
+                   mixes_counted=sorted(run.get("decode_census", {})))
     return row
 
 
