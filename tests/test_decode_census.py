@@ -235,3 +235,25 @@ def test_an_ab_worker_is_told_the_whole_mix_with_each_job() -> None:
     assert sent[3]["name"] == "penalties-logprobs" and sent[3]["stop"] == ["@@guard-stop@@"]
     assert Job.of_message(*sent) == job
     assert Job.of_message(*json.loads(json.dumps(Job(8, (800, 400), False).message()))) == Job(8, (800, 400), False)
+
+
+def test_a_float32_machine_without_a_decode_baseline_still_passes_its_clean_run() -> None:
+    """A recorded clean run on an AVX2-only EPYC (float32 engine, tests/fixtures/runs/cpu-float32-clean.json),
+    given the default mixes' decode census (recorded on 0.32.0), judged as guard check judges it: the
+    shipped float32 census file holds no decode section, so each mix is counted and shown, not judged,
+    and the run still passes (exit 0)."""
+    from guard.config.loading import load_thresholds
+    from guard.judge.rejudge import judged_profile, recompute
+    from guard.model.jsonfiles import load_results
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    stored = load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json")
+    profile = judged_profile(stored.run, load_thresholds(SHIPPED_THRESHOLDS), source="x")
+    assert profile.census.baseline.name == "deepseek-ocr-2.cpu.float32.census.json"
+    assert load_baseline(profile.census.baseline).decode == {}  # written before decode steps were counted
+    counted = {m.name: decode("seeded") for m in profile.workload.profile_mixes}
+    fresh = recompute(dataclasses.replace(stored, run=dataclasses.replace(stored.run, decode_census=counted)), profile)
+    assert fresh.exit_code == 0 and not [c for c in fresh.census_checks if c.mix]
+    assert sum("no baseline yet" in n and "counted, not judged" in n for n in fresh.notices) == len(DEFAULT_MIXES)
+    older = recompute(stored, profile)  # recorded before decode steps were counted
+    assert older.exit_code == 0 and any("decode census: not measured in this run" in n for n in older.notices)
