@@ -257,3 +257,26 @@ def test_a_float32_machine_without_a_decode_baseline_still_passes_its_clean_run(
     assert sum("no baseline yet" in n and "counted, not judged" in n for n in fresh.notices) == len(DEFAULT_MIXES)
     older = recompute(stored, profile)  # recorded before decode steps were counted
     assert older.exit_code == 0 and any("decode census: not measured in this run" in n for n in older.notices)
+
+
+def test_a_real_decode_finding_reads_the_same_in_the_terminal_report_and_comment() -> None:
+    """The 0.31.0 -> 0.32.0 replay's results.json (tests/fixtures/pr/seeded-loop.results.json, real, own
+    mode): the decode row is named by its mix and unit wherever a prefill row names its image size."""
+    from guard.model.jsonfiles import load_results
+    from guard.report.markdown import render_markdown
+    from guard.report.terminal import render_terminal
+
+    res = load_results(Path(__file__).parent / "fixtures" / "pr" / "seeded-loop.results.json")
+    (failed,) = [c for c in res.census_checks if c.status == Status.FAIL]
+    assert (failed.function, failed.mix, failed.baseline_calls, failed.measured_calls) == (SAMPLER, "seeded", 7, 15)
+    assert res.exit_code == 1 and res.run.decode_census["seeded"].per_step
+    terminal, markdown = render_terminal(res), render_markdown(res)
+    assert "144 x 4 request mixes' decode steps counted" in terminal
+    row = next(line for line in terminal.splitlines() if line.startswith(SAMPLER))
+    assert "decode seeded, per step" in row and "7 → 15" in row and row.rstrip().endswith("FAIL")
+    assert "op calls: 7 → 15 at decode seeded, per step; watched op(s) grew" in markdown
+    assert "seeds[i] = torch.randint(" in markdown  # the lines head added inside the function
+    from guard.github.rendering import commit_status, comment_body
+
+    assert "at decode seeded, per step" in comment_body(res)
+    assert commit_status(res).state == "failure"

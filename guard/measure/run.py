@@ -38,7 +38,7 @@ from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideIn
 from guard.measure.stopping import StoppingRule, sample_until_decided
 from guard.model import format as fmt
 from guard.model.environment import SpeedReference, busy
-from guard.model.readings import size as size_key, total_calls
+from guard.model.readings import DecodeCensus, size as size_key, total_calls
 from guard.model.records import BASELINE, CANDIDATE, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
 from guard.model.checks import pairs
 
@@ -443,7 +443,7 @@ class RunStage:
         if self.checkpoints:
             self.checkpoint("profiling the request mixes")
 
-    def _take_decode(self, name: str, mix: str, decode, census_s: float | None = None) -> None:
+    def _take_decode(self, name: str, mix: str, decode: DecodeCensus, census_s: float | None = None) -> None:
         self.records[name].decode_census[mix] = decode
         if census_s is not None:
             prefix = f"{name:9} " if self.paired else ""

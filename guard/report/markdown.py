@@ -168,7 +168,7 @@ def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
     if f.census:
         worst = max(f.census, key=lambda c: c.growth_calls)
         verb = "grew beyond the census rule" if f.kind == "function" else "grew within the census rule"
-        lines.append(f"- {verb}, op calls per request: "
+        lines.append(f"- {verb}, op calls{'' if any(c.mix for c in f.census) else ' per request'}: "
                      + ", ".join(f"{text(fmt.census_calls(c))} at {_where(c)}" for c in f.census)
                      + (f"; {text(worst.reason)}" if worst.reason else "")
                      + (f" ({added_calls(worst)} added at {_where(worst)})" if f.kind == "census_notice" else ""))
