@@ -280,3 +280,22 @@ def test_a_real_decode_finding_reads_the_same_in_the_terminal_report_and_comment
 
     assert "at decode seeded, per step" in comment_body(res)
     assert commit_status(res).state == "failure"
+
+
+def test_a_mix_request_is_its_sampling_and_length_and_the_timing_requests_stay_greedy() -> None:
+    """What run_jobs hands vLLM (real SamplingParams): a mix without images is a short text prompt with
+    the mix's sampling; with one, the workload's prompt and image; a job without a mix is the greedy
+    max_tokens request the TTFT pass always sent."""
+    from guard.config.loading import load_thresholds
+    from guard.measure.inprocess import request_of
+    from guard.measure.side import Job
+    from tests.conftest import SHIPPED_THRESHOLDS
+
+    w = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu").workload
+    prompt, params = request_of(w, Job(1, (640, 480), True, SEEDED))
+    assert prompt == {"prompt": "Transcribe the page."}
+    assert (params.seed, params.top_k, params.top_p, params.max_tokens, params.ignore_eos) == (7, 50, 0.9, 8, True)
+    prompt, params = request_of(w, Job(2, (64, 48), True, RequestMix("img", images=1, logprobs=2)))
+    assert prompt["prompt"] == w.prompt and prompt["multi_modal_data"]["image"].size == (64, 48) and params.logprobs == 2
+    prompt, params = request_of(w, Job(3, (64, 48), False))
+    assert (params.temperature, params.max_tokens, params.seed) == (0.0, w.max_tokens, None) and "multi_modal_data" in prompt

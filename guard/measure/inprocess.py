@@ -171,11 +171,12 @@ def request_of(workload: Workload, job: Job) -> tuple[dict[str, Any], Any]:
     from vllm import SamplingParams
 
     mix = job.mix
-    image = {"image": synthetic_image(workload.seed, job.index, job.image_size)}
+    if mix is not None and not mix.images:
+        return {"prompt": MIX_TEXT_PROMPT}, SamplingParams(**mix.sampling_kwargs())
+    prompt = {"prompt": workload.prompt,
+              "multi_modal_data": {"image": synthetic_image(workload.seed, job.index, job.image_size)}}
     if mix is None:
-        return ({"prompt": workload.prompt, "multi_modal_data": image},
-                SamplingParams(max_tokens=workload.max_tokens, temperature=0.0, ignore_eos=True))
-    prompt = {"prompt": workload.prompt, "multi_modal_data": image} if mix.images else {"prompt": MIX_TEXT_PROMPT}
+        return prompt, SamplingParams(max_tokens=workload.max_tokens, temperature=0.0, ignore_eos=True)
     return prompt, SamplingParams(**mix.sampling_kwargs())
 
 
