@@ -58,7 +58,7 @@ def judge(repo: Path, base: str, head: str, out: Path, cache: Path, pythons: dic
         res = load_results(out / "results.json")
         row.update(verdict=str(res.verdict), notices=list(res.notices),
                    invalid=[r.text for r in res.invalid_reasons],
-                   census=[{"function": c.function, "size": f"{c.image_size[0]}x{c.image_size[1]}", "status": str(c.status),
+                   census=[{"function": c.function, "size": c.where, "status": str(c.status),
                             "baseline_calls": c.baseline_calls, "measured_calls": c.measured_calls,
                             "moved_calls": c.moved_calls, "moved_from": list(c.moved_from),
                             "op_deltas": [[d.op, d.delta_calls] for d in c.op_deltas][:6], "reason": c.reason}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.config.budgets import resolve_model
+from guard.config.budgets import RequestMix, resolve_model
 from guard.config.loading import load_thresholds
 from guard.errors import ConfigError, ExitCode
 from guard.model.environment import has_amx
@@ -119,6 +119,8 @@ def test_shipped_cpu_budget_is_bound_to_this_projects_cpu() -> None:
 
 # (replace this, with that) -> expected line, key and words of the problem
 T = "      ttft_ms: {p50: 9000, p99: 10000}"
+P = '      prompt: "<image>\\nFree OCR."'
+M = "profiles.cpu.workload.profile_mixes"
 BAD = [
     ("      requests: 3", "      requests: 3\n      reqests: 4", 11, "profiles.cpu.workload.reqests", "unknown key"),
     ("      requests: 3", "      requests: three", 10, "profiles.cpu.workload.requests", "expected an integer"),
@@ -172,6 +174,16 @@ BAD = [
     ("      requests: 3", "      requests: 1:30", 10, "workload.requests", "(YAML reads it as 90)"),
     ("  cpu:", "  cpu:\n    validity: {max_slowdown_pct: 1:30}", 5, "profiles.cpu.validity.max_slowdown_pct",
      "not a decimal number"),
+    # request mixes of the profile pass (workload.profile_mixes)
+    (P, P + "\n      profile_mixes:\n        seeded: {temprature: 1.0}", 14, f"{M}.seeded.temprature", "unknown key"),
+    (P, P + "\n      profile_mixes:\n        seeded: {seed: 3}", 14, f"{M}.seeded.seed", "only meaningful with temperature > 0"),
+    (P, P + "\n      profile_mixes:\n        short: {output_tokens: 1}", 14, f"{M}.short.output_tokens", "must be >= 2"),
+    (P, P + "\n      profile_mixes:\n        long: {output_tokens: 100000}", 14, f"{M}.long.output_tokens", "more than 256"),
+    (P, P + "\n      profile_mixes:\n        two: {images: 2}", 14, f"{M}.two.images", "2 is more than 1"),
+    (P, P + "\n      profile_mixes:\n        m: {min_tokens: 9}", 14, f"{M}.m.min_tokens", "more than output_tokens (8)"),
+    (P, P + "\n      profile_mixes:\n        Seeded Mix: {}", 14, f"{M}.Seeded Mix", "expected a name"),
+    (P, P + "\n      profile_mixes:\n        p: {temperature: 1, top_p: 1.5}", 14, f"{M}.p.top_p", "fraction"),
+    (P, P + "\n      profile_mixes: [greedy]", 13, M, "expected a mapping"),
 ]
 
 
@@ -341,7 +353,8 @@ def schema_reference() -> list[str]:
 
     p = "profiles.NAME"
     sections = [("(top level)", b.TOP), (p, b.PROFILE), (f"{p}.match", b.MATCH), (f"{p}.engine", b.ENGINE),
-                (f"{p}.workload", b.WORKLOAD), (f"{p}.statistics", b.STATISTICS), (f"{p}.validity", b.VALIDITY),
+                (f"{p}.workload", b.WORKLOAD), (f"{p}.workload.profile_mixes.MIX", b.PROFILE_MIX),
+                (f"{p}.statistics", b.STATISTICS), (f"{p}.validity", b.VALIDITY),
                 (f"{p}.ab", b.AB), (f"{p}.budgets", b.BUDGETS), (f"{p}.budgets.ttft_hardware", b.TTFT_HARDWARE),
                 (f"{p}.budgets.census", b.CENSUS), (f"{p}.budgets.ops.SCOPE", b.SCOPE_BUDGET),
                 (f"{p}.budgets.ops.SCOPE.scope", b.SCOPE), (f"{p}.budgets.ops.SCOPE.ops.OP", b.OP_BUDGET),
@@ -363,3 +376,24 @@ def test_the_default_budget_file_is_found_from_outside_the_checkout_as_model_fin
     deepseek-ocr-2` found the checkout's; both now read the same file."""
     done = run_guard("check", "--only", "ops", "--profile", "nosuch", "--output", str(tmp_path / "o"), cwd=tmp_path)
     assert done.returncode == 2 and f"{SHIPPED_THRESHOLDS}: profiles.nosuch: no such hardware profile" in done.stderr
+
+
+def test_profile_mixes_default_to_the_samplers_main_paths_and_may_be_listed_or_dropped(tmp_path: Path) -> None:
+    """No profile_mixes: the default set (greedy, random top-k/top-p, seeded, penalties and logprobs);
+    a profile's own list replaces it, with vLLM's defaults for what a mix does not set; {}: none."""
+    census = GOOD.replace("    budgets:\n", "    budgets:\n      census: {baseline: m.census.json}\n")
+    default = load_thresholds(write(tmp_path, census)).profile("cpu").workload.profile_mixes
+    assert [m.name for m in default] == ["greedy", "random-topk-topp", "seeded", "penalties-logprobs"]
+    assert load_thresholds(write(tmp_path, GOOD)).profile("cpu").workload.profile_mixes == ()  # no census rule
+    with pytest.raises(ConfigError, match="only meaningful with budgets.census"):
+        load_thresholds(write(tmp_path, GOOD.replace(P, P + "\n      profile_mixes: {}")))
+    assert default[2].sampling_kwargs() == {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "seed": 0, "min_tokens": 0,
+                                            "stop": None, "max_tokens": 8, "ignore_eos": True}
+    own = census.replace(P, P + "\n      profile_mixes:\n        s: {temperature: 0.5, seed: 1, output_tokens: 4, "
+                             "stop: [x]}")
+    (mix,) = load_thresholds(write(tmp_path, own)).profile("cpu").workload.profile_mixes
+    assert (mix.name, mix.temperature, mix.seed, mix.output_tokens, mix.stop, mix.top_k) == ("s", 0.5, 1, 4, ("x",), None)
+    assert mix.sampling_kwargs()["stop"] == ["x"]
+    assert RequestMix.of_message(mix.message()) == mix  # what an A/B worker is told, whole
+    none = census.replace(P, P + "\n      profile_mixes: {}")
+    assert load_thresholds(write(tmp_path, none)).profile("cpu").workload.profile_mixes == ()

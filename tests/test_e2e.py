@@ -32,13 +32,14 @@ pytestmark = pytest.mark.engine
 
 
 def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | None = None,
-                   profile_sizes: list | None = None,
+                   profile_sizes: list | None = None, mixes: dict | None = None,
                    max_other_cpu_pct: float = 100, ttft_hardware: dict | None = None, timing_only: bool = False) -> Path:
     """The shipped file with the CPU profile cut down, written elsewhere (the shipped one stays).
     The contention gate is off unless asked for (``max_other_cpu_pct``): these tests share their
     machine, and only the contention test is about it. The TTFT budgets are bound to whatever CPU
     runs the test unless ``ttft_hardware`` says otherwise, so they are judged everywhere.
-    ``timing_only``: no op budgets and no census, so no profiled request (for tests about TTFT alone)."""
+    ``timing_only``: no op budgets and no census, so no profiled request (for tests about TTFT alone).
+    ``mixes``: the profile's request mixes (default: the default set)."""
     data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
     cpu = data["profiles"]["cpu"]
     cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=profile_sizes or [[640, 480]])
@@ -48,6 +49,8 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
     cpu["budgets"]["ttft_hardware"] = ttft_hardware or {"cpu_model_regex": ".", "cpu_count": [1, 4096]}
     if model:
         cpu["engine"]["model"] = model
+    if mixes is not None:
+        cpu["workload"]["profile_mixes"] = mixes
     if timing_only:
         cpu["budgets"].pop("ops", None)
         cpu["budgets"].pop("census", None)
@@ -193,6 +196,34 @@ def test_the_clean_rewrite_mutant_passes_the_census(tmp_path: Path) -> None:
     assert [c for c in res["checks"]["census"] if c["status"] == "fail"] == []
     assert res["run"]["census"]["640x480"]  # the census was taken, not skipped
     assert res["checks"]["ttft"] == [] and measured_s(res) == []  # --only ops timed nothing
+
+
+@pytest.mark.parametrize("mutant", ["topk-row-item", "topk-vectorised"])
+def test_the_decode_census_catches_a_per_request_item_in_the_sampler_and_passes_its_vectorised_form(
+        tmp_path: Path, mutant: str) -> None:
+    """A per-request loop with an .item() in the CPU sampler's top-k mask, which runs on every decode
+    step of a mix with top-k and never in the greedy prefill the image sizes profile: the seeded mix's
+    decode census fails naming the function; the vectorised refactor of the same lines passes.
+    Against the committed decode baseline, one mix (the default set's seeded one) to keep it short."""
+    from guard.config.budgets import DEFAULT_MIXES
+    from guard.measure.mutants import MUTANTS
+
+    seeded = next(m for m in DEFAULT_MIXES if m.name == "seeded")
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, mixes={"seeded": seeded.as_dict()})),
+                     "--output", str(out), "--inject", f"mutant:{mutant}", "--only", "ops")
+    res = results_of(out)
+    decode = res["run"]["decode_census"]["seeded"]
+    assert decode["steps"] == seeded.output_tokens - 1 and decode["per_step"] is True
+    failed = [c for c in res["checks"]["census"] if c["status"] == "fail"]
+    if MUTANTS[mutant].expect == "pass":
+        assert proc.returncode == 0 and failed == [], proc.stdout[-4000:] + proc.stderr[-3000:]
+        return
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-3000:]
+    (c,) = failed
+    assert (c["function"], c["mix"], c["unit"]) == (MUTANTS[mutant].function, "seeded", "per step")
+    assert "aten::_local_scalar_dense" in c["watched_ops"]  # one .item() per request and step
+    assert "decode seeded, per step" in proc.stdout and "apply_top_k_top_p_pytorch" in proc.stdout
 
 
 def test_missing_model_path_is_an_invalid_run(tmp_path: Path) -> None:

@@ -65,6 +65,10 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
     assert set(res["run"]["census"]) == set(ab["baseline"]["census"]) == {"640x480"}
     assert res["run"]["census"]["640x480"] == ab["baseline"]["census"]["640x480"]  # the same vLLM
     assert res["checks"]["census"] == [] and "census: " in proc.stdout and "against the baseline side" in proc.stdout
+    # and each side's request mixes, the worker told each mix by the parent: the same decode steps on both
+    mixes = {"greedy", "random-topk-topp", "seeded", "penalties-logprobs"}
+    assert set(res["run"]["decode_census"]) == set(ab["baseline"]["decode_census"]) == mixes
+    assert res["run"]["decode_census"] == ab["baseline"]["decode_census"]
     assert [c["status"] for c in res["checks"]["ttft"]] == ["not_judged"]  # absolute: shown, not judged
     # what the machine did during the pairs, with guard and both workers as "us": the engines ran
     reading = res["run"]["environment"]["cpu_contention"]
@@ -83,6 +87,7 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
     assert entry["schema"] == "guard/run" and entry["run"]["measures"] == "ops"  # a run record of the pass alone
     assert entry["run"]["op_counts"] == ab["baseline"]["op_counts"]
     assert entry["run"]["census"] == ab["baseline"]["census"] and entry["run"]["outcomes"] == []
+    assert entry["run"]["decode_census"] == ab["baseline"]["decode_census"]
 
     # ... so a second check against it profiles the candidate only and reads the baseline's back
     data = yaml.safe_load(small_ab_yaml(tmp_path).read_text())
@@ -98,6 +103,7 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
     base2 = res2["ab"]["baseline"]
     assert base2["environment"]["worker"]["op_counts_cache"]["status"] == "hit"
     assert base2["op_counts"] == ab["baseline"]["op_counts"] and base2["census"] == ab["baseline"]["census"]
+    assert base2["decode_census"] == ab["baseline"]["decode_census"]  # the mixes' decode steps came back too
     assert base2["outcomes"] == []  # no TTFT pairs and its counts cached: that side sent no request
     # ... and started no engine: its worker only said which environment it is
     assert "init_s" not in base2["environment"]["worker"] and base2["environment"]["worker"]["vllm"]

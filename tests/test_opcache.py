@@ -105,6 +105,12 @@ def test_what_changes_the_baseline_op_counts_changes_the_key(cpu, monkeypatch):
         "census roots": dataclasses.replace(cpu, census=dataclasses.replace(cpu.census, roots=("vllm/v1/",))),
         "op scopes": dataclasses.replace(cpu, ops=()),
         "engine": dataclasses.replace(cpu, engine=dataclasses.replace(cpu.engine, max_model_len=1024)),
+        # the request mixes of the decode census: which, and each one's sampling and length
+        "no mixes": dataclasses.replace(cpu, workload=dataclasses.replace(w, profile_mixes=())),
+        "a mix's seed": dataclasses.replace(cpu, workload=dataclasses.replace(w, profile_mixes=tuple(
+            dataclasses.replace(m, seed=1) if m.name == "seeded" else m for m in w.profile_mixes))),
+        "a mix's length": dataclasses.replace(cpu, workload=dataclasses.replace(w, profile_mixes=tuple(
+            dataclasses.replace(m, output_tokens=9) for m in w.profile_mixes))),
     }
     keys = {what: key(p) for what, p in changed.items()}
     keys["gpu share"] = key(cpu, 0.4)

@@ -150,7 +150,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
 
 # What a census per profiled request depends on: how many requests the timing pass sent, and at
 # what concurrency, does not change it (benchmarks/census_stability.py: identical after any number).
-CENSUS_WORKLOAD_KEYS = ("profile_image_sizes", "prompt", "max_tokens", "seed")
+CENSUS_WORKLOAD_KEYS = ("profile_image_sizes", "prompt", "max_tokens", "seed", "profile_mixes")
 
 
 def _check_same_config(results: Results, results_path: Path, profile: Profile, only: str | None = None) -> None:
@@ -371,7 +371,8 @@ def update_thresholds(*, results_path: Path, thresholds_path: Path | None, profi
         print(f"census: {results_path} has no census; {prof.census.baseline} is left as it is", file=out)
     elif prof.census is not None and only in (None, "census"):
         census = plan_census(prof, thresholds.model, results.run.census, provenance=plan.provenance,
-                             allow_increase=allow_increase, results_path=results_path)
+                             allow_increase=allow_increase, results_path=results_path,
+                             run_decode=results.run.decode_census)
     old = thresholds_path.read_bytes().decode("utf-8")  # not read_text: keep \r\n line endings as they are
     new = _rendered(thresholds_path, old, plan)
     census_written = census is not None and _write_census(census, dry_run, out)

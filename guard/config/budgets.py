@@ -150,6 +150,71 @@ class EngineArgs:
         """True when on_cpu swapped bfloat16 for dtype_without_native_bf16."""
         return bf16_replaced(self.as_dict())
 
+MIX_TEXT_PROMPT = "Transcribe the page."  # a mix without images: text any tokenizer takes, no placeholder
+MAX_OUTPUT_TOKENS = 256  # per profiled mix request: each decode step is profiled, and steps are cheap
+
+
+@dataclass(frozen=True)
+class RequestMix:
+    """One request mix of the profile pass (``workload.profile_mixes``): sampling parameters and an
+    output length, profiled as one request whose decode steps the census counts apart from its
+    prefill (guard.measure.inprocess). Unset parameters are vLLM's defaults."""
+
+    name: str
+    output_tokens: int = 8  # tokens generated (ignore_eos): 1 prefill step, output_tokens - 1 decode steps
+    images: int = 0  # 0: a text prompt (MIX_TEXT_PROMPT); 1: the workload's prompt and first profile image size
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None  # a per-request generator: vLLM's seeded sampling path
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: int | None = None
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """vLLM SamplingParams' arguments (the parameters set, and ignore_eos for a fixed length)."""
+        skip = {"name", "output_tokens", "images"}
+        kw = {k: v for k, v in self.__dict__.items() if k not in skip and v is not None}
+        kw["stop"] = list(self.stop) or None
+        return {**kw, "max_tokens": self.output_tokens, "ignore_eos": True}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The parameters a profile sets, as the budget file writes them (without the name)."""
+        d = {k: v for k, v in self.__dict__.items() if k != "name" and v is not None}
+        d["stop"] = list(self.stop)
+        return d
+
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> RequestMix:
+        """What ``as_dict`` wrote (a recorded profile_config)."""
+        return cls(name=name, **{**d, "stop": tuple(d.get("stop", ()))})
+
+    def message(self) -> dict[str, Any]:
+        """The mix as an A/B worker is told it: its name and every parameter (guard.measure.worker)."""
+        return {"name": self.name, **self.as_dict()}
+
+    @classmethod
+    def of_message(cls, message: Mapping[str, Any] | None) -> RequestMix | None:
+        if message is None:
+            return None
+        fields = dict(message)
+        return cls.from_dict(fields.pop("name"), fields)
+
+
+# The mixes a profile without ``profile_mixes`` runs: the CPU sampler's main paths, one each. The
+# last sets min_tokens to the whole output, so its processor masks on every step alike.
+DEFAULT_MIXES: tuple[RequestMix, ...] = (
+    RequestMix("greedy"),
+    RequestMix("random-topk-topp", temperature=1.0, top_k=50, top_p=0.9),
+    RequestMix("seeded", temperature=1.0, top_k=50, top_p=0.9, seed=0),
+    RequestMix("penalties-logprobs", temperature=1.0, repetition_penalty=1.2, frequency_penalty=0.5,
+               presence_penalty=0.5, logprobs=5, min_tokens=8, stop=("@@guard-stop@@",)),
+)
+
+
 @dataclass(frozen=True)
 class Workload:
     requests: int
@@ -162,12 +227,20 @@ class Workload:
     # Image sizes for the op-count profile pass (one request each). Defaults to image_sizes;
     # add a > 768 px size to cover the tiled (S=288) encoder path without slowing the TTFT pass.
     profile_image_sizes: tuple[tuple[int, int], ...] = ()
+    # Request mixes profiled for the decode census, one request each (none: no decode census)
+    profile_mixes: tuple[RequestMix, ...] = DEFAULT_MIXES
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["image_sizes"] = [list(s) for s in self.image_sizes]
         d["profile_image_sizes"] = [list(s) for s in self.profile_image_sizes]
+        d["profile_mixes"] = {m.name: m.as_dict() for m in self.profile_mixes}
+        if not self.profile_mixes:  # no decode census: as a profile config was written before there was one
+            del d["profile_mixes"]
         return d
+
+    def mix(self, name: str) -> RequestMix:
+        return next(m for m in self.profile_mixes if m.name == name)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ here, once the sections are read.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pathlib import Path
 
 import yaml
@@ -73,8 +75,15 @@ def _profile(r: YamlReader, key: str, name: str, node: yaml.Node) -> Profile:
     if "ttft_hardware" in b and not b["ttft_ms"]:
         raise r.error(b.nodes["ttft_hardware"][1], f"{bkey}.ttft_hardware", "binds TTFT budgets to a CPU, but there are none",
                       hint="add budgets.ttft_ms or remove ttft_hardware")
+    workload = p["workload"]
+    if b["census"] is None:  # the decode census is judged by the census rule: no mixes without one
+        mixes = r.mapping(p.nodes["workload"][1], f"{key}.workload", None).get("profile_mixes")
+        if mixes is not None:
+            raise r.error(mixes[0], f"{key}.workload.profile_mixes", "only meaningful with budgets.census (the decode "
+                          "census is judged by its rule)", hint="add a census rule or remove profile_mixes")
+        workload = replace(workload, profile_mixes=())
     return Profile(
-        name=name, match=p["match"], engine=engine, workload=p["workload"], statistics=statistics,
+        name=name, match=p["match"], engine=engine, workload=workload, statistics=statistics,
         headroom_pct=p["headroom_pct"], ttft_ms=b["ttft_ms"], ops=b["ops"], census=b["census"],
         line=node.start_mark.line + 1, provenance=p["provenance"], ttft_ms_by_mode=b["modes"],
         thresholds_path=str(r.path), yaml_mode=engine.mode, ttft_vs_baseline_pct=b["ttft_vs_baseline_pct"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,9 +23,9 @@ from typing import Any
 import yaml
 
 from guard.config.budgets import (
-    CPU_ISA_EXTENSIONS, DEFAULT_HEADROOM_PCT, DEFAULT_ROOTS, DEFAULT_WATCH, EMBEDDED_PREFIX, ENGINE_MODES,
-    MAX_IMAGE_SIDE, PERCENTILE_RE, SCHEMA_VERSION, ABSettings, CensusRule, EngineArgs, Match, OpBudget, Scope,
-    ScopeBudget, ScopeKind, Statistics, TtftHardware, Validity, Workload,
+    CPU_ISA_EXTENSIONS, DEFAULT_HEADROOM_PCT, DEFAULT_MIXES, DEFAULT_ROOTS, DEFAULT_WATCH, EMBEDDED_PREFIX,
+    ENGINE_MODES, MAX_IMAGE_SIDE, MAX_OUTPUT_TOKENS, PERCENTILE_RE, SCHEMA_VERSION, ABSettings, CensusRule, EngineArgs,
+    Match, OpBudget, RequestMix, Scope, ScopeBudget, ScopeKind, Statistics, TtftHardware, Validity, Workload,
 )
 from guard.config.yamlread import MAX_INT, Fields, YamlReader
 from guard.model.records import Rule
@@ -329,6 +330,34 @@ def _workload(r: YamlReader, key: str, f: Fields) -> Workload:
     return Workload(**{**f.values, "profile_image_sizes": f["profile_image_sizes"] or f["image_sizes"]})
 
 
+MIX_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")  # a census baseline key and a report cell
+
+
+def _mix(r: YamlReader, key: str, f: Fields) -> dict[str, Any]:
+    """One mix's settings, checked against each other the way vLLM's SamplingParams would refuse them."""
+    random_only = [k for k in ("top_k", "top_p", "seed") if f[k] is not None]
+    if random_only and f["temperature"] == 0:
+        name = random_only[0]
+        raise r.error(f.nodes[name][0], f"{key}.{name}", "only meaningful with temperature > 0 (greedy sampling "
+                      "ignores it)", hint="set temperature, e.g. 1.0")
+    if f["min_tokens"] > f["output_tokens"]:
+        raise r.error(f.nodes["min_tokens"][1], f"{key}.min_tokens",
+                      f"{f['min_tokens']} is more than output_tokens ({f['output_tokens']})")
+    return f.values
+
+
+def _mixes(r: YamlReader, node: yaml.Node, key: str) -> tuple[RequestMix, ...]:
+    """``{name: {settings}}``; ``{}``: no decode census."""
+    out = []
+    for name, (knode, vnode) in r.mapping(node, key, None).items():
+        if not MIX_NAME_RE.match(name):
+            raise r.error(knode, f"{key}.{name}", "expected a name of lower-case letters, digits, '.', '_' or '-' "
+                          "(at most 40)", hint="e.g. seeded, random-topk-topp")
+        values = PROFILE_MIX.read(r, vnode, f"{key}.{name}")
+        out.append(RequestMix(name=name, **{**values, "stop": tuple(values["stop"])}))
+    return tuple(out)
+
+
 def _ttft_hardware(r: YamlReader, key: str, f: Fields) -> TtftHardware:
     if not f.nodes:
         raise r.error(f.node, key, "empty: give cpu_model_regex, cpu_count, cpu_isa and/or speed_reference_ms")
@@ -416,6 +445,35 @@ ENGINE = Section({
      "then": {"required": ["dtype"], "properties": {"dtype": {"const": "bfloat16"}},
               "not": {"required": ["dtype_without_native_bf16"]}}},
 ]})
+def integer_between(lo: int, hi: int, hint: str) -> ValueType:
+    def read(r: YamlReader, node: yaml.Node, key: str) -> int:
+        n = r.integer(node, key, minimum=lo)
+        if n > hi:
+            raise r.error(node, key, f"{n} is more than {hi}", hint=hint)
+        return n
+    return ValueType(read, {"type": "integer", "minimum": lo, "maximum": hi})
+
+
+PROFILE_MIX = Section({
+    "output_tokens": optional(integer_between(2, MAX_OUTPUT_TOKENS, "every decode step is profiled: a few show the "
+                                              "calls a step makes"), RequestMix.output_tokens,
+                              "tokens generated (end of sequence ignored): one prefill step, the rest decode steps"),
+    "images": optional(integer_between(0, 1, "a mix sends no image or one"), RequestMix.images, "0: a short text prompt; 1: the workload's prompt and first profile image size"),
+    "temperature": optional(number(minimum=0.0), RequestMix.temperature, "0: greedy"),
+    "top_k": optional(integer(1), doc="sample among the k most likely tokens"),
+    "top_p": optional(FRACTION, doc="sample within this probability mass"),
+    "seed": optional(integer(0), doc="a per-request seed: vLLM's seeded sampling path"),
+    "repetition_penalty": optional(number(positive=True), doc="vLLM's repetition_penalty"),
+    "frequency_penalty": optional(number(minimum=-2.0), doc="vLLM's frequency_penalty"),
+    "presence_penalty": optional(number(minimum=-2.0), doc="vLLM's presence_penalty"),
+    "logprobs": optional(integer(0), doc="log probabilities returned per output token"),
+    "min_tokens": optional(integer(0), RequestMix.min_tokens, "tokens before a stop may end the request"),
+    "stop": optional(STRINGS_OR_NONE, (), "stop strings (checked on the detokenised text)"),
+}, build=_mix, json_extra={  # top_k, top_p and seed only with temperature > 0 (_mix)
+    "if": {"not": {"required": ["temperature"], "properties": {"temperature": {"exclusiveMinimum": 0}}}},
+    "then": {"not": {"anyOf": [{"required": [k]} for k in ("top_k", "top_p", "seed")]}}})
+MIXES = ValueType(_mixes, map_of(PROFILE_MIX.type).json
+                  | {"propertyNames": {"pattern": MIX_NAME_RE.pattern}})
 WORKLOAD = Section({
     "requests": required(integer(1), "measured requests"),
     "warmup_requests": optional(integer(0), 1, "requests before the measured ones, not timed"),
@@ -425,6 +483,9 @@ WORKLOAD = Section({
     "prompt": required(STRING, "the text beside the image"),
     "max_tokens": optional(integer(1), 1, "tokens generated per request"),
     "seed": optional(integer(0), 0, "seed of the images and the engine"),
+    "profile_mixes": optional(MIXES, DEFAULT_MIXES, "request mixes profiled for the decode census, name -> sampling "
+                              "parameters and output length; {}: none (default: "
+                              + ", ".join(m.name for m in DEFAULT_MIXES) + ")"),
 }, build=_workload)
 STATISTICS = Section({
     "confidence": optional(CONFIDENCE, Statistics.confidence, "the confidence a TTFT percentile is judged at"),
@@ -516,7 +577,9 @@ PROFILE = Section({
     "budgets": required(later(BUDGETS), "the budgets; at least one of ttft_ms, ttft_vs_baseline_pct, ops, census"),
     "provenance": optional(PROVENANCE, {}, "where the budgets came from (written by update-thresholds)"),
     "ab": optional(AB.type, ABSettings(), "A/B mode: how the two engines share the machine"),
-})
+}, json_extra={  # request mixes feed the decode census, which the census rule judges (config.loading)
+    "if": {"required": ["workload"], "properties": {"workload": {"required": ["profile_mixes"]}}},
+    "then": {"properties": {"budgets": {"required": ["census"]}}}})
 TOP = Section({
     "schema_version": required(ValueType(YamlReader.integer, {"const": SCHEMA_VERSION}), "the budget file's format"),
     "model": required(STRING, "the model the budgets are for"),

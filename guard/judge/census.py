@@ -8,14 +8,14 @@ The census itself is counted by guard.measure.census and stored on the run recor
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from guard.config.budgets import CensusRule
+from guard.config.budgets import CensusRule, RequestMix
 from guard.config.census import Baseline
 from guard.judge.pricing import CostTable, counted_on_gpu, price, shipped_costs
-from guard.model.readings import (Census, FunctionCounts, folded, input_processing_only, op_deltas, parse_size, size,
-                                  total_calls, without)
+from guard.model.readings import (Census, DecodeCensus, FunctionCounts, comparable, folded, input_processing_only,
+                                  op_deltas, parse_size, size, total_calls, without)
 from guard.model.records import InvalidReason, ReasonKind, Status
 from guard.model.checks import CensusCheck, CensusOpDelta
 
@@ -129,7 +129,7 @@ def compare(rule: CensusRule, image_size: tuple[int, int], baseline: FunctionCou
 
 
 def _check_order(c: CensusCheck):
-    return (c.status != Status.FAIL, -c.growth_calls, c.function, c.image_size)
+    return (c.status != Status.FAIL, -c.growth_calls, c.function, c.image_size, c.mix or "")
 
 
 
@@ -144,7 +144,8 @@ class CensusJudgement:
 
     checks: tuple[CensusCheck, ...] = ()
     invalid: tuple[InvalidReason, ...] = ()
-    functions: int = 0  # (function, image size) pairs judged
+    functions: int = 0  # (function, image size or mix) pairs judged
+    not_judged: tuple[str, ...] = ()  # what was counted and could not be judged (a decode census without a baseline)
 
     @property
     def failed(self) -> tuple[CensusCheck, ...]:
@@ -153,9 +154,63 @@ class CensusJudgement:
 
 def judge(rule: CensusRule, baseline: Baseline | None, measured: Census,
           sizes: Iterable[tuple[int, int]], *, model: str, profile: str, update_command: str,
+          decode: Mapping[str, DecodeCensus] | None = None, mixes: Sequence[RequestMix] = (),
           costs: CostTable | None = None) -> CensusJudgement:
     """Compare every profiled image size's census with the baseline, each change priced by ``costs``
-    (guard's shipped constants unless given). Pure, but for reading those constants once."""
+    (guard's shipped constants unless given), then each request mix's decode steps (``decode``,
+    ``mixes``: judge_decode; not priced: a price is per request, a decode change per step). Pure,
+    but for reading those constants once."""
+    sizes = list(sizes)
+    prefill = judge_prefill(rule, baseline, measured, sizes, model=model, profile=profile, update_command=update_command,
+                            costs=costs)
+    if baseline is None or prefill.invalid or not mixes:
+        return prefill
+    steps = judge_decode(rule, baseline.decode, decode or {}, mixes, sizes[0], where=str(baseline.path),
+                         update_command=update_command)
+    return CensusJudgement(checks=tuple(sorted(prefill.checks + steps.checks, key=_check_order)), invalid=steps.invalid,
+                           functions=prefill.functions + steps.functions, not_judged=steps.not_judged)
+
+
+def judge_decode(rule: CensusRule, baseline: Mapping[str, DecodeCensus], measured: Mapping[str, DecodeCensus],
+                 mixes: Sequence[RequestMix], image_size: tuple[int, int], *, where: str,
+                 update_command: str) -> CensusJudgement:
+    """Each mix's decode census against its baseline, by the same rule as a prefill's, in one unit
+    (per step where both sides' steps were alike, else over all steps). A mix the baseline does not
+    have, or counted over another number of steps, is counted and shown, not judged: a new mix has
+    no baseline yet, and a float32 or AMX census file written before decode steps were counted
+    has none either. A run that measured no decode census at all (recorded by an older guard) is
+    said so; one that lost some of its mixes is invalid."""
+    missing = ReasonKind.CENSUS_MISSING
+    if not measured:
+        return CensusJudgement(not_judged=("decode census: not measured in this run (recorded before guard counted "
+                                           "decode steps)",))
+    invalid, not_judged, checks, judged = [], [], [], 0
+    for mix in mixes:
+        got = measured.get(mix.name)
+        if got is None or not got.steps or not got.census:
+            why = "was measured" if got is None else "was counted under the roots"
+            invalid.append(InvalidReason(missing, f"census: no decode step of request mix {mix.name} {why}"))
+            continue
+        base = baseline.get(mix.name)
+        pair = comparable(base, got) if base is not None else None
+        if pair is None:
+            why = ("no baseline yet" if base is None else
+                   f"the baseline counted {base.steps} decode steps, this run {got.steps} (its output length changed)")
+            not_judged.append(f"decode census [{mix.name}]: {why} in {where}: counted, not judged; write it with "
+                              f"`{update_command}`")
+            continue
+        b, m = folded(pair[0]), folded(pair[1])
+        judged += len((set(b) | set(m)) - set(rule.exclude))
+        unit = "per step" if base.per_step and got.per_step else f"over {got.steps} steps"
+        checks += [replace(c, mix=mix.name, unit=unit)
+                   for c in compare(rule, image_size if mix.images else (0, 0), without(b, rule.exclude), m)]
+    return CensusJudgement(checks=tuple(sorted(checks, key=_check_order)), invalid=tuple(invalid), functions=judged,
+                           not_judged=tuple(not_judged))
+
+
+def judge_prefill(rule: CensusRule, baseline: Baseline | None, measured: Census, sizes: Sequence[tuple[int, int]], *,
+                  model: str, profile: str, update_command: str, costs: CostTable | None = None) -> CensusJudgement:
+    """Compare every profiled image size's census with the baseline, each change priced by ``costs``."""
     invalid: list[InvalidReason] = []
     missing, stale = ReasonKind.CENSUS_MISSING, ReasonKind.CENSUS_BASELINE_MISMATCH
     sizes = [size(s) for s in sizes]

@@ -23,6 +23,7 @@ from guard.judge.census import CensusJudgement, judge
 from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, speed_notice, speed_problems, unsteady
 from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
+from guard.model.readings import comparable
 from guard.model.records import TOTAL_OPS, ABRecord, InvalidReason, ReasonKind as K, RunRecord, ScopeCounts, Status, Verdict, ttft_definition
 from guard.model.results import ENVIRONMENTS_DIFFER, BudgetSource, PullRequestDiff, Results
 from guard.model.checks import ABComparison, CensusCheck, OpCheck, TtftCheck, UnmeasuredOpCheck
@@ -190,7 +191,8 @@ def census_judgement(profile: Profile, run: RunRecord, baseline: Baseline | None
     if profile.census is None:
         return None
     return judge(profile.census, baseline, run.census, profile.workload.profile_image_sizes,
-                 model=run.model, profile=profile.name, update_command=census_update_command(profile, run, output))
+                 model=run.model, profile=profile.name, update_command=census_update_command(profile, run, output),
+                 decode=run.decode_census, mixes=profile.workload.profile_mixes)
 
 
 def census_notices(profile: Profile, census: CensusJudgement, run: RunRecord, output: str | Path,
@@ -200,7 +202,7 @@ def census_notices(profile: Profile, census: CensusJudgement, run: RunRecord, ou
     that float32 does not make: that shrinkage is the dtype's, never a reason to ratchet down."""
     moved = [c for c in census.checks if c.status != Status.FAIL]
     if not moved:
-        return []
+        return list(census.not_judged)
     down = sum(1 for c in moved if c.growth_calls < 0 or c.measured_calls is None)
     if against_bf16_baseline:
         grew = len(moved) - down
@@ -211,7 +213,7 @@ def census_notices(profile: Profile, census: CensusJudgement, run: RunRecord, ou
     if down:
         lines.append(f"census: {down} function(s) shrank or vanished; ratchet the baseline down: "
                      f"`{census_update_command(profile, run, output)}`")
-    return lines
+    return lines + list(census.not_judged)
 
 
 def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT,
@@ -352,14 +354,16 @@ def ab_census_judgement(profile: Profile, rec: ABRecord) -> CensusJudgement | No
     if missing:
         return CensusJudgement(invalid=tuple(missing))
     side = Baseline(path=Path(f"the baseline side ({rec.baseline_python})"), model=rec.candidate.model,
-                    profile=profile.name, roots=tuple(profile.census.roots), census=rec.baseline.census)
+                    profile=profile.name, roots=tuple(profile.census.roots), census=rec.baseline.census,
+                    decode=rec.baseline.decode_census)
     return judge(profile.census, side, rec.candidate.census, sizes, model=rec.candidate.model, profile=profile.name,
-                 update_command="guard check --baseline PYTHON")
+                 update_command="guard check --baseline PYTHON", decode=rec.candidate.decode_census,
+                 mixes=profile.workload.profile_mixes)
 
 
 def ab_census_notices(census: CensusJudgement) -> list[str]:
-    return [f"census: compared with the baseline side ({census.functions} function x image size entries), "
-            "not with the committed baseline file", *_changes_within_the_rule(census)]
+    return [f"census: compared with the baseline side ({census.functions} function x image size or request mix "
+            "entries), not with the committed baseline file", *_changes_within_the_rule(census), *census.not_judged]
 
 
 def _changes_within_the_rule(census: CensusJudgement) -> list[str]:
@@ -474,10 +478,14 @@ def _accepted_census(profile: Profile, rec: ABRecord, baseline: Baseline, checks
     if committed is None or committed.invalid:
         return list(checks), []
     failing_there = {c.key for c in committed.checks if c.status == Status.FAIL}
+    # a mix's decode census that the committed file cannot judge (no baseline yet, another output length)
+    unjudged = {m.name for m in profile.workload.profile_mixes if m.name not in baseline.decode
+                or m.name in rec.candidate.decode_census
+                and comparable(baseline.decode[m.name], rec.candidate.decode_census[m.name]) is None}
     out, notices = [], []
     for c in checks:
         # a function with no record against the committed baseline counts exactly what it holds
-        if c.status == Status.FAIL and c.key not in failing_there:
+        if c.status == Status.FAIL and c.key not in failing_there and c.mix not in unjudged:
             notices.append(f"{c.label}: grew against base, within the committed census baseline "
                            f"{Path(profile.census.baseline).name} (the budgets that judged this accept it)")
             c = dataclasses.replace(c, status=Status.PASS)

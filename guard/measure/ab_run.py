@@ -108,6 +108,8 @@ class ABRun(RunStage):
         for size in self.profile.workload.profile_image_sizes:
             counts = [c for c in cached.op_counts if tuple(c.image_size) == tuple(size)]
             self._take_counts(BASELINE, size, counts, cached.census.get(size_key(size)))
+        for mix, decode in cached.decode_census.items():
+            self._take_decode(BASELINE, mix, decode)
         return cached
 
     def _complete_pass(self, rec: RunRecord) -> bool:
@@ -118,7 +120,8 @@ class ABRun(RunStage):
                 return False
             if self.profile.census is not None and size_key(size) not in rec.census:
                 return False
-        return True
+        mixes = self.profile.workload.profile_mixes if self.profile.census is not None else ()
+        return all(m.name in rec.decode_census for m in mixes)
 
     def _remember_baseline_pass(self) -> None:
         """Remember the baseline side's pass when it was measured in full and every scope was entered."""
@@ -129,7 +132,7 @@ class ABRun(RunStage):
         op_pass = RunRecord(profile=rec.profile, thresholds_path=rec.thresholds_path, model=rec.model,
                             environment=copy.deepcopy(rec.environment), measures=Measures.OPS,
                             op_counts=list(rec.op_counts), census={k: v for k, v in rec.census.items() if k in profiled},
-                            census_s=rec.census_s,
+                            census_s=rec.census_s, decode_census=dict(rec.decode_census),
                             started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         path = opcache.store(cache_root(), self.cache_key, op_pass)
         if path is not None:

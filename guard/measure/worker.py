@@ -22,12 +22,15 @@ file (``worker-<side>.log``) whose tail explains a worker that died.
      "revision"}
     {"cmd": "key", as "start" without "seed",         {"type": "keyed", "versions", "cache_key",
      "inject" and "cache_key"}                          "cache_key_covers"} (no engine started)
-    {"cmd": "run", "jobs": [[index, [w, h], warmup]],  {"type": "outcome", ...}* {"type": "done", "slept_s"}
-     "label"}
-    {"cmd": "profile", "size": [w, h], "index"}        {"type": "outcome"}* {"type": "counts", "counts",
-                                                       "census", "census_s"}
+    {"cmd": "run", "jobs": [[index, [w, h], warmup,    {"type": "outcome", ...}* {"type": "done", "slept_s"}
+     mix]], "label"}
+    {"cmd": "profile", "size": [w, h], "index", "mix"} {"type": "outcome"}* {"type": "counts", "counts",
+                                                       "census", "census_s", "decode"}
     {"cmd": "shutdown"}                                {"type": "bye"}
     any command that fails                             {"type": "error", "message", "invalid"}
+
+A job's ``mix`` (RequestMix.message, or null) is sent in full, whatever the worker's own copy of the
+budget file says; ``decode``: the mix's decode census (guard.model.readings.DecodeCensus).
 
 A worker that exits (or closes its stdout) before answering makes the run invalid (exit 3):
 ``WorkerClient`` raises ``WorkerDied`` with the worker's exit status and the tail of its log.
@@ -392,7 +395,7 @@ class WorkerSide:
             outcomes.append(o)
             on_outcome(o)
 
-        done = self._call("run", "done", take, jobs=[[j.index, list(j.image_size), j.warmup] for j in jobs], label=label)
+        done = self._call("run", "done", take, jobs=[j.message() for j in jobs], label=label)
         if self.inject and not all(j.warmup for j in jobs):
             # the test hook's own account of what it added (worker total, seconds): the true injected slowdown
             self.environment["injected_sleep_s"] = round(float(done.get("slept_s", 0.0)), 4)
@@ -406,6 +409,7 @@ class WorkerSide:
 
     def count_ops(self, job: Job, on_outcome: OnOutcome, files: ProfileFiles | None) -> ProfiledRequest:
         from guard.model.jsonfiles import scope_counts_from_dict
+        from guard.model.readings import DecodeCensus
 
         outcomes: list = []
 
@@ -413,9 +417,10 @@ class WorkerSide:
             outcomes.append(o)
             on_outcome(o)
 
-        msg = self._call("profile", "counts", take, size=list(job.image_size), index=job.index)
+        msg = self._call("profile", "counts", take, size=list(job.image_size), index=job.index, mix=job.mix and job.mix.message())
+        decode = msg.get("decode") and DecodeCensus.from_dict(msg["decode"])
         return ProfiledRequest(outcomes, [scope_counts_from_dict(c) for c in msg["counts"]], msg.get("census"),
-                               float(msg.get("census_s") or 0.0))
+                               float(msg.get("census_s") or 0.0), decode=decode)
 
     def speed_reading(self) -> None:
         return None  # read in guard's process, it would not be this engine's threads
@@ -512,7 +517,7 @@ class Worker:
         return self.side
 
     def run(self, jobs: list[list[Any]], label: str = "a run") -> None:
-        planned = [Job(int(i), (int(size[0]), int(size[1])), bool(warmup)) for i, size, warmup in jobs]
+        planned = [Job.of_message(*row) for row in jobs]
         try:
             self._engine().run(planned, label, self._send_outcome)
         except EngineDied as exc:
@@ -520,13 +525,14 @@ class Worker:
         slow = self.side.injection.slow
         self.send("done", slept_s=slow.slept_s if slow else 0.0)
 
-    def profile_one(self, size: list[int], index: int) -> None:
-        job = Job(int(index), (int(size[0]), int(size[1])), True)
+    def profile_one(self, size: list[int], index: int, mix: dict[str, Any] | None = None) -> None:
+        job = Job.of_message(index, size, True, mix)
         try:
             found = self._engine().count_ops(job, self._send_outcome, files=None)
         except EngineDied as exc:
             raise _Invalid(str(exc)) from exc
-        self.send("counts", counts=[asdict(c) for c in found.counts], census=found.census, census_s=found.census_s)
+        self.send("counts", counts=[asdict(c) for c in found.counts], census=found.census, census_s=found.census_s,
+                  decode=asdict(found.decode) if found.decode is not None else None)
 
 
 class _Invalid(Exception):

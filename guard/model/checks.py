@@ -226,6 +226,10 @@ class CensusCheck:
     # a notice, never growth; ``moved_from`` names the functions that gave them up, most first
     moved_calls: int = 0
     moved_from: tuple[str, ...] = ()
+    # the request mix whose decode steps these counts are (None: an image size's prefill request);
+    # ``unit``: "per step", or "over N steps" where the steps differed (guard.model.readings.DecodeCensus)
+    mix: str | None = None
+    unit: str = ""
     # the change as it would cost on each GPU the constants name (guard.judge.pricing); none for a
     # function on host tensors only (input processing) or one whose calls only moved. An estimate
     # beside the counts, not part of what was judged: two checks that judged the same counts are
@@ -234,11 +238,16 @@ class CensusCheck:
 
     @property
     def key(self) -> tuple:
-        return ("census", self.function, tuple(self.image_size))
+        return ("census", self.function, tuple(self.image_size)) + ((self.mix,) if self.mix else ())
+
+    @property
+    def where(self) -> str:
+        """Which request the counts are of: ``640x480`` (its prefill) or ``decode seeded`` (a mix's decode steps)."""
+        return f"decode {self.mix}, {self.unit}" if self.mix else size(self.image_size)
 
     @property
     def label(self) -> str:
-        return f"census {self.function} [{size(self.image_size)}]"
+        return f"census {self.function} [{self.where}]"
 
     @property
     def growth_calls(self) -> int:

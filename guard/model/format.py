@@ -234,7 +234,7 @@ def host_syncs(census: Mapping[str, Mapping[str, Mapping[str, int]]],
     for key in sorted(census):
         on_device = [ops for ops in census[key].values() if not input_processing_only(ops)]
         got = {op: sum(ops.get(op, 0) for ops in on_device) for op in SYNC_COUNTED}
-        deltas = [(c.function, d.op, d.delta_calls) for c in checks if size(c.image_size) == key
+        deltas = [(c.function, d.op, d.delta_calls) for c in checks if size(c.image_size) == key and c.mix is None
                   and not c.input_processing for d in c.op_deltas if d.op in SYNC_COUNTED]
         base = sum(got.values()) - sum(d for _, _, d in deltas)
         parts = ", ".join(f"{HOST_SYNCS[op]} {n}" for op, n in got.items() if n)
@@ -250,7 +250,7 @@ def census_change(c: CensusCheck, *, donor: bool = False) -> str:
     """One line for a census change within the rule (a notice); calls that only moved say from where.
     A function that issues fewer calls, and did not just give them to another (``donor``), is an
     improvement, and says which host syncs it dropped."""
-    line = f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls ({census_ops(c)})"
+    line = f"{c.function} [{c.where}]: {census_calls(c)} op calls ({census_ops(c)})"
     if c.input_processing and any(d.delta_calls > 0 and d.op in HOST_SYNCS for d in c.op_deltas):
         line += "; in vLLM's input processing, on host tensors: not a host sync on a GPU"
     if c.moved_calls:
@@ -300,5 +300,5 @@ def _(c: TtftRatioCheck) -> str:
 
 @failure.register
 def _(c: CensusCheck) -> str:
-    return (f"{c.function} [{size(c.image_size)}]: {census_calls(c)} op calls per request ({census_ops(c)}); "
+    return (f"{c.function} [{c.where}]: {census_calls(c)} op calls {c.unit or 'per request'} ({census_ops(c)}); "
             f"{c.reason}")

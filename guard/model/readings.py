@@ -12,7 +12,8 @@ census by these definitions.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 ImageSize = tuple[int, int]
 
@@ -86,3 +87,51 @@ def op_deltas(base: Mapping[str, int], got: Mapping[str, int]) -> tuple[tuple[st
     """Per op, how one function's calls changed, largest growth first; unchanged ops left out."""
     deltas = [(op, got.get(op, 0) - base.get(op, 0)) for op in set(base) | set(got) if op != INPUT_CALLS]
     return tuple(sorted(((op, d) for op, d in deltas if d), key=lambda od: (-od[1], od[0])))
+
+
+# ----------------------------------------------------------------------------- the decode census
+@dataclass(frozen=True)
+class DecodeCensus:
+    """One request mix's decode steps (every engine step after the first, which is the prefill):
+    ``census`` is the calls of *one* step when every step made exactly the same calls
+    (``per_step``), else the calls of all ``steps`` together. Exact either way: each step is
+    counted on its own (guard.measure.inprocess marks the steps) and the steps compared."""
+
+    steps: int
+    per_step: bool
+    census: FunctionCounts
+
+    def total(self) -> FunctionCounts:
+        """The calls of all decode steps together."""
+        if not self.per_step:
+            return self.census
+        return {fn: {op: n * self.steps for op, n in ops.items()} for fn, ops in self.census.items()}
+
+    @classmethod
+    def of_steps(cls, steps: Sequence[FunctionCounts]) -> DecodeCensus:
+        """From each decode step's own census, in order."""
+        if all(s == steps[0] for s in steps[1:]):
+            return cls(steps=len(steps), per_step=True, census=steps[0] if steps else {})
+        summed: dict[str, Counter[str]] = {}
+        for s in steps:
+            for fn, ops in s.items():
+                summed.setdefault(fn, Counter()).update(ops)
+        return cls(steps=len(steps), per_step=False, census={fn: dict(sorted(c.items())) for fn, c in sorted(summed.items())})
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> DecodeCensus:
+        return cls(steps=int(d["steps"]), per_step=bool(d["per_step"]), census={fn: dict(ops) for fn, ops in d["census"].items()})
+
+    def unit(self) -> str:
+        """What one count is: ``per step`` or ``over 7 steps``."""
+        return "per step" if self.per_step else f"over {self.steps} steps"
+
+
+def comparable(baseline: DecodeCensus, measured: DecodeCensus) -> tuple[FunctionCounts, FunctionCounts] | None:
+    """The two decode censuses in one unit (per step where both are, else over all steps); None when
+    they counted a different number of steps (the mix's output length changed)."""
+    if baseline.steps != measured.steps:
+        return None
+    if baseline.per_step and measured.per_step:
+        return baseline.census, measured.census
+    return baseline.total(), measured.total()

@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from guard.errors import ExitCode
 from guard.model.environment import Environment
-from guard.model.readings import ImageSize
+from guard.model.readings import DecodeCensus, ImageSize
 
 TTFT_DEFINITION = (
     "Client-side TTFT: from just before the request is handed to the in-process vLLM engine "
@@ -202,6 +202,8 @@ class RunRecord:
     # the operator census per profiled image size: "WxH" -> "file:qualname" -> op -> calls
     census: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     census_s: float = 0.0  # time spent counting the census (its cost in the profile pass)
+    # the decode steps' census per request mix (workload.profile_mixes): mix name -> its reading
+    decode_census: dict[str, DecodeCensus] = field(default_factory=dict)
     invalid_reasons: list[InvalidReason] = field(default_factory=list)  # what went wrong while running
     benchmark_json: str | None = None
     traces: list[str] = field(default_factory=list)  # compressed Chrome traces, relative to the output dir
@@ -215,6 +217,8 @@ class RunRecord:
             self.environment = Environment.from_dict(self.environment)
         if not isinstance(self.measures, Measures):
             self.measures = Measures(self.measures)
+        self.decode_census = {mix: d if isinstance(d, DecodeCensus) else DecodeCensus.from_dict(d)
+                              for mix, d in self.decode_census.items()}
 
     @property
     def measured(self) -> list[RequestOutcome]:

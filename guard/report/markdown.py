@@ -20,7 +20,7 @@ from guard.model.environment import Environment
 from guard.model.readings import ImageSize
 from guard.model.records import TOTAL_OPS, ReasonKind, Rule, ScopeCounts, Status, Verdict, to_ms
 from guard.model.results import ENVIRONMENTS_DIFFER, HistoryStanding, Results
-from guard.model.checks import OpCheck, TtftCheck
+from guard.model.checks import CensusCheck, OpCheck, TtftCheck
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path, recorded_as_person_path
@@ -90,6 +90,11 @@ def _path_token(value: Any, placeholder: str) -> str:
 # ----------------------------------------------------------------------------- pieces
 def _size(size: ImageSize) -> str:
     return f"{int(size[0])}×{int(size[1])}"
+
+
+def _where(c: CensusCheck) -> str:
+    """A census check's request: its image size, or a mix's decode steps (``decode seeded, per step``)."""
+    return c.where if c.mix else _size(c.image_size)
 
 
 def _rule(rule: Rule, budget: float) -> str:
@@ -163,14 +168,14 @@ def _function_finding(results: Results, f: Finding, i: int) -> list[str]:
     if f.census:
         worst = max(f.census, key=lambda c: c.growth_calls)
         verb = "grew beyond the census rule" if f.kind == "function" else "grew within the census rule"
-        lines.append(f"- {verb}, op calls per request: "
-                     + _sizes([(c.image_size, text(fmt.census_calls(c))) for c in f.census])
+        lines.append(f"- {verb}, op calls{'' if any(c.mix for c in f.census) else ' per request'}: "
+                     + ", ".join(f"{text(fmt.census_calls(c))} at {_where(c)}" for c in f.census)
                      + (f"; {text(worst.reason)}" if worst.reason else "")
-                     + (f" ({added_calls(worst)} added at {_size(worst.image_size)})" if f.kind == "census_notice" else ""))
-        lines.append(f"- ops that grew most at {_size(worst.image_size)}: {code(fmt.census_ops(worst))}")
+                     + (f" ({added_calls(worst)} added at {_where(worst)})" if f.kind == "census_notice" else ""))
+        lines.append(f"- ops that grew most at {_where(worst)}: {code(fmt.census_ops(worst))}")
         cost = fmt.gpu_cost(worst)
         if cost:  # beside the counts, never the verdict: an estimate of what they would cost on a GPU
-            lines.append(f"- on a GPU, at {_size(worst.image_size)}: {text(cost)}")
+            lines.append(f"- on a GPU, at {_where(worst)}: {text(cost)}")
         lines.append(f"- attributed to: {text(owner_text(f.name, results.run.model))}")
     differ = next((n for n in results.notices if n.startswith(ENVIRONMENTS_DIFFER)), None)
     if f.census and differ:  # said where the finding is read, so a dependency's change is not taken for a loop
@@ -415,7 +420,7 @@ def _census(results: Results) -> list[str]:
         out = ["| function | code | image size | op calls (baseline → measured) | change per op | status |",
                "|---|---|---|---|---|---|"]
         for c in checks:
-            out.append(f"| {code(c.function, in_table=True)} | {code_owner(c.function)} | {_size(c.image_size)} "
+            out.append(f"| {code(c.function, in_table=True)} | {code_owner(c.function)} | {_where(c)} "
                        f"| {text(fmt.census_calls(c))} "
                        f"| {code(fmt.census_ops(c), in_table=True)} | {_status(c.status)} |")
         return out

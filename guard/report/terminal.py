@@ -97,10 +97,12 @@ def census_lines(results: Results) -> list[str]:
     functions = sum(len(fns) for fns in results.run.census.values())
     failed = [c for c in results.census_checks if c.status == Status.FAIL]
     against = " against the baseline side" if results.ab is not None else ""
-    lines = [f"census: {functions} functions x image sizes counted{against}; {len(failed)} grew beyond the rule, "
+    decode = results.run.decode_census
+    steps = f", {sum(len(d.census) for d in decode.values())} x {len(decode)} request mixes' decode steps" if decode else ""
+    lines = [f"census: {functions} functions x image sizes{steps} counted{against}; {len(failed)} grew beyond the rule, "
              f"{len(results.census_checks) - len(failed)} changed within it"]
     if failed:
-        rows = [[c.function, code_owner(c.function), fmt.size(c.image_size), fmt.census_calls(c), fmt.census_ops(c),
+        rows = [[c.function, code_owner(c.function), c.where, fmt.census_calls(c), fmt.census_ops(c),
                  fmt.STATUS_WORD[c.status]] for c in failed]
         columns = "baseline side → candidate" if results.ab is not None else "baseline → measured"
         lines += _table(["census (op calls per request)", "code", "image", columns, "change per op", "status"],
