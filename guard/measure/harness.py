@@ -19,9 +19,11 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from guard.config.budgets import Profile, Thresholds
 from guard.config.weights import hub_resolver, pin
@@ -38,6 +40,7 @@ FORWARD_AFTER_S = 10.0  # a child still running this long after Ctrl-C did not g
 SPEC_FILE = "run-spec.json"
 RUN_FILE, AB_RUN_FILE = "run.json", "ab-run.json"  # what the child leaves: one side's record, two sides' records
 CHILD = "guard.child"  # the child's module: an edge, which builds the stopping rule from guard.judge
+R = TypeVar("R", RunRecord, ABRecord)
 INTERRUPTED = 2  # the child's exit status when SIGINT stopped it (it still wrote run.json)
 
 
@@ -184,6 +187,15 @@ def _never_written(run_file: Path, code: int) -> InvalidReason:
                          "the engine or guard crashed before its first checkpoint; see the output above")
 
 
+def _read_child_file(run_file: Path, code: int, interrupted: str | None, load: Callable[[Path], R],
+                     fallback: R) -> tuple[R, list[InvalidReason]]:
+    """The record the child left (``fallback`` where it left none) and why it cannot be judged."""
+    reasons = stop_reasons(code, interrupted)
+    if run_file.exists():
+        return load(run_file), reasons
+    return fallback, [*reasons, _never_written(run_file, code)]
+
+
 def _add_reasons(record: RunRecord, reasons: list[InvalidReason]) -> None:
     record.invalid_reasons.extend(r for r in reasons if r not in record.invalid_reasons)
 
@@ -191,12 +203,7 @@ def _add_reasons(record: RunRecord, reasons: list[InvalidReason]) -> None:
 def read_record(run_file: Path, code: int, interrupted: str | None, fallback: RunRecord) -> RunRecord:
     """The child's run.json (final, or its last checkpoint) with why the run cannot be judged added;
     ``fallback`` (no measurements) when the child wrote none at all."""
-    reasons = stop_reasons(code, interrupted)
-    if run_file.exists():
-        record = load_run(run_file)
-    else:
-        record = fallback
-        reasons.append(_never_written(run_file, code))
+    record, reasons = _read_child_file(run_file, code, interrupted, load_run, fallback)
     _add_reasons(record, reasons)
     return record
 
@@ -204,12 +211,7 @@ def read_record(run_file: Path, code: int, interrupted: str | None, fallback: Ru
 def read_ab_record(run_file: Path, code: int, interrupted: str | None, fallback: ABRecord) -> ABRecord:
     """The child's ab-run.json with why the run cannot be judged added to the candidate's record
     (where A/B evaluation reads a run's reasons); ``fallback`` when the child wrote none."""
-    reasons = stop_reasons(code, interrupted)
-    if run_file.exists():
-        record = load_ab_run(run_file)
-    else:
-        record = fallback
-        reasons.append(_never_written(run_file, code))
+    record, reasons = _read_child_file(run_file, code, interrupted, load_ab_run, fallback)
     _add_reasons(record.candidate, reasons)
     return record
 
