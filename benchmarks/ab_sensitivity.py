@@ -38,7 +38,7 @@ from guard.model.records import Status
 from guard.model.checks import Pair, pairs
 from guard.config.budgets import Profile
 from guard.config.loading import load_thresholds
-from guard.judge.rules import judge_ttft, undecided
+from guard.judge.rules import judge_latency, undecided
 from guard.judge.sequential import SequentialRule, ab_run_rule
 from guard.measure.stopping import sample_until_decided
 from guard.judge.stats import percentile
@@ -212,7 +212,7 @@ def simulate_absolute(samples: Sequence[float], profile: Profile, trials: int, r
             lambda drawn: undecided(profile.ttft_ms, drawn, stats.confidence))
         total += len(sample)
         for k, b in profile.ttft_ms.items():
-            c = judge_ttft(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+            c = judge_latency(k, b, sample, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
             fails[k] += c.status == Status.FAIL
     return {k: v / trials for k, v in fails.items()}, total / trials
 

@@ -7,7 +7,7 @@
    replacement, then, while any budgeted percentile is inconclusive, ``statistics.batch`` more up
    to ``statistics.max_requests``, by the run stage's own loop and rule (guard.measure.stopping
    with guard.judge.sequential.single_run_rule), and every percentile judged by the verdict's
-   (guard.judge.rules.judge_ttft). The budgets are
+   (guard.judge.rules.judge_latency). The budgets are
    placed relative to the pool's own percentiles: the true value s % above the budget
    (budget = true / (1 + s)) gives the detection rate (share of trials that FAIL), s % below
    (budget = true / (1 - s)) the false-alarm rate. All budgeted percentiles move together, as a
@@ -46,8 +46,8 @@ from guard.model import format as fmt
 from guard.config.budgets import Profile, percentile_value
 from guard.config.loading import load_thresholds
 from guard.model.records import RunRecord, Status
-from guard.judge.rules import judge_ttft
-from guard.judge.sequential import single_run_rule
+from guard.judge.rules import judge_latency
+from guard.judge.sequential import single_run_rule, ttft_rule
 from guard.measure.stopping import sample_until_decided
 from guard.judge.stats import percentile
 
@@ -102,7 +102,8 @@ def simulate_run(pool: Sequence[float], profile: Profile, rng: random.Random) ->
         rounds += 1
         return rng.choices(pool, k=n)
 
-    samples = sample_until_decided(single_run_rule(profile), profile.workload.requests, measure)
+    # the run stage's rule on TTFT alone (single_run_rule reads it from each timed request)
+    samples = sample_until_decided(ttft_rule(profile.ttft_ms, profile.statistics), profile.workload.requests, measure)
     return samples, rounds
 
 
@@ -121,7 +122,7 @@ def simulate(pool: Sequence[float], profile: Profile, shifts_pct: Sequence[float
             samples, rounds = simulate_run(pool, placed, rng)
             requests += len(samples)
             for k in keys:
-                c = judge_ttft(k, budgets[k], samples, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
+                c = judge_latency(k, budgets[k], samples, rounds, confidence=stats.confidence, max_requests=stats.max_requests)
                 fails[k] += c.status == Status.FAIL
                 by_interval[k] += c.note is None
         cells += [Cell(shift, k, fails[k] / trials, by_interval[k] / trials, requests / trials) for k in keys]

@@ -78,19 +78,22 @@ def clear_github_context(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def engine_as_recorded(thresholds_file: Path, results_file: Path) -> None:
-    """Set the engine keys a recorded run's ``profile_config`` names back to what it ran with, in a
+    """Set the engine keys (and max_tokens) a recorded run's ``profile_config`` names back to what it ran with, in a
     copy of a shipped thresholds file: the fixtures were recorded before later engine settings
     (``cpu_kvcache_space_gb`` 2 -> 1), and update-thresholds rightly refuses a run made under
     another engine. Edits each differing ``key: value`` line in place, keeping the comments."""
     import json
     import re
 
-    engine = json.loads(results_file.read_text())["profile_config"]["engine"]
+    config = json.loads(results_file.read_text())["profile_config"]
     text = thresholds_file.read_text()
-    for key, value in engine.items():
+    # the engine's keys, and the workload's max_tokens (recorded runs sent 1 token, the shipped cpu profile 16)
+    settings = {**config["engine"], "max_tokens": config.get("workload", {}).get("max_tokens")}
+    for key, value in settings.items():
         line = re.compile(rf"^(\s+{re.escape(key)}: )(\S+)$", re.M)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and len(line.findall(text)) == 1:
-            text = line.sub(lambda m: f"{m.group(1)}{value}", text)
+        other = [m for m in line.finditer(text) if m.group(2) != str(value)]  # one line differs: that profile's
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and len(other) == 1:
+            text = text[:other[0].start()] + f"{other[0].group(1)}{value}" + text[other[0].end():]
     thresholds_file.write_text(text)
 
 

@@ -20,7 +20,7 @@ from guard.errors import ExitCode, UsageError
 from guard.model.jsonfiles import load_results, results_to_dict
 from guard.model.records import InvalidReason, ReasonKind, Status, Verdict
 from guard.model.results import Results
-from guard.model.checks import TtftCheck
+from guard.model.checks import LatencyCheck
 from tests.conftest import clear_github_context
 from tests.fakes.github import (  # noqa: F401 - constants the tests share
     BOT, FORK, HEAD, MARK, MERGE, OTHER, OWNER, REPO, TOKEN, WRITES, Call, FakeGitHub,
@@ -330,7 +330,7 @@ def test_step_summary_is_appended(gh_env, guard, tmp_path, monkeypatch):
 def test_annotations_escape_as_the_runner_requires(regression):
     assert workflow_commands.escape_data("100% done\r\nnext") == "100%25 done%0D%0Anext"
     assert workflow_commands.escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
-    odd = TtftCheck(percentile="p50,\nx:y", budget_ms=100, measured_ms=150, interval_ms=(140, 160), samples=6,
+    odd = LatencyCheck(percentile="p50,\nx:y", budget_ms=100, measured_ms=150, interval_ms=(140, 160), samples=6,
                     rounds=1, confidence=0.95, status=Status.FAIL)
     res = dataclasses.replace(regression, ttft_checks=(odd,), op_checks=(), notices=(), judged_invalid_reasons=())
     [line] = workflow_commands.annotations(res)

@@ -8,7 +8,7 @@ import pytest
 
 from guard.model import format as fmt
 from guard.model.records import TOTAL_OPS, Rule, Status
-from guard.model.checks import OpCheck, TtftCheck
+from guard.model.checks import OpCheck, LatencyCheck
 
 
 def op(measured: int, budget: int, rule: Rule = Rule.MAX, name: str = "aten::copy_") -> OpCheck:
@@ -16,8 +16,8 @@ def op(measured: int, budget: int, rule: Rule = Rule.MAX, name: str = "aten::cop
                    measured_calls=measured, status=Status.FAIL)
 
 
-def ttft(measured: float = 2619.4, budget: float = 2511) -> TtftCheck:
-    return TtftCheck(percentile="p50", budget_ms=budget, measured_ms=measured, interval_ms=(2610.0, math.inf),
+def ttft(measured: float = 2619.4, budget: float = 2511) -> LatencyCheck:
+    return LatencyCheck(percentile="p50", budget_ms=budget, measured_ms=measured, interval_ms=(2610.0, math.inf),
                      samples=100, rounds=2, confidence=0.95, status=Status.FAIL)
 
 

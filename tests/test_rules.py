@@ -9,8 +9,8 @@ import pytest
 
 from guard.config.budgets import Statistics
 from guard.judge.evaluate import evaluate
-from guard.model.records import Status, Verdict
-from guard.judge.rules import decide_ttft, judge_ttft, undecided
+from guard.model.records import RequestOutcome, Status, Verdict
+from guard.judge.rules import decide_latency, judge_latency, undecided
 from guard.judge.sequential import next_batch, single_run_rule, ttft_rule
 from guard.measure.stopping import sample_until_decided
 from tests.ttft_scenarios import budgeted, record, spread
@@ -18,13 +18,13 @@ from tests.ttft_scenarios import budgeted, record, spread
 
 # ----------------------------------------------------------------------------- decision rule
 def test_clear_pass_is_decided_by_the_interval():
-    d = decide_ttft("p50", 9000, spread(7.2, 10), 0.95)
+    d = decide_latency("p50", 9000, spread(7.2, 10), 0.95)
     assert d.status == Status.PASS
     assert d.interval_ms[1] <= 9000 and d.samples == 10
 
 
 def test_clear_fail_is_decided_by_the_interval_even_at_five_samples():
-    d = decide_ttft("p90", 7000, spread(7.2, 5), 0.95)
+    d = decide_latency("p90", 7000, spread(7.2, 5), 0.95)
     assert d.status == Status.FAIL
     assert d.interval_ms[0] > 7000 and d.interval_ms[1] == math.inf
 
@@ -48,7 +48,7 @@ def test_next_batch(measured, undecided, cap, expected):
 
 
 def test_at_the_cap_a_straddling_interval_passes_on_the_point_estimate_and_says_so():
-    c = judge_ttft("p99", 10000, spread(9.5, 15, width=0.03), rounds=3, confidence=0.95, max_requests=15)
+    c = judge_latency("p99", 10000, spread(9.5, 15, width=0.03), rounds=3, confidence=0.95, max_requests=15)
     assert c.status == Status.INCONCLUSIVE  # held on the estimate, not proven: shown as such
     assert c.measured_ms <= 10000 and c.interval_ms[1] == math.inf
     assert "at the cap of 15 requests" in c.note and "point estimate" in c.note
@@ -58,14 +58,14 @@ def test_at_the_cap_a_straddling_interval_passes_on_the_point_estimate_and_says_
 
 def test_at_the_cap_a_straddling_interval_fails_on_the_point_estimate():
     samples = spread(9.0, 15, width=0.04)
-    c = judge_ttft("p50", 8990, samples, rounds=3, confidence=0.95, max_requests=15)
+    c = judge_latency("p50", 8990, samples, rounds=3, confidence=0.95, max_requests=15)
     assert c.status == Status.FAIL
     assert c.interval_ms[0] <= 8990 < c.interval_ms[1]  # straddles: the interval alone did not decide
     assert "point estimate" in c.note and ">" in c.note
 
 
 def test_without_a_cap_the_note_says_no_resampling_was_configured():
-    c = judge_ttft("p50", 9000, spread(9.0, 5, width=0.04), rounds=1, confidence=0.95, max_requests=None)
+    c = judge_latency("p50", 9000, spread(9.0, 5, width=0.04), rounds=1, confidence=0.95, max_requests=None)
     assert "statistics.max_requests is not set" in c.note
 
 
@@ -133,8 +133,9 @@ def test_the_single_run_rule_is_the_profiles_budgets_at_its_statistics(cpu):
     """What GuardRun is given (guard.child, the pytest plugin): the verdict's own rule, which
     ``undecided`` and ``next_batch`` are, and the progress line's words are the decisions' own."""
     rule = single_run_rule(cpu)
-    samples = [7.2] * cpu.workload.requests
-    assert [d.key for d in rule.undecided(samples)] == [d.key for d in undecided(cpu.ttft_ms, samples, cpu.statistics.confidence)]
+    ttfts = [7.2] * cpu.workload.requests
+    samples = [RequestOutcome(i, (640, 480), False, True, ttft_client_s=t) for i, t in enumerate(ttfts)]
+    assert [d.key for d in rule.undecided(samples)] == [d.key for d in undecided(cpu.ttft_ms, ttfts, cpu.statistics.confidence)]
     assert rule.cap == cpu.statistics.max_requests
     assert rule.next_batch(len(samples), True) == next_batch(cpu.statistics, len(samples), True) > 0
     assert rule.next_batch(len(samples), False) == 0

@@ -139,10 +139,11 @@ def test_port_in_use_is_an_invalid_run_before_anything_starts(tmp_path):
 # ----------------------------------------------------------------------------- the client, real HTTP
 class SSEServer:
     """A real OpenAI-style streaming endpoint on 127.0.0.1 (aiohttp, in a thread): waits
-    ``first_chunk_s``, then streams a role chunk, a token chunk, a usage chunk and [DONE]."""
+    ``first_chunk_s``, then streams a role chunk, ``tokens`` token chunks ``gap_s`` apart, a usage
+    chunk and [DONE], as vLLM's chat endpoint streams them."""
 
-    def __init__(self, first_chunk_s: float = 0.2, status: int = 200) -> None:
-        self.first_chunk_s, self.status = first_chunk_s, status
+    def __init__(self, first_chunk_s: float = 0.2, status: int = 200, tokens: int = 1, gap_s: float = 0.0) -> None:
+        self.first_chunk_s, self.status, self.tokens, self.gap_s = first_chunk_s, status, tokens, gap_s
         self.bodies: list[dict] = []
         self.in_flight = self.max_in_flight = 0
         self._ready = threading.Event()
@@ -160,10 +161,12 @@ class SSEServer:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await asyncio.sleep(self.first_chunk_s)
-            for obj in ({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-                        {"choices": [{"delta": {"content": "x"}}]},
-                        {"choices": [], "usage": {"prompt_tokens": 267, "completion_tokens": 1}}):
-                await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+            await resp.write(b'data: {"choices": [{"delta": {"role": "assistant", "content": ""}}]}\n\n')
+            for i in range(self.tokens):
+                await asyncio.sleep(self.gap_s if i else 0.0)
+                await resp.write(f"data: {json.dumps({'choices': [{'delta': {'content': 'x'}}]})}\n\n".encode())
+            usage = {"choices": [], "usage": {"prompt_tokens": 267, "completion_tokens": self.tokens}}
+            await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             return resp
         finally:
@@ -219,7 +222,7 @@ def test_ttft_is_the_time_to_the_first_streamed_choice(cpu_workload, prefer_vllm
         assert o.success and 0.3 <= o.ttft_client_s < 0.6 and o.ttft_engine_s is None
         assert o.prompt_tokens == 267
     body = srv.bodies[0]
-    assert body["model"] == "m" and body["stream"] is True and body["max_completion_tokens"] == 1 and body["ignore_eos"]
+    assert body["model"] == "m" and body["stream"] is True and body["max_completion_tokens"] == cpu_workload.max_tokens and body["ignore_eos"]
     text, image = body["messages"][0]["content"]
     assert text == {"type": "text", "text": cpu_workload.prompt}  # the <image> placeholder is in the prompt
     assert image["image_url"]["url"].startswith("data:image/png;base64,")

@@ -13,7 +13,7 @@ import pytest
 from guard.model import format as fmt
 from guard.measure import speedref
 from guard.model.records import Status
-from guard.model.checks import TtftCheck
+from guard.model.checks import LatencyCheck
 from guard.judge.gates import speed_notice, speed_problems, unsteady
 from guard.measure.speedref import WORKLOAD, WORKLOAD_FLOAT32
 from guard.model.environment import SpeedReading, SpeedReference
@@ -142,8 +142,8 @@ def test_slowdown_is_measured_against_the_budget_reference_of_the_same_workload(
     assert _recorded(88.0).slowdown_pct(None) is None and speed_problems(None, 80.0, 5, [_p50(9000)]) == []
 
 
-def _p50(measured_ms: float, interval=None, budget_ms: float = 7000.0, status=Status.FAIL) -> TtftCheck:
-    return TtftCheck("p50", budget_ms, measured_ms, interval or (measured_ms * 0.97, measured_ms * 1.03), 6, 1, 0.95, status)
+def _p50(measured_ms: float, interval=None, budget_ms: float = 7000.0, status=Status.FAIL) -> LatencyCheck:
+    return LatencyCheck("p50", budget_ms, measured_ms, interval or (measured_ms * 0.97, measured_ms * 1.03), 6, 1, 0.95, status)
 
 
 def test_a_failure_the_slowdown_explains_is_the_machines():

@@ -25,7 +25,7 @@ from guard.errors import ConfigError
 from guard.model.jsonfiles import results_to_dict, write_json_atomic
 from guard.model.records import InvalidReason, ReasonKind as K, RequestOutcome, Rule, RunRecord, Status, Verdict
 from guard.model.results import Results
-from guard.model.checks import OpCheck, TtftCheck
+from guard.model.checks import OpCheck, LatencyCheck
 from guard.model.environment import SpeedReading, SpeedReference
 from guard.measure.fit import ttft_binding_fits
 
@@ -59,7 +59,7 @@ def make_results(path: Path, yaml_path: Path, *, profile: str = "cpu", ttft: dic
     run = RunRecord(profile=profile, thresholds_path=str(yaml_path), model=model,
                     environment=dict(ENV if env is None else env), outcomes=outcomes, rounds=1,
                     invalid_reasons=list(run_invalid), injected=injected)
-    ttft_checks = tuple(TtftCheck(percentile=k, budget_ms=1.0, measured_ms=v, interval_ms=(v, v), samples=samples,
+    ttft_checks = tuple(LatencyCheck(percentile=k, budget_ms=1.0, measured_ms=v, interval_ms=(v, v), samples=samples,
                                   rounds=1, confidence=0.95, status=Status.PASS)
                         for k, v in (ttft or {}).items() if samples)
     op_checks = tuple(OpCheck(scope=scope, image_size=size, op=op, rule=Rule.MAX, budget_calls=0, measured_calls=n,

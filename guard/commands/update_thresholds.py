@@ -137,6 +137,15 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
                 raise _refuse(results_path, f"checks.ttft[{key}]", f"no TTFT {key} measurement in this run")
             if not (math.isfinite(got) and got > 0):
                 raise _refuse(results_path, f"checks.ttft[{key}].measured_ms", f"not a usable TTFT measurement: {got!r}")
+    if only in (None, "ttft"):  # TPOT and ITL move with TTFT: the same timed requests measured them
+        for metric, budgets in profile.token_ms.items():
+            measured = {c.percentile: c.measured_ms for c in results.token_checks if c.metric == metric}
+            for key in budgets:
+                got = measured.get(key)
+                if got is None or not (math.isfinite(got) and got > 0):
+                    raise _refuse(results_path, f"checks.{metric}[{key}]", f"no usable {metric.upper()} {key} "
+                                  f"measurement in this run ({got!r})", hint="re-run `guard check` with the current "
+                                  "thresholds file (its workload.max_tokens must be 2 or more)")
     if only in (None, "ops"):
         measured = _op_measurements(results)
         for sb in profile.ops:
@@ -148,19 +157,21 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
                                   hint="use --only ttft to update the TTFT budgets alone")
 
 
-# What a census per profiled request depends on: how many requests the timing pass sent, and at
-# what concurrency, does not change it (benchmarks/census_stability.py: identical after any number).
-CENSUS_WORKLOAD_KEYS = ("profile_image_sizes", "prompt", "max_tokens", "seed", "profile_mixes")
+# What the op counts and the census per profiled request depend on: how many requests the timing
+# pass sent, at what concurrency and for how many tokens, does not change them (the profiled prefill
+# stops at its first token; benchmarks/census_stability.py: identical after any number of requests).
+CENSUS_WORKLOAD_KEYS = ("profile_image_sizes", "prompt", "seed", "profile_mixes")
 
 
 def _check_same_config(results: Results, results_path: Path, profile: Profile, only: str | None = None) -> None:
     """The run must have used the engine and workload the YAML holds now, or its numbers mean
     something else. Absolute model paths differ between checkouts, so those are not compared.
-    A census-only update compares only what the census depends on, plus the census roots."""
+    An op-count or census update compares only what the counts depend on, plus the census roots."""
     recorded = results.profile_config or {}
     workload = profile.workload.as_dict()
-    if only == "census":
+    if only in ("ops", "census"):
         workload = {k: v for k, v in workload.items() if k in CENSUS_WORKLOAD_KEYS}
+    if only == "census":
         then_roots = (recorded.get("census") or {}).get("roots")
         if profile.census is not None and then_roots is not None and list(then_roots) != list(profile.census.roots):
             raise _refuse(results_path, "profile_config.census.roots",
@@ -209,6 +220,13 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
             new = ttft_budget(got, headroom_pct)
             changes.append(Change(base + profile.ttft_ms_key + (key,), ".".join(profile.ttft_ms_key + (key,)), old, new, got,
                                   "ms", applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
+        for metric, budgets in profile.token_ms.items():
+            got_ms = {c.percentile: c.measured_ms for c in results.token_checks if c.metric == metric}
+            where = profile.budget_key(metric)
+            for key, old in budgets.items():
+                new = ttft_budget(got_ms[key], headroom_pct)
+                changes.append(Change(base + where + (key,), ".".join(where + (key,)), old, new, got_ms[key], "ms",
+                                      applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
     if only in (None, "ops"):
         counts = _op_measurements(results)
         for sb in profile.ops:
@@ -569,7 +587,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headroom", type=float, default=None, metavar="PCT",
                         help="TTFT headroom in percent (default: the profile's headroom_pct, else 10)")
     parser.add_argument("--only", choices=("ttft", "ops", "census"), default=None,
-                        help="update only these budgets (census: only the census baseline file)")
+                        help="update only these budgets (ttft: the time budgets, TTFT with TPOT and ITL, which the "
+                             "same requests measured; census: only the census baseline file)")
     parser.add_argument("--allow-increase", action="store_true",
                         help="allow raising op-count budgets (new ops on a budgeted path) and census counts")
     parser.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")

@@ -17,7 +17,7 @@ from typing import Any
 from guard.errors import ConfigError
 from guard.files import person_path
 from guard.model.environment import bf16_replaced  # the rule a recorded engine is read by too
-from guard.model.records import Rule  # an op check's rule, the data model's; the budgets file names it
+from guard.model.records import LATENCY_METRICS, TTFT, Rule  # an op check's rule, the data model's; the budgets file names it
 
 SCHEMA_VERSION = 1
 DEFAULT_THRESHOLDS = "thresholds/deepseek-ocr-2.yaml"  # relative to the working directory
@@ -385,15 +385,32 @@ class Profile:
     # A/B budgets: percentile key -> allowed slowdown of the candidate vs the baseline, in percent
     ttft_vs_baseline_pct: dict[str, float] = field(default_factory=dict)
     ab: ABSettings = ABSettings()
-    ttft_hardware: TtftHardware | None = None  # None: TTFT budgets apply wherever `match` fits
+    ttft_hardware: TtftHardware | None = None  # None: latency budgets apply wherever `match` fits
     validity: Validity = field(default_factory=Validity)
+    # TPOT and ITL budgets (percentile -> ms), judged like TTFT's, beside them: "tpot" / "itl" -> budgets
+    token_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the other engine modes' TPOT and ITL budgets: mode -> "tpot" / "itl" -> percentile -> ms
+    token_ms_by_mode: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     @property
     def ttft_ms_key(self) -> tuple[str, ...]:
         """Where this profile's TTFT budgets sit under ``budgets`` in the YAML."""
+        return self.budget_key(TTFT)
+
+    def budget_key(self, metric: str) -> tuple[str, ...]:
+        """Where this profile's budgets of a latency metric sit under ``budgets`` in the YAML."""
         if self.engine.mode == (self.yaml_mode or self.engine.mode):
-            return ("ttft_ms",)
-        return ("modes", self.engine.mode, "ttft_ms")
+            return (f"{metric}_ms",)
+        return ("modes", self.engine.mode, f"{metric}_ms")
+
+    def latency_ms(self, metric: str) -> dict[str, float]:
+        """The budgets of one latency metric (``LATENCY_METRICS``), percentile -> ms; {}: none."""
+        return self.ttft_ms if metric == TTFT else self.token_ms.get(metric, {})
+
+    @property
+    def latency_budgets(self) -> dict[str, dict[str, float]]:
+        """Every budgeted latency metric -> its budgets, TTFT first."""
+        return {m: self.latency_ms(m) for m in LATENCY_METRICS if self.latency_ms(m)}
 
     def with_engine_mode(self, mode: str | None) -> Profile:
         """This profile measured in ``mode`` (``--engine-mode``): its engine runs that way and its
@@ -414,7 +431,12 @@ class Profile:
         by_mode = {k: v for k, v in self.ttft_ms_by_mode.items() if k != mode}
         if self.ttft_ms:
             by_mode[self.engine.mode] = self.ttft_ms
-        return replace(self, engine=replace(self.engine, mode=mode), ttft_ms=ttft or {}, ttft_ms_by_mode=by_mode)
+        # TPOT and ITL without budgets of the mode are measured and shown, not judged
+        token_by_mode = {k: v for k, v in self.token_ms_by_mode.items() if k != mode}
+        if self.token_ms:
+            token_by_mode[self.engine.mode] = self.token_ms
+        return replace(self, engine=replace(self.engine, mode=mode), ttft_ms=ttft or {}, ttft_ms_by_mode=by_mode,
+                       token_ms=self.token_ms_by_mode.get(mode, {}), token_ms_by_mode=token_by_mode)
 
     @property
     def speed_reference_ms(self) -> float | None:

@@ -8,19 +8,21 @@ here, once the sections are read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from guard.config.budgets import (
-    DEFAULT_THRESHOLDS, SCHEMA_VERSION, Profile, Statistics, Thresholds, min_samples_for_upper_bound,
+    DEFAULT_THRESHOLDS, SCHEMA_VERSION, Profile, Statistics, Thresholds, Workload, min_samples_for_upper_bound,
 )
 from guard.config.schema import BUDGETS, MODE_BUDGETS, PROFILE, TOP
 from guard.config.yamlread import Fields, YamlReader, compose
 from guard.errors import ConfigError
 from guard.files import read_input
+from guard.model.records import TOKEN_METRICS
 
 
 def load_thresholds(path: str | Path, text: str | None = None, *, require_decidable: bool = True) -> Thresholds:
@@ -63,15 +65,16 @@ def _profile(r: YamlReader, key: str, name: str, node: yaml.Node) -> Profile:
     p = r.fields(node, key, PROFILE.keys)
     bkey = f"{key}.budgets"
     b = r.fields(p["budgets"], bkey, BUDGETS.keys)
-    if not (b["ttft_ms"] or b["ops"] or b["ttft_vs_baseline_pct"] or b["census"]):
-        raise r.error(b.node, bkey, "no budgets: give ttft_ms, ttft_vs_baseline_pct, ops and/or census")
+    if not (b["ttft_ms"] or b["tpot_ms"] or b["itl_ms"] or b["ops"] or b["ttft_vs_baseline_pct"] or b["census"]):
+        raise r.error(b.node, bkey, "no budgets: give ttft_ms, tpot_ms, itl_ms, ttft_vs_baseline_pct, ops and/or census")
     engine, statistics = p["engine"], p["statistics"]
     if engine.mode in b["modes"]:
         knode = r.mapping(b.nodes["modes"][1], f"{bkey}.modes", None)[engine.mode][0]
         raise r.error(knode, f"{bkey}.modes.{engine.mode}",
                       f"'{engine.mode}' is this profile's engine.mode: its budgets are budgets.ttft_ms")
-    for where, ttft_node in _ttft_nodes(r, bkey, b):
-        _check_decidable(r, where, ttft_node, statistics)
+    for where, per_request_node in _per_request_nodes(r, bkey, b):
+        _check_decidable(r, where, per_request_node, statistics)
+    _check_token_budgets_measurable(r, bkey, b, p["workload"])
     if "ttft_hardware" in b and not b["ttft_ms"]:
         raise r.error(b.nodes["ttft_hardware"][1], f"{bkey}.ttft_hardware", "binds TTFT budgets to a CPU, but there are none",
                       hint="add budgets.ttft_ms or remove ttft_hardware")
@@ -85,20 +88,45 @@ def _profile(r: YamlReader, key: str, name: str, node: yaml.Node) -> Profile:
     return Profile(
         name=name, match=p["match"], engine=engine, workload=workload, statistics=statistics,
         headroom_pct=p["headroom_pct"], ttft_ms=b["ttft_ms"], ops=b["ops"], census=b["census"],
-        line=node.start_mark.line + 1, provenance=p["provenance"], ttft_ms_by_mode=b["modes"],
+        line=node.start_mark.line + 1, provenance=p["provenance"],
+        ttft_ms_by_mode={mode: m["ttft_ms"] for mode, m in b["modes"].items()},
+        token_ms=_token_budgets(b), token_ms_by_mode={mode: t for mode, m in b["modes"].items() if (t := _token_budgets(m))},
         thresholds_path=str(r.path), yaml_mode=engine.mode, ttft_vs_baseline_pct=b["ttft_vs_baseline_pct"],
         ab=p["ab"], ttft_hardware=b["ttft_hardware"], validity=p["validity"],
     )
 
 
-def _ttft_nodes(r: YamlReader, bkey: str, b: Fields) -> list[tuple[str, yaml.Node]]:
-    """Where each absolute TTFT budget sits: ``ttft_ms`` and every ``modes.<mode>.ttft_ms``."""
-    out = [(f"{bkey}.ttft_ms", b.nodes["ttft_ms"][1])] if "ttft_ms" in b else []
+def _token_budgets(fields: Fields | Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``tpot_ms`` and ``itl_ms`` of a budgets section (or of one mode's) as ``Profile.token_ms``."""
+    return {m: fields[f"{m}_ms"] for m in TOKEN_METRICS if fields[f"{m}_ms"]}
+
+
+def _latency_nodes(r: YamlReader, bkey: str, b: Fields, keys: tuple[str, ...]) -> list[tuple[str, yaml.Node]]:
+    """Where each absolute latency budget of ``keys`` sits: ``budgets.<key>`` and every ``modes.<mode>.<key>``."""
+    out = [(f"{bkey}.{k}", b.nodes[k][1]) for k in keys if k in b]
     if "modes" in b:
         for mode, (_, vnode) in r.mapping(b.nodes["modes"][1], f"{bkey}.modes", None).items():
-            out.append((f"{bkey}.modes.{mode}.ttft_ms",
-                        r.mapping(vnode, f"{bkey}.modes.{mode}", MODE_BUDGETS.keys)["ttft_ms"][1]))
+            nodes = r.mapping(vnode, f"{bkey}.modes.{mode}", MODE_BUDGETS.keys)
+            out += [(f"{bkey}.modes.{mode}.{k}", nodes[k][1]) for k in keys if k in nodes]
     return out
+
+
+def _per_request_nodes(r: YamlReader, bkey: str, b: Fields) -> list[tuple[str, yaml.Node]]:
+    """The budgets judged on one sample per request (TTFT, TPOT), which the request cap must decide.
+    ITL's samples are every request's gaps, many per request: no cap on requests bounds them."""
+    return _latency_nodes(r, bkey, b, ("ttft_ms", "tpot_ms"))
+
+
+def _check_token_budgets_measurable(r: YamlReader, bkey: str, b: Fields, workload: Workload) -> None:
+    """TPOT and ITL need a request's second token: a budget over one-token requests could never be
+    judged."""
+    given = _latency_nodes(r, bkey, b, tuple(f"{m}_ms" for m in TOKEN_METRICS))
+    if workload.max_tokens >= 2 or not given:
+        return
+    where, node = given[0]
+    raise r.error(node, where, f"needs at least 2 output tokens per request, but workload.max_tokens is "
+                  f"{workload.max_tokens}: there is no time between tokens to judge",
+                  hint="set workload.max_tokens to 2 or more (16 gives each request 15 gaps)")
 
 
 def _check_decidable(r: YamlReader, key: str, node: yaml.Node, statistics: Statistics) -> None:

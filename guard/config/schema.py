@@ -542,29 +542,38 @@ SCOPE_BUDGET = Section({
     "total_ops": optional(OP_BUDGET_TYPE, doc="every op call in the scope together"),
 }, build=_scope_budget, json_extra={"anyOf": [{"required": ["ops"]}, {"required": ["total_ops"]}]})
 SCOPE_BUDGETS = map_of(SCOPE_BUDGET.type)  # name -> scope budget, read as ScopeBudget records by _scope_budgets
-MODE_BUDGETS = Section({"ttft_ms": required(percentiles(), "percentile -> TTFT budget, ms")})
+TOKEN_BUDGET_KEYS = ("tpot_ms", "itl_ms")
+TPOT_DOC = "percentile -> time per output token budget, ms (needs workload.max_tokens >= 2)"
+ITL_DOC = "percentile -> inter-token latency budget, ms (needs workload.max_tokens >= 2)"
+MODE_BUDGETS = Section({"ttft_ms": required(percentiles(), "percentile -> TTFT budget, ms"),
+                        "tpot_ms": optional(percentiles(), {}, TPOT_DOC),
+                        "itl_ms": optional(percentiles(), {}, ITL_DOC)})
 
 
-def _engine_modes(r: YamlReader, node: yaml.Node, key: str) -> dict[str, dict[str, float]]:
-    """``modes: {server: {ttft_ms: {...}}}``: TTFT budgets per other engine mode."""
+def _engine_modes(r: YamlReader, node: yaml.Node, key: str) -> dict[str, dict[str, dict[str, float]]]:
+    """``modes: {server: {ttft_ms: {...}, tpot_ms: {...}}}``: latency budgets per other engine mode,
+    mode -> ``"ttft_ms"``/``"tpot_ms"``/``"itl_ms"`` -> percentile -> ms."""
     out = {}
     for mode, (knode, vnode) in r.mapping(node, key, None).items():
         if mode not in ENGINE_MODES:
             raise r.error(knode, f"{key}.{mode}", "unknown engine mode", f"use one of: {', '.join(ENGINE_MODES)}")
-        out[mode] = r.fields(vnode, f"{key}.{mode}", MODE_BUDGETS.keys)["ttft_ms"]
+        f = r.fields(vnode, f"{key}.{mode}", MODE_BUDGETS.keys)
+        out[mode] = {k: f[k] for k in MODE_BUDGETS.keys}
     return out
 
 
 BUDGETS = Section({
     "ttft_ms": optional(percentiles(), {}, "percentile (p50, p90, ...) -> TTFT budget, ms"),
-    "ttft_hardware": optional(TTFT_HARDWARE.type, doc="the machine the TTFT budgets were measured on; elsewhere "
-                                                      "they are shown, not judged"),
+    "tpot_ms": optional(percentiles(), {}, TPOT_DOC),
+    "itl_ms": optional(percentiles(), {}, ITL_DOC),
+    "ttft_hardware": optional(TTFT_HARDWARE.type, doc="the machine the TTFT (and TPOT, ITL) budgets were measured "
+                                                      "on; elsewhere they are shown, not judged"),
     "ops": optional(ValueType(_scope_budgets, SCOPE_BUDGETS.json), (), "named code paths and their op budgets"),
     "modes": optional(ValueType(_engine_modes, {**map_of(MODE_BUDGETS.type).json, "propertyNames": {"enum": list(ENGINE_MODES)}}),
-                      {}, "TTFT budgets for the other engine mode"),
+                      {}, "latency budgets for the other engine mode"),
     "ttft_vs_baseline_pct": optional(percentiles(allow_zero=True), {}, "A/B: allowed slowdown against the baseline, %"),
     "census": optional(CENSUS.type, doc="every function's op calls judged against a committed census"),
-}, json_extra={"anyOf": [{"required": [k]} for k in ("ttft_ms", "ops", "ttft_vs_baseline_pct", "census")],
+}, json_extra={"anyOf": [{"required": [k]} for k in ("ttft_ms", "tpot_ms", "itl_ms", "ops", "ttft_vs_baseline_pct", "census")],
                 "dependentRequired": {"ttft_hardware": ["ttft_ms"]}})
 PROFILE = Section({
     "match": required(MATCH.type, "how the profile recognises its machine"),
@@ -574,12 +583,20 @@ PROFILE = Section({
     "validity": optional(VALIDITY.type, Validity(), "when a run is too disturbed to judge TTFT on"),
     "headroom_pct": optional(number(minimum=0.0), DEFAULT_HEADROOM_PCT, "update-thresholds' headroom over a "
                                                                          "measured TTFT, %"),
-    "budgets": required(later(BUDGETS), "the budgets; at least one of ttft_ms, ttft_vs_baseline_pct, ops, census"),
+    "budgets": required(later(BUDGETS), "the budgets; at least one of ttft_ms, tpot_ms, itl_ms, ttft_vs_baseline_pct, ops, census"),
     "provenance": optional(PROVENANCE, {}, "where the budgets came from (written by update-thresholds)"),
     "ab": optional(AB.type, ABSettings(), "A/B mode: how the two engines share the machine"),
-}, json_extra={  # request mixes feed the decode census, which the census rule judges (config.loading)
-    "if": {"required": ["workload"], "properties": {"workload": {"required": ["profile_mixes"]}}},
-    "then": {"properties": {"budgets": {"required": ["census"]}}}})
+}, json_extra={"allOf": [
+    # request mixes feed the decode census, which the census rule judges (config.loading)
+    {"if": {"required": ["workload"], "properties": {"workload": {"required": ["profile_mixes"]}}},
+     "then": {"properties": {"budgets": {"required": ["census"]}}}},
+    # TPOT and ITL need a second token (config.loading): their budgets, here or in any mode, need max_tokens >= 2
+    {"if": {"required": ["budgets"], "properties": {"budgets": {"anyOf": [
+        *({"required": [k]} for k in TOKEN_BUDGET_KEYS),
+        {"required": ["modes"], "properties": {"modes": {"not": {"additionalProperties": {
+            "not": {"anyOf": [{"required": [k]} for k in TOKEN_BUDGET_KEYS]}}}}}}]}}},
+     "then": {"required": ["workload"], "properties": {"workload": {
+         "required": ["max_tokens"], "properties": {"max_tokens": {"minimum": 2}}}}}}]})
 TOP = Section({
     "schema_version": required(ValueType(YamlReader.integer, {"const": SCHEMA_VERSION}), "the budget file's format"),
     "model": required(STRING, "the model the budgets are for"),

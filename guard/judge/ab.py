@@ -169,7 +169,7 @@ def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int
     """The final check of one ratio budget, after the run stage measured up to the cap
     (``stats``: ``Profile.ab_statistics``): the interval's decision, or else the point estimate
     (FAIL above the budget, INCONCLUSIVE at or below it) with a note saying so and how many pairs
-    this machine's spread would have needed. The same rule as guard.judge.rules.judge_ttft: calling such
+    this machine's spread would have needed. The same rule as guard.judge.rules.judge_latency: calling such
     a run undecided instead (exit 3) would leave most real +5 % slowdowns uncaught on a noisy
     machine (``benchmarks/ab_sensitivity.py --cap-rules``, docs/ab.md)."""
     ratios = [p.ratio for p in paired]

@@ -24,27 +24,37 @@ from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, sp
 from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
 from guard.model.readings import comparable
-from guard.model.records import TOTAL_OPS, ABRecord, InvalidReason, ReasonKind as K, RunRecord, ScopeCounts, Status, Verdict, ttft_definition
+from guard.model.records import TOKEN_METRICS, TOTAL_OPS, TTFT, ABRecord, InvalidReason, ReasonKind as K, RunRecord, ScopeCounts, Status, Verdict, ttft_definition
 from guard.model.results import ENVIRONMENTS_DIFFER, BudgetSource, PullRequestDiff, Results
-from guard.model.checks import ABComparison, CensusCheck, OpCheck, TtftCheck, UnmeasuredOpCheck
+from guard.model.checks import ABComparison, CensusCheck, OpCheck, LatencyCheck, UnmeasuredOpCheck
 from guard.model.verdict import settled
 from guard.judge.opnames import vacuous_budgets
-from guard.judge.rules import judge_ttft
+from guard.judge.rules import judge_latency
 
 DEFAULT_OUTPUT = "guard-results"  # where `guard check` writes results.json unless told otherwise
 
 
-def ttft_checks(profile: Profile, run: RunRecord) -> list[TtftCheck]:
-    samples = run.ttft_client_s()
+def latency_checks(profile: Profile, run: RunRecord, metric: str = TTFT) -> list[LatencyCheck]:
+    """One latency metric's budgets (TTFT, TPOT, ITL) judged on the run's samples of it."""
+    samples = run.latency_s(metric)
     if not samples:
         return []  # no samples: an invalid run (see invalid_reasons), never a pass
     stats = profile.statistics
-    checks = [judge_ttft(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests)
-              for k, b in profile.ttft_ms.items()]
+    checks = [judge_latency(k, b, samples, run.rounds, confidence=stats.confidence, max_requests=stats.max_requests,
+                            metric=metric) for k, b in profile.latency_ms(metric).items()]
     why = ttft_not_judged(profile, run.environment)
     if why:  # measured and shown, never counted: the budget belongs to another CPU
         checks = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=f"not judged: {why}") for c in checks]
     return checks
+
+
+def ttft_checks(profile: Profile, run: RunRecord) -> list[LatencyCheck]:
+    return latency_checks(profile, run, TTFT)
+
+
+def token_checks(profile: Profile, run: RunRecord) -> list[LatencyCheck]:
+    """TPOT and ITL budgets, judged like TTFT's, by the same statistics and not-judged rules."""
+    return [c for m in TOKEN_METRICS for c in latency_checks(profile, run, m)]
 
 
 def dtype_notices(profile: Profile, env: Environment) -> list[str]:
@@ -80,7 +90,7 @@ def not_judged_notice(why: str, run: RunRecord, profile: Profile, output: str | 
             "or compare against a baseline vLLM on this machine (A/B)")
 
 
-def stale_budget_notices(profile: Profile, checks: list[TtftCheck], run: RunRecord, output: str | Path) -> list[str]:
+def stale_budget_notices(profile: Profile, checks: list[LatencyCheck], run: RunRecord, output: str | Path) -> list[str]:
     """Budgets so loose that even the interval's upper end sits below budget / (1 + 2 x headroom):
     they would miss a regression of twice the headroom. A notice only; never a failure."""
     factor = 1.0 + 2.0 * profile.headroom_pct / 100.0
@@ -152,8 +162,8 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
         reasons.append(InvalidReason(K.REQUEST_FAILED, f"... and {len(failed) - 5} more failed requests"))
     reasons += hardware_reasons(profile, run.environment)
     reasons += [InvalidReason(K.GPU_STATE, t) for t in gpu_state_problems(run.environment.gpu_state)]
-    if profile.ttft_ms and ttft_not_judged(profile, run.environment) is None:
-        # A busy machine invalidates judged TTFT (guard.measure.contention); op counts do not depend on it,
+    if profile.latency_budgets and ttft_not_judged(profile, run.environment) is None:
+        # A busy machine invalidates judged latency (guard.measure.contention); op counts do not depend on it,
         # and TTFT bound to another CPU is only shown, so contention cannot change that verdict.
         over = busy(run.environment.cpu_contention, profile.validity.max_other_cpu_pct)
         if over is not None:
@@ -164,6 +174,9 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
             reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, "no TTFT samples were measured"))
         elif got < profile.workload.requests:
             reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, f"too few TTFT samples: {got} of {profile.workload.requests} requested"))
+    if run.ttft_client_s() and not stopped:  # TTFT's own shortfall said above; a token metric's here
+        reasons += [InvalidReason(K.TOO_FEW_SAMPLES, f"no {m.upper()} samples were measured: no request returned "
+                                  "a second token") for m in profile.token_ms if not run.latency_s(m)]
     for c in run.op_counts:
         if c.entries == 0:
             reasons.append(InvalidReason(
@@ -223,12 +236,12 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
     the file does not exist yet, which makes a profile with a census rule an invalid run. A run that
     measured no TTFT (``run.measures``: ``--only ops``) is not judged on TTFT budgets."""
     if not run.measures.ttft:
-        profile = dataclasses.replace(profile, ttft_ms={})
+        profile = dataclasses.replace(profile, ttft_ms={}, token_ms={})
     reasons = invalid_reasons(profile, run)
-    ttft = ttft_checks(profile, run)
-    # A TTFT failure that a slowdown /proc cannot see explains is the machine's (guard.judge.gates).
+    ttft, tokens = ttft_checks(profile, run), token_checks(profile, run)
+    # A latency failure that a slowdown /proc cannot see explains is the machine's (guard.judge.gates).
     reasons += [InvalidReason(K.SLOW_MACHINE, t) for t in speed_problems(
-        run.environment.speed_reference, profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft)]
+        run.environment.speed_reference, profile.speed_reference_ms, profile.validity.max_slowdown_pct, ttft + tokens)]
     ops = op_checks(profile, run.op_counts)
     notices: list[str] = []
     census = None
@@ -262,7 +275,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")
     return settled(Results(
         verdict=Verdict.INVALID, run=run,  # settled() sets it from these checks and reasons
-        ttft_checks=tuple(ttft), op_checks=tuple(ops), census_checks=tuple(census_checks),
+        ttft_checks=tuple(ttft), token_checks=tuple(tokens), op_checks=tuple(ops), census_checks=tuple(census_checks),
         guard_version=guard_version,
         unmeasured_op_checks=tuple(unmeasured_op_checks(profile, run)),
         ttft_definition=ttft_definition(run.environment.engine_mode or profile.engine.mode),
@@ -276,6 +289,8 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
 
 AB_NOT_JUDGED = ("A/B mode: TTFT is judged as the ratio to the baseline measured beside it; this absolute "
                  "budget belongs to the machine it was measured on and is shown for information only")
+AB_TOKENS_NOT_JUDGED = ("A/B mode: an absolute TPOT or ITL budget belongs to the machine it was measured on and is "
+                        "shown for information only")
 
 
 def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output: str | Path = DEFAULT_OUTPUT) -> Results:
@@ -287,7 +302,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     from guard.model.checks import pairs
 
     # The census is judged below against the baseline side, not the committed baseline file.
-    no_abs = dataclasses.replace(profile, ttft_ms={}, census=None)
+    no_abs = dataclasses.replace(profile, ttft_ms={}, token_ms={}, census=None)
     cand = evaluate(no_abs, rec.candidate, guard_version=guard_version, output=output)
     reasons = list(cand.judged_invalid_reasons)
     # The run stage's own reasons: an A/B run keeps both sides' on the candidate; a side profiled by
@@ -305,6 +320,8 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, stats)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
+    absolute_tokens = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_TOKENS_NOT_JUDGED)
+                       for c in token_checks(profile, rec.candidate)]
     census = ab_census_judgement(profile, rec) if not stopped else None
     notices = cand.notices
     cache = rec.baseline.environment.op_counts_cache
@@ -326,7 +343,8 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                             "batch": stats.batch, "confidence": stats.confidence,
                                             "fail_confidence": stats.fail_confidence,
                                             "idle_side": "paused"}}
-    return settled(dataclasses.replace(cand, ttft_checks=tuple(absolute), ab_checks=tuple(ratio), ab=ab,
+    return settled(dataclasses.replace(cand, ttft_checks=tuple(absolute), token_checks=tuple(absolute_tokens),
+                                       ab_checks=tuple(ratio), ab=ab,
                                        census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
                                        profile_config=config, notices=notices))
 

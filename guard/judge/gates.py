@@ -17,11 +17,11 @@ from guard.measure.hardware import Hardware
 from guard.measure.fit import mismatch
 from guard.model.environment import Environment, GpuProcess, GpuSnapshot, GpuState, SpeedReference
 from guard.model.records import Status
-from guard.model.checks import TtftCheck
+from guard.model.checks import LatencyCheck
 
 
 # ----------------------------------------------------------------------------- the machine's speed
-def explained_by(check: TtftCheck, slowdown: float) -> float:
+def explained_by(check: LatencyCheck, slowdown: float) -> float:
     """The failed check's lowest plausible value (its interval's lower end, else its estimate) with
     the machine's slowdown taken out, ms: at or below the budget, the slowdown explains the failure."""
     low = check.interval_ms[0]
@@ -47,7 +47,7 @@ def unsteady(speed: SpeedReference | None, max_slowdown_pct: float) -> str | Non
 
 
 def speed_problems(speed: SpeedReference | None, reference_ms: float | None, max_slowdown_pct: float,
-                   checks: Sequence[TtftCheck]) -> list[str]:
+                   checks: Sequence[LatencyCheck]) -> list[str]:
     """Why the run's TTFT failures say nothing about the code: the machine ran the reference more
     than ``max_slowdown_pct`` slower than the budget's, and that slowdown explains every failure
     (each failed percentile's interval, slowdown taken out, reaches its budget). A failure beyond
@@ -73,9 +73,9 @@ def speed_problems(speed: SpeedReference | None, reference_ms: float | None, max
     worst = max(failed, key=lambda c: c.measured_ms / c.budget_ms)
     return [f"slow machine: guard's speed reference took {took}, {pct:+.1f} % against the "
             f"{reference_ms:.0f} ms measured with the TTFT budget (validity.max_slowdown_pct {max_slowdown_pct:g}), "
-            f"and that explains the TTFT over budget (ttft {worst.percentile} {worst.measured_ms:.0f} ms against "
+            f"and that explains the latency over budget ({worst.label} {worst.measured_ms:.0f} ms against "
             f"{worst.budget_ms:.0f} ms; {explained_by(worst, pct):.0f} ms with the slowdown taken out). Something "
-            "/proc does not show (a VM's host, a CPU quota, power saving) slows this machine, so its TTFT is not "
+            "/proc does not show (a VM's host, a CPU quota, power saving) slows this machine, so its latency is not "
             "judged: re-run when it is back to speed, or compare against a baseline (A/B)"]
 
 

@@ -26,7 +26,7 @@ from guard.measure.fit import as_it_ran
 from guard.model.verdict import self_contradiction, settled
 from guard.model.records import RunRecord
 from guard.model.results import Results
-from guard.model.checks import CensusCheck, Check, OpCheck, TtftCheck, TtftRatioCheck
+from guard.model.checks import CensusCheck, Check, OpCheck, LatencyCheck, TtftRatioCheck
 from guard.sanitize import one_line
 
 
@@ -38,7 +38,7 @@ def _same_number(a: float, b: float) -> bool:
 def _measurement_differs(c: Check, f: Check) -> str | None:
     """How the stored check's measurement differs from the one its run record gives (None: it does not)."""
     label = one_line(c.label, limit=120)
-    if isinstance(c, TtftCheck) and isinstance(f, TtftCheck):
+    if isinstance(c, LatencyCheck) and isinstance(f, LatencyCheck):
         if not (_same_number(c.measured_ms, f.measured_ms) and c.samples == f.samples):
             return (f"{label} says {c.measured_ms:g} ms over {c.samples} samples; "
                     f"its run record gives {f.measured_ms:g} ms over {f.samples}")
@@ -63,7 +63,7 @@ def _rule_of_census(results: Results) -> dict[str, Any] | None:
 
 def _same_budget(c: Check, f: Check, stored: Results, fresh: Results) -> bool:
     """Both checks were judged by the same budget, so the same measurement must give the same status."""
-    if isinstance(c, TtftCheck) and isinstance(f, TtftCheck):
+    if isinstance(c, LatencyCheck) and isinstance(f, LatencyCheck):
         return _same_number(c.budget_ms, f.budget_ms) and c.confidence == f.confidence
     if isinstance(c, TtftRatioCheck) and isinstance(f, TtftRatioCheck):
         return (_same_number(c.budget_pct, f.budget_pct) and c.confidence == f.confidence

@@ -4,9 +4,9 @@ The run stage measures until the verdict's own rule has decided (guard.measure.s
 over the ``StoppingRule`` interface it declares) and is given that rule rather than importing the
 judge. This module builds it, one kind for both shapes, so what the run measures and what the
 verdict then judges cannot disagree:
-- ``single_run_rule``: one side's run (guard.measure.single_run), its TTFT samples against the
-  profile's absolute budgets at ``statistics`` (``guard.judge.rules.undecided``; the verdict:
-  ``judge_ttft``);
+- ``single_run_rule``: one side's run (guard.measure.single_run), its timed requests' TTFT, TPOT
+  and ITL against the profile's absolute budgets at ``statistics`` (``guard.judge.rules.undecided``;
+  the verdict: ``judge_latency``);
 - ``ab_run_rule``: two sides' run (guard.measure.ab_run), their paired ratios against the ratio
   budgets at A/B's levels and batches (``guard.judge.ab.undecided_ratios``; the verdict:
   ``judge_ratio``).
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from guard.config.budgets import Profile, Statistics
 from guard.judge.ab import undecided_ratios
 from guard.judge.rules import undecided
+from guard.model.records import RequestOutcome, latency_samples
 
 
 def next_batch(statistics: Statistics, measured: int, any_undecided: bool) -> int:
@@ -66,10 +67,19 @@ def ratio_rule(budgets_pct: Mapping[str, float], statistics: Statistics) -> Sequ
     return SequentialRule(statistics, lambda ratios: undecided_ratios(budgets_pct, ratios, statistics))
 
 
+def latency_rule(budgets_ms: Mapping[str, Mapping[str, float]], statistics: Statistics) -> SequentialRule:
+    """Absolute latency budgets (metric -> percentile -> ms) over one side's timed requests
+    (``RequestOutcome``): each metric's samples of them (``latency_samples``), at ``statistics``' level."""
+    def undecided_in(outcomes: Sequence[RequestOutcome]) -> list:
+        return [d for metric, budgets in budgets_ms.items()
+                for d in undecided(budgets, latency_samples(outcomes, metric), statistics.confidence, metric)]
+    return SequentialRule(statistics, undecided_in)
+
+
 def single_run_rule(profile: Profile) -> SequentialRule:
-    """One side's run (``GuardRun``): the profile's TTFT budgets at its ``statistics``; what
-    ``judge_ttft`` then judges."""
-    return ttft_rule(profile.ttft_ms, profile.statistics)
+    """One side's run (``GuardRun``): the profile's TTFT, TPOT and ITL budgets at its
+    ``statistics``, over its timed requests; what ``judge_latency`` then judges."""
+    return latency_rule(profile.latency_budgets, profile.statistics)
 
 
 def ab_run_rule(profile: Profile) -> SequentialRule:

@@ -27,7 +27,7 @@ Interval: distribution-free, from order statistics (``percentile_interval``)
     (``q ** n`` must fall to alpha); lower bounds exist from n = 2 for p90, n = 1 for p99. So at the
     CPU profile's 5..15 requests a p90/p99 budget can be *failed* by the interval but never
     *passed* by it: those checks resample to ``statistics.max_requests`` and are then judged on
-    the point estimate, and the report says so (``guard.judge.evaluate.ttft_check``).
+    the point estimate, and the report says so (``guard.judge.rules.judge_latency``).
 
     Every look at the data (the first round, then each resampling round) uses the full
     confidence with no correction for repeated looks; the error of the whole sequential rule is

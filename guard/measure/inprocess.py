@@ -17,6 +17,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from guard import compat
@@ -196,6 +197,28 @@ def marked_step(marked: bool) -> Iterator[None]:
         pass
 
 
+@dataclass
+class TokenClock:
+    """One in-flight request's clock: when it was submitted, when each new token arrived."""
+
+    job: Job
+    submitted: float
+    ttft: float | None = None
+    tokens: int = 0
+    last: float | None = None
+    gaps: list[float] = field(default_factory=list)
+
+    def saw(self, tokens: int, now: float) -> None:
+        """The request's output now holds ``tokens`` tokens (cumulative, as vLLM's outputs hold them)."""
+        if tokens <= self.tokens:
+            return
+        if self.last is None:
+            self.ttft = now - self.submitted
+        else:  # one gap per step that brought tokens, as `vllm bench serve` counts a chunk
+            self.gaps.append(now - self.last)
+        self.tokens, self.last = tokens, now
+
+
 def run_jobs(
     llm,
     workload: Workload,
@@ -203,20 +226,21 @@ def run_jobs(
     on_outcome: Callable[[RequestOutcome], None] = lambda o: None,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
 ) -> list[RequestOutcome]:
-    """Closed loop: keep ``workload.concurrency`` requests in flight; TTFT per request.
+    """Closed loop: keep ``workload.concurrency`` requests in flight; TTFT, TPOT and ITL per request.
 
     Client TTFT starts just before ``add_request`` (input processing included) and stops when
-    ``step()`` first returns a token for that request. Raises EngineDied if the engine breaks;
-    requests that fail individually come back as unsuccessful outcomes.
+    ``step()`` first returns a token for that request; each later step that returns more tokens
+    is one inter-token gap, and the step that finishes it ends its latency. Raises EngineDied if
+    the engine breaks; requests that fail individually come back as unsuccessful outcomes.
     """
     engine = compat.engine_core(llm)
     marked = any(j.mix is not None for j in jobs)  # a mix's decode steps are counted step by step
     pending: deque[Job] = deque(jobs)
-    inflight: dict[str, tuple[Job, float, float | None]] = {}  # id -> (job, submitted, ttft)
+    inflight: dict[str, TokenClock] = {}
     outcomes: list[RequestOutcome] = []
 
     def finish(rid: str, **kw: Any) -> None:
-        job, _, _ = inflight.pop(rid)
+        job = inflight.pop(rid).job
         outcome = RequestOutcome(index=job.index, image_size=job.image_size, warmup=job.warmup, **kw)
         outcomes.append(outcome)
         on_outcome(outcome)
@@ -226,8 +250,7 @@ def run_jobs(
             job = pending.popleft()
             rid = f"guard-{job.index}"
             prompt, params = request_of(workload, job)
-            submitted = time.perf_counter()
-            inflight[rid] = (job, submitted, None)
+            inflight[rid] = TokenClock(job, time.perf_counter())
             try:
                 engine.add_request(rid, prompt, params)
             except Exception as exc:  # noqa: BLE001 - a rejected request is a failed outcome
@@ -241,21 +264,21 @@ def run_jobs(
             raise EngineDied(died_because(exc)) from exc
         now = time.perf_counter()
         for out in step_outputs:
-            if out.request_id not in inflight:
+            clock = inflight.get(out.request_id)
+            if clock is None:
                 continue
-            job, submitted, ttft = inflight[out.request_id]
-            if ttft is None and out.outputs and out.outputs[0].token_ids:
-                ttft = now - submitted
-                inflight[out.request_id] = (job, submitted, ttft)
+            if out.outputs:
+                clock.saw(len(out.outputs[0].token_ids), now)
             if out.finished:
-                engine_ttft = compat.first_token_latency_s(out)
-                if ttft is None:
+                if clock.ttft is None:
                     finish(out.request_id, success=False, error="finished without producing a token")
                 else:
-                    finish(out.request_id, success=True, ttft_client_s=ttft, ttft_engine_s=engine_ttft,
-                           prompt_tokens=len(out.prompt_token_ids or ()))
-        for rid, (job, submitted, _) in list(inflight.items()):
-            if now - submitted > request_timeout_s:
+                    finish(out.request_id, success=True, ttft_client_s=clock.ttft,
+                           ttft_engine_s=compat.first_token_latency_s(out),
+                           prompt_tokens=len(out.prompt_token_ids or ()), output_tokens=clock.tokens,
+                           latency_s=now - clock.submitted, itl_s=tuple(clock.gaps))
+        for rid, clock in list(inflight.items()):
+            if now - clock.submitted > request_timeout_s:
                 engine.abort_request([rid])
                 finish(rid, success=False, error=f"timed out after {request_timeout_s:.0f} s")
     return outcomes
@@ -428,12 +451,15 @@ class InProcessSide:
             self.progress(f"engine ready in {init_s:.1f} s")
         return SideInfo(init_s=init_s)
 
-    def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome) -> list[RequestOutcome]:
+    def run(self, jobs: list[Job], label: str, on_outcome: OnOutcome, *, first_token_only: bool = False) -> list[RequestOutcome]:
+        """``first_token_only``: the requests stop at their first token whatever ``workload.max_tokens``
+        (the prefill census profiles the prefill; decode is the request mixes' census)."""
         slow = self.injection.slow
         if slow is not None and slow.scale is None and not all(j.warmup for j in jobs):
             raise RuntimeError(f"{SLOW_ENCODER} is not calibrated: run the warm-up requests first")
+        workload = replace(self.profile.workload, max_tokens=1) if first_token_only else self.profile.workload
         try:
-            outcomes = run_jobs(self.llm, self.profile.workload, jobs, on_outcome)
+            outcomes = run_jobs(self.llm, workload, jobs, on_outcome)
         except EngineDied as exc:
             raise EngineDied(f"engine died during {label}: {exc}") from exc
         for o in outcomes:
@@ -460,7 +486,8 @@ class InProcessSide:
         from guard.measure.probes import attribute, profile_request, save_events, save_trace, scope_events
 
         outcomes: list[RequestOutcome] = []
-        events, prof = profile_request(lambda: outcomes.extend(self.run([job], "profiled", on_outcome)))
+        prefill = job.mix is None
+        events, prof = profile_request(lambda: outcomes.extend(self.run([job], "profiled", on_outcome, first_token_only=prefill)))
         if job.mix is not None:
             del prof
             return self._count_decode(events, outcomes)

@@ -172,7 +172,8 @@ def pass_key(stack: Mapping[str, Any], stack_covers: str, profile, gpu_memory_ut
         return None, f"model {engine.model} is named by revision {engine.revision!r}, not a pinned commit"
     counted = {
         "engine": dataclasses.asdict(engine), "gpu_memory_utilization": gpu_memory_utilization,
-        "workload": {k: getattr(profile.workload, k) for k in ("prompt", "max_tokens", "seed", "profile_image_sizes")}
+        # not max_tokens: the profiled prefill request stops at its first token whatever it says
+        "workload": {k: getattr(profile.workload, k) for k in ("prompt", "seed", "profile_image_sizes")}
         # the request mixes profiled for the decode census: their names, sampling and output length
         | {"profile_mixes": {m.name: m.as_dict() for m in profile.workload.profile_mixes}
            if profile.census is not None else None},

@@ -187,7 +187,8 @@ class RunStage:
             where = f"{prefix}{self._label} {self._done[name]}/{self._total} [{fmt.size(o.image_size)}]"
             if o.success:
                 eng = f", engine {fmt.seconds_as_ms(o.ttft_engine_s)}" if o.ttft_engine_s else ""
-                self.progress(f"{where} TTFT {fmt.seconds_as_ms(o.ttft_client_s)}{eng}")
+                tpot = f", TPOT {fmt.seconds_as_ms(o.tpot_s)} over {o.output_tokens} tokens" if o.tpot_s is not None else ""
+                self.progress(f"{where} TTFT {fmt.seconds_as_ms(o.ttft_client_s)}{eng}{tpot}")
             else:
                 self.progress(f"{where} FAILED: {o.error}")
         return report
@@ -288,7 +289,7 @@ class RunStage:
         if n:
             self._pass(self._jobs(n, warmup=True), "warm-up", timed=False)
 
-    def measure(self, count: int) -> list[float]:
+    def measure(self, count: int) -> list:
         """One round of ``count`` measured requests on every side; its new samples (``samples``)."""
         before = len(self.samples())
         for rec in self.records.values():
@@ -300,9 +301,12 @@ class RunStage:
         """Two sides: the paired ratios (candidate / baseline TTFT), in job-index order."""
         return [p.ratio for p in pairs(self.records[CANDIDATE].outcomes, self.records[BASELINE].outcomes)]
 
-    def samples(self) -> list[float]:
-        """What the budgets judge: one side's TTFT samples (seconds), or two sides' paired ratios."""
-        return self.ratios() if self.paired else self.own.ttft_client_s()
+    def samples(self) -> list:
+        """What the budgets judge: one side's timed requests (each a TTFT, and a TPOT and ITL gaps
+        where it returned more tokens), or two sides' paired ratios."""
+        if self.paired:
+            return self.ratios()
+        return [o for o in self.own.measured if o.success and o.ttft_client_s is not None]
 
     def time_until_decided(self) -> None:
         """The timing pass's measured rounds: the workload's measured requests, then more batches while

@@ -288,15 +288,20 @@ class StreamResult:
     ttft_s: float
     error: str
     prompt_tokens: int | None
+    output_tokens: int | None = None  # the usage chunk's completion_tokens
+    latency_s: float | None = None  # until the last chunk that carried choices
+    itl_s: tuple[float, ...] = ()  # between successive chunks with choices, after the first
 
 
 async def request_chat_stream(url: str, model: str, req: ChatRequest, session) -> StreamResult:
-    """guard's copy of vLLM 0.32's ``async_request_openai_chat_completions`` TTFT rule, used
-    only when vLLM's own function cannot be imported: the clock starts just before the POST and
-    stops at the first SSE data message (not ``[DONE]``) whose JSON has non-empty ``choices``."""
+    """guard's copy of vLLM 0.32's ``async_request_openai_chat_completions`` timing rules, used
+    only when vLLM's own function cannot be imported: the clock starts just before the POST; TTFT
+    stops at the first SSE data message (not ``[DONE]``) whose JSON has non-empty ``choices``, each
+    later such message is one inter-token gap, and the last one ends the latency."""
     payload = _payload(model, req)
     st = time.perf_counter()
-    ttft, prompt_tokens, buffer = None, None, ""
+    ttft, prompt_tokens, output_tokens, buffer = None, None, None, ""
+    last, gaps = st, []
     try:
         async with session.post(url + CHAT_PATH, json=payload, headers={"Content-Type": "application/json"}) as resp:
             if resp.status != 200:
@@ -316,13 +321,17 @@ async def request_chat_stream(url: str, model: str, req: ChatRequest, session) -
                     if obj.get("choices"):
                         if ttft is None:
                             ttft = now - st
+                        else:
+                            gaps.append(now - last)
+                        last = now
                     elif obj.get("usage"):
                         prompt_tokens = _token_count(obj["usage"].get("prompt_tokens"))
+                        output_tokens = _token_count(obj["usage"].get("completion_tokens"))
     except Exception as exc:  # noqa: BLE001 - a broken request is data, like in vLLM
         return StreamResult(False, 0.0, f"{type(exc).__name__}: {exc}", None)
     if ttft is None:
         return StreamResult(False, 0.0, "never received a streamed chunk with choices", prompt_tokens)
-    return StreamResult(True, ttft, "", prompt_tokens)
+    return StreamResult(True, ttft, "", prompt_tokens, output_tokens, last - st, tuple(gaps))
 
 
 def _payload(model: str, req: ChatRequest) -> dict[str, Any]:
@@ -349,7 +358,9 @@ def request_function(prefer_vllm: bool = True):
                         ignore_eos=True)
         out = await func(request_func_input=inp, session=session)
         return StreamResult(bool(out.success), float(out.ttft), str(out.error or "").strip(),
-                            out.prompt_len or None)
+                            out.prompt_len or None, _token_count(getattr(out, "output_tokens", None)),
+                            float(out.latency) if getattr(out, "latency", None) else None,
+                            tuple(float(x) for x in getattr(out, "itl", ()) or ()))
 
     return f"{func.__module__}.{func.__name__}", call
 
@@ -371,8 +382,11 @@ async def _run_round(url: str, model: str, requests: list[ChatRequest], concurre
                 res = StreamResult(False, 0.0, f"timed out after {timeout_s:.0f} s", None)
         job = req.job
         if res.success:
+            # no usage chunk: one token per chunk, as many as the chunks (a chunk may carry more)
+            tokens = res.output_tokens if res.output_tokens is not None else len(res.itl_s) + 1
             o = RequestOutcome(job.index, job.image_size, job.warmup, True, ttft_client_s=res.ttft_s,
-                               prompt_tokens=res.prompt_tokens)
+                               prompt_tokens=res.prompt_tokens, output_tokens=tokens,
+                               latency_s=res.latency_s, itl_s=res.itl_s)
         else:
             o = RequestOutcome(job.index, job.image_size, job.warmup, False,
                                error=_error_summary(res.error) or "request failed")

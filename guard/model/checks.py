@@ -1,6 +1,6 @@
 """What the judge found: one typed record per check, and A/B's pairs and op diff.
 
-A check (``TtftCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``) is identified by its
+A check (``LatencyCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``) is identified by its
 ``key``, built from its fields (percentile; scope, image size and op; function and image size),
 never a string to parse back; its ``label`` is the one short name every view shows. How the rest
 of a check reads to people is ``guard.model.format``'s business.
@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from guard.model.readings import ImageSize, size
-from guard.model.records import RequestOutcome, Rule, RunRecord, Status
+from guard.model.records import TTFT, RequestOutcome, Rule, RunRecord, Status
 
 
 @dataclass(frozen=True)
-class TtftCheck:
-    """A TTFT percentile budget judged by its confidence interval (guard.judge.rules)."""
+class LatencyCheck:
+    """A latency percentile budget (TTFT, TPOT or ITL: ``metric``) judged by its confidence
+    interval (guard.judge.rules)."""
 
     percentile: str  # "p50"
     budget_ms: float
@@ -29,16 +30,17 @@ class TtftCheck:
     confidence: float
     status: Status
     note: str | None = None  # how an undecided interval was settled
+    metric: str = TTFT  # records.LATENCY_METRICS
 
     @property
     def key(self) -> tuple:
         """The check's identity: the same budget in another run (or re-judged) has the same key."""
-        return ("ttft", self.percentile)
+        return (self.metric, self.percentile)
 
     @property
     def label(self) -> str:
         """A short name for tables, status lines and messages (never parsed back)."""
-        return f"ttft {self.percentile}"
+        return f"{self.metric} {self.percentile}"
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,6 @@ class CensusCheck:
         return (self.measured_calls or 0) - (self.baseline_calls or 0)
 
 
-Check = TtftCheck | OpCheck | TtftRatioCheck | CensusCheck
+Check = LatencyCheck | OpCheck | TtftRatioCheck | CensusCheck
 
 

@@ -19,17 +19,20 @@ from guard.model.environment import ContentionReading, SpeedReference
 from guard.model.readings import input_processing_only, size  # noqa: F401 - size: the one writing of an image size
 from guard.model.records import TOTAL_OPS, Rule, Status, to_ms
 from guard.model.results import RevisionInfo
-from guard.model.checks import CensusCheck, Check, GpuCost, OpCheck, OpClass, TtftCheck, TtftRatioCheck
+from guard.model.checks import CensusCheck, Check, GpuCost, OpCheck, OpClass, LatencyCheck, TtftRatioCheck
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}
 
 
 def ms(value_ms: float) -> str:
-    """A duration in milliseconds, to the millisecond; an unbounded side reads as the infinity it is."""
+    """A duration in milliseconds, to the millisecond (below 100 ms, where a decode step's time sits,
+    to three figures); an unbounded side reads as the infinity it is."""
     if math.isinf(value_ms):
         return "∞" if value_ms > 0 else "-∞"
-    return f"{value_ms:.0f}"
+    if abs(value_ms) < 10:
+        return f"{value_ms:.2f}"
+    return f"{value_ms:.1f}" if abs(value_ms) < 100 else f"{value_ms:.0f}"
 
 
 def ms_unit(value_ms: float) -> str:
@@ -278,9 +281,9 @@ def failure(check: Check) -> str:
 
 
 @failure.register
-def _(c: TtftCheck) -> str:
+def _(c: LatencyCheck) -> str:
     delta = delta_pct(c.measured_ms, c.budget_ms)
-    return (f"TTFT {c.percentile} {ms_unit(c.measured_ms)} is over its budget {rule(Rule.MAX, c.budget_ms, 'ms')}"
+    return (f"{c.metric.upper()} {c.percentile} {ms_unit(c.measured_ms)} is over its budget <= {ms_unit(c.budget_ms)}"
             f" ({delta}; {confidence(c.confidence)} interval {interval(c.interval_ms)} ms, n={c.samples})")
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from guard.errors import ConfigError
 from guard.files import read_input
-from guard.model.records import TTFT_DEFINITION, ABRecord, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
+from guard.model.records import TOKEN_METRICS, TTFT, TTFT_DEFINITION, ABRecord, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
 from guard.model.results import BudgetSource, FunctionChange, PullRequestDiff, Results, RevisionInfo
 from guard.model.checks import (ABComparison, CensusCheck, CensusOpDelta, CostStatus, GpuCost, OpCheck, OpClass, OpDelta, Pair,
-                                PricedClass, TtftCheck, TtftRatioCheck, UnmeasuredOpCheck)
+                                PricedClass, LatencyCheck, TtftRatioCheck, UnmeasuredOpCheck)
 from guard.model.schema import AB_RUN_SCHEMA, READABLE_SCHEMA_VERSIONS, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, RUN_SCHEMA, validate
 from guard.model.strictjson import first_refused, json_path, parse_strict_json
 from guard.model.upgrade import upgrade_v2
@@ -63,14 +63,23 @@ def run_from_dict(d: dict[str, Any]) -> RunRecord:
     return RunRecord(**d)
 
 
-def _ttft_to_dict(c: TtftCheck) -> dict[str, Any]:
-    return {**asdict(c), "interval_ms": [_finite_or_null(x) for x in c.interval_ms]}
+def _latency_to_dict(c: LatencyCheck) -> dict[str, Any]:
+    """Without its metric: the list it is written in (checks.ttft, checks.tpot, checks.itl) says it."""
+    d = {**asdict(c), "interval_ms": [_finite_or_null(x) for x in c.interval_ms]}
+    del d["metric"]
+    return d
 
 
-def _ttft_from_dict(d: dict[str, Any]) -> TtftCheck:
+def _latency_from_dict(d: dict[str, Any], metric: str) -> LatencyCheck:
     lo, hi = d["interval_ms"]
-    return TtftCheck(**{**d, "status": Status(d["status"]),
-                        "interval_ms": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
+    return LatencyCheck(**{**d, "status": Status(d["status"]), "metric": metric,
+                           "interval_ms": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
+
+
+def _token_checks_to_dict(checks: tuple[LatencyCheck, ...]) -> dict[str, Any]:
+    """checks.tpot and checks.itl, written only where the run judged them (older readers never see them)."""
+    return {m: [_latency_to_dict(c) for c in checks if c.metric == m] for m in TOKEN_METRICS
+            if any(c.metric == m for c in checks)}
 
 
 def _ratio_to_dict(c: TtftRatioCheck) -> dict[str, Any]:
@@ -123,7 +132,8 @@ def results_to_dict(res: Results) -> dict[str, Any]:
         "schema_version": RESULTS_SCHEMA_VERSION,
         "guard_version": res.guard_version,
         "verdict": str(res.verdict),
-        "checks": {"ttft": [_ttft_to_dict(c) for c in res.ttft_checks], "ops": [asdict(c) for c in res.op_checks],
+        "checks": {"ttft": [_latency_to_dict(c) for c in res.ttft_checks], **_token_checks_to_dict(res.token_checks),
+                   "ops": [asdict(c) for c in res.op_checks],
                    "ops_not_measured": [asdict(c) for c in res.unmeasured_op_checks],
                    "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks],
                    "census": [asdict(c) for c in res.census_checks]},
@@ -166,7 +176,8 @@ def results_from_dict(d: dict[str, Any]) -> Results:
     return Results(
         verdict=Verdict(d["verdict"]),
         run=run_from_dict(d["run"]),
-        ttft_checks=tuple(_ttft_from_dict(c) for c in checks.get("ttft", [])),
+        ttft_checks=tuple(_latency_from_dict(c, TTFT) for c in checks.get("ttft", [])),
+        token_checks=tuple(_latency_from_dict(c, m) for m in TOKEN_METRICS for c in checks.get(m, [])),
         op_checks=tuple(_op_from_dict(c) for c in checks.get("ops", [])),
         unmeasured_op_checks=tuple(UnmeasuredOpCheck(**{**c, "rule": Rule(c["rule"]), "status": Status(c["status"])})
                                    for c in checks.get("ops_not_measured", [])),

@@ -40,6 +40,17 @@ TTFT_DEFINITION_SERVER = (
 )
 ENGINE_MODE_SERVER = "server"
 
+# What the latency budgets measure, in `vllm bench serve`'s names (its ttft_ms, tpot_ms, itl_ms):
+TTFT, TPOT, ITL = "ttft", "tpot", "itl"
+LATENCY_METRICS = (TTFT, TPOT, ITL)
+TOKEN_METRICS = (TPOT, ITL)  # need a request's second token: workload.max_tokens >= 2
+TPOT_DEFINITION = (
+    "TPOT (time per output token), as `vllm bench serve` defines it: per request, (its end-to-end "
+    "latency - its TTFT) / (output tokens - 1), so the decode steps after the first token; one "
+    "sample per request. ITL (inter-token latency): every gap between two successive token "
+    "arrivals of one request after its first, all requests' gaps pooled. Both by the same clock as TTFT."
+)
+
 
 def to_ms(seconds: float) -> float:
     """Seconds, guard's unit inside, as the milliseconds a ``_ms`` field or a reader sees: the one
@@ -94,6 +105,20 @@ class RequestOutcome:
     ttft_engine_s: float | None = None
     prompt_tokens: int | None = None
     error: str | None = None
+    output_tokens: int | None = None  # tokens the request returned (None: not counted)
+    latency_s: float | None = None  # from the same start as TTFT until the request finished
+    itl_s: tuple[float, ...] = ()  # gaps between successive token arrivals after the first
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.itl_s, tuple):
+            object.__setattr__(self, "itl_s", tuple(self.itl_s))
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(latency - TTFT) / (output tokens - 1), `vllm bench serve`'s TPOT; None below two tokens."""
+        if not self.success or self.latency_s is None or self.ttft_client_s is None or (self.output_tokens or 0) < 2:
+            return None
+        return (self.latency_s - self.ttft_client_s) / (self.output_tokens - 1)
 
 
 @dataclass(frozen=True)
@@ -229,6 +254,29 @@ class RunRecord:
 
     def ttft_engine_s(self) -> list[float]:
         return [o.ttft_engine_s for o in self.measured if o.success and o.ttft_engine_s is not None]
+
+    def tpot_s(self) -> list[float]:
+        return latency_samples(self.measured, TPOT)
+
+    def itl_s(self) -> list[float]:
+        return latency_samples(self.measured, ITL)
+
+    def latency_s(self, metric: str) -> list[float]:
+        """One metric's samples (``LATENCY_METRICS``), seconds: what its budgets are judged on."""
+        return latency_samples(self.measured, metric)
+
+
+def latency_samples(outcomes: Iterable[RequestOutcome], metric: str) -> list[float]:
+    """A metric's samples over successful requests: a TTFT or a TPOT per request, or every
+    request's inter-token gaps pooled (ITL, as `vllm bench serve` pools them)."""
+    ok = [o for o in outcomes if o.success]
+    if metric == TTFT:
+        return [o.ttft_client_s for o in ok if o.ttft_client_s is not None]
+    if metric == TPOT:
+        return [t for t in (o.tpot_s for o in ok) if t is not None]
+    if metric == ITL:
+        return [gap for o in ok for gap in o.itl_s]
+    raise ValueError(f"unknown latency metric {metric!r}")
 
 
 CANDIDATE, BASELINE = "candidate", "baseline"  # the two sides of an A/B run (and of guard pr: head, base)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from guard.model.checks import ABComparison, CensusCheck, Check, OpCheck, TtftCheck, TtftRatioCheck, UnmeasuredOpCheck
+from guard.model.checks import ABComparison, CensusCheck, Check, OpCheck, LatencyCheck, TtftRatioCheck, UnmeasuredOpCheck
 from guard.model.records import TTFT_DEFINITION, InvalidReason, RunRecord, Status, Verdict
 
 
@@ -91,7 +91,8 @@ class Results:
 
     verdict: Verdict
     run: RunRecord
-    ttft_checks: tuple[TtftCheck, ...] = ()
+    ttft_checks: tuple[LatencyCheck, ...] = ()
+    token_checks: tuple[LatencyCheck, ...] = ()  # TPOT and ITL budgets (metric "tpot", "itl")
     op_checks: tuple[OpCheck, ...] = ()
     unmeasured_op_checks: tuple[UnmeasuredOpCheck, ...] = ()  # budgets this engine mode cannot measure
     ab_checks: tuple[TtftRatioCheck, ...] = ()  # A/B mode only
@@ -106,7 +107,7 @@ class Results:
 
     @property
     def checks(self) -> tuple[Check, ...]:
-        return (*self.ttft_checks, *self.ab_checks, *self.op_checks, *self.census_checks)
+        return (*self.ttft_checks, *self.token_checks, *self.ab_checks, *self.op_checks, *self.census_checks)
 
     @property
     def judged(self) -> list[Check]:

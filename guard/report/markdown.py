@@ -16,11 +16,12 @@ from typing import Any
 
 from guard.model import format as fmt
 from guard.report.findings import Finding, added_calls, code_owner, findings, owner_text
+from guard.report.latency import token_summary
 from guard.model.environment import Environment
 from guard.model.readings import ImageSize
-from guard.model.records import TOTAL_OPS, ReasonKind, Rule, ScopeCounts, Status, Verdict, to_ms
+from guard.model.records import TOTAL_OPS, TPOT_DEFINITION, TTFT, ReasonKind, Rule, ScopeCounts, Status, Verdict, to_ms
 from guard.model.results import ENVIRONMENTS_DIFFER, HistoryStanding, Results
-from guard.model.checks import CensusCheck, OpCheck, TtftCheck
+from guard.model.checks import CensusCheck, OpCheck, LatencyCheck
 from guard.config import recipes
 from guard.config.budgets import percentile_value
 from guard.files import person_path, recorded_as_person_path
@@ -196,7 +197,7 @@ def _ops_finding(results: Results, f: Finding, i: int) -> list[str]:
 
 
 def _ttft_finding(results: Results, f: Finding, i: int) -> list[str]:
-    what = "TTFT vs the baseline" if f.kind == "ab" else "TTFT"
+    what = "TTFT vs the baseline" if f.kind == "ab" else "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft))
     return [f"**{i}. {what}**", ""] + [f"- {text(fmt.failure(c))}" for c in f.ttft]
 
 
@@ -232,13 +233,13 @@ def _indented_block(body: str) -> list[str]:
     return ["", f"  {fence}text", *(f"  {ln}" for ln in body.strip("\n").splitlines()), f"  {fence}", ""]
 
 
-def _ttft_table(ttft: tuple[TtftCheck, ...]) -> list[str]:
+def _ttft_table(ttft: tuple[LatencyCheck, ...]) -> list[str]:
     conf = {c.confidence for c in ttft}
     ci = f"{fmt.confidence(conf.pop())} CI" if len(conf) == 1 else "CI"
     lines = [f"| percentile | budget | measured | delta | {ci} (ms) | samples | rounds | status |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for c in ttft:
-        lines.append(f"| {code(c.percentile, in_table=True)} | {fmt.ms_unit(c.budget_ms)} | {fmt.ms_unit(c.measured_ms)} "
+        lines.append(f"| {code(c.percentile if c.metric == TTFT else c.label, in_table=True)} | {fmt.ms_unit(c.budget_ms)} | {fmt.ms_unit(c.measured_ms)} "
                      f"| {fmt.delta_pct(c.measured_ms, c.budget_ms) or '—'} | {fmt.interval(c.interval_ms)} "
                      f"| {c.samples} | {c.rounds} | {_status(c.status)} |")
     notes = [f"- {code(c.percentile)}: {text(c.note)}" for c in ttft if c.note]
@@ -252,7 +253,7 @@ _BUDGET_COLOURS = (("red", "#D62728"), ("purple", "#9467BD"), ("brown", "#8C564B
 _INTERVAL = ("orange", "#FF9F1C")
 
 
-def _chart(results: Results, ttft: tuple[TtftCheck, ...]) -> list[str]:
+def _chart(results: Results, ttft: tuple[LatencyCheck, ...]) -> list[str]:
     """The TTFT distribution (bars: the measured requests at each decile and each budgeted
     percentile) against each budget (a flat line in its own colour) and the first budgeted
     percentile's confidence interval (two orange lines): how far from the budget, and how sure, at a
@@ -549,6 +550,12 @@ def render_markdown(results: Results, *, run_url: str | None = None, thresholds:
             reference = results.profile_config.get("speed_reference_ms")
             lines += ["", f"Machine speed: guard's speed reference {text(fmt.speed_reference(speed, reference))}."]
 
+    tokens, measured = results.token_checks, token_summary(run)
+    if tokens or measured:
+        lines += ["", "### Time per output token, inter-token latency", ""]
+        lines += (_ttft_table(tokens) + [""]) if tokens else []
+        lines += [f"{text(m)}  " for m in measured]  # two spaces: a line break in markdown
+
     ops = results.op_checks
     if ops:
         failed_ops = [c for c in ops if c.status == Status.FAIL]
@@ -575,7 +582,7 @@ def render_markdown(results: Results, *, run_url: str | None = None, thresholds:
         lines += ["", "### Notices", ""] + [f"- {text(n)}" for n in results.notices]
 
     lines += _recipes(results, thresholds)
-    lines += [""] + _folded("What TTFT means here", [text(results.ttft_definition)])
+    lines += [""] + _folded("What TTFT means here", [text(results.ttft_definition), *(["", text(TPOT_DEFINITION)] * bool(measured))])
     env = _environment(run.environment)
     if env:
         lines += [""] + env

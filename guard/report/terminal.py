@@ -7,9 +7,10 @@ from collections.abc import Iterable
 from guard.config.budgets import Profile
 from guard.model import format as fmt
 from guard.model.environment import Environment
-from guard.model.records import ReasonKind, Status, Verdict
+from guard.model.records import TOKEN_METRICS, ReasonKind, Status, Verdict
 from guard.model.results import FunctionChange, Results
 from guard.report.findings import code_owner
+from guard.report.latency import token_summary
 from guard.judge.stats import percentile
 
 MAX_SITES = 6
@@ -33,7 +34,8 @@ def percentile_summary(results: Results) -> str | None:
         return None
     cells = " · ".join(f"p{p} {fmt.seconds_as_ms(percentile(samples, p))}" for p in (50, 90, 99))
     who = "candidate TTFT" if results.ab is not None else "TTFT"
-    return f"{who} over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
+    line = f"{who} over {len(samples)} requests in {results.run.rounds} round(s): {cells}"
+    return "\n".join([line, *token_summary(results.run)])
 
 
 def sites_lines(results: Results) -> list[str]:
@@ -72,6 +74,11 @@ def ab_lines(results: Results) -> list[str]:
         for q in (50, 90, 99):
             c, b = percentile(cand, q), percentile(base, q)
             rows.append([f"ttft p{q}", fmt.seconds_as_ms(c), fmt.seconds_as_ms(b), fmt.pct((c / b - 1) * 100)])
+        for metric in TOKEN_METRICS:  # shown side by side; A/B judges the TTFT ratio only
+            cand_s, base_s = results.run.latency_s(metric), ab.baseline.latency_s(metric)
+            if cand_s and base_s:
+                c, b = percentile(cand_s, 50), percentile(base_s, 50)
+                rows.append([f"{metric} p50", fmt.seconds_as_ms(c), fmt.seconds_as_ms(b), fmt.pct((c / b - 1) * 100)])
     lines += _table(["", "candidate", "baseline", "cand/base"], rows, left=1)
     lines.append("")
     if results.ab_checks:
@@ -122,12 +129,14 @@ def render_terminal(results: Results) -> str:
     if summary:
         lines += [summary, ""]
     lines += ab_lines(results)
-    if results.ttft_checks:
+    latency = (*results.ttft_checks, *results.token_checks)
+    if latency:
         rows = [[fmt.label(c), fmt.ms_unit(c.budget_ms), fmt.ms_unit(c.measured_ms),
                  fmt.delta_pct(c.measured_ms, c.budget_ms) or "", fmt.interval(c.interval_ms), str(c.samples),
-                 fmt.STATUS_WORD[c.status]] for c in results.ttft_checks]
-        lines += _table(["TTFT", "budget", "measured", "delta", "interval (ms)", "n", "status"], rows)
-        lines += [f"  {fmt.label(c)}: {c.note}" for c in results.ttft_checks if c.note]
+                 fmt.STATUS_WORD[c.status]] for c in latency]
+        lines += _table(["TTFT" if not results.token_checks else "latency", "budget", "measured", "delta",
+                         "interval (ms)", "n", "status"], rows)
+        lines += [f"  {fmt.label(c)}: {c.note}" for c in latency if c.note]
         lines.append("")
     if results.op_checks:
         rows = [[c.scope, fmt.size(c.image_size), c.op, fmt.rule(c.rule, c.budget_calls), str(c.measured_calls),
