@@ -33,13 +33,15 @@ pytestmark = pytest.mark.engine
 
 def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | None = None,
                    profile_sizes: list | None = None, mixes: dict | None = None,
-                   max_other_cpu_pct: float = 100, ttft_hardware: dict | None = None, timing_only: bool = False) -> Path:
+                   max_other_cpu_pct: float = 100, ttft_hardware: dict | None = None, timing_only: bool = False,
+                   tpot_ms: dict | None = None) -> Path:
     """The shipped file with the CPU profile cut down, written elsewhere (the shipped one stays).
     The contention gate is off unless asked for (``max_other_cpu_pct``): these tests share their
     machine, and only the contention test is about it. The TTFT budgets are bound to whatever CPU
     runs the test unless ``ttft_hardware`` says otherwise, so they are judged everywhere.
     ``timing_only``: no op budgets and no census, so no profiled request (for tests about TTFT alone).
-    ``mixes``: the profile's request mixes (default: the default set)."""
+    ``mixes``: the profile's request mixes (default: the default set). ``tpot_ms``: a TPOT budget
+    (default: none, nor ITL's: the shipped ones are bound to the CPU they were measured on)."""
     data = yaml.safe_load(SHIPPED_THRESHOLDS.read_text())
     cpu = data["profiles"]["cpu"]
     cpu["workload"].update(requests=2, warmup_requests=1, profile_image_sizes=profile_sizes or [[640, 480]])
@@ -47,6 +49,10 @@ def small_cpu_yaml(tmp_path: Path, *, ttft_ms: dict | None = None, model: str | 
     cpu["validity"] = {"max_other_cpu_pct": max_other_cpu_pct}
     cpu["budgets"]["ttft_ms"] = ttft_ms or {"p50": 600_000, "p99": 600_000}
     cpu["budgets"]["ttft_hardware"] = ttft_hardware or {"cpu_model_regex": ".", "cpu_count": [1, 4096]}
+    cpu["budgets"].pop("itl_ms", None)
+    cpu["budgets"].pop("tpot_ms", None)
+    if tpot_ms:
+        cpu["budgets"]["tpot_ms"] = tpot_ms
     if model:
         cpu["engine"]["model"] = model
     if mixes is not None:
@@ -100,6 +106,8 @@ def other_cpu_budget_folder(tmp: Path) -> Path:
     cpu["validity"] = {"max_other_cpu_pct": 100, "max_slowdown_pct": 10}
     cpu["budgets"]["ttft_hardware"] = {"cpu_model_regex": "^a CPU this test never runs on$", "cpu_count": 2}
     cpu["budgets"]["ttft_ms"] = {"p50": 1}
+    for key in ("tpot_ms", "itl_ms"):  # still measured (16 tokens a request); a budget of them is the mutant test's
+        cpu["budgets"].pop(key, None)
     budget.write_text(yaml.safe_dump(data, sort_keys=False))
     return budget
 
@@ -132,6 +140,11 @@ def test_check_passes_and_writes_results(passing_run) -> None:
     engine = measured_s(res, "ttft_engine_s")
     # the engine's own clock starts after input processing, so it never exceeds the client's
     assert len(engine) == 2 and all(0 < e <= c for e, c in zip(engine, samples))
+    # every timed request returned its 16 tokens: TPOT and ITL of the same requests, shown beside TTFT
+    timed = [o for o in res["run"]["outcomes"] if not o["warmup"] and o["success"]]
+    assert all(o["output_tokens"] == 16 and len(o["itl_s"]) == 15 and all(g > 0 for g in o["itl_s"]) for o in timed)
+    assert all(o["latency_s"] == pytest.approx(o["ttft_client_s"] + sum(o["itl_s"]), abs=1e-3) for o in timed)
+    assert "TPOT over 2 requests: p50" in proc.stdout and "ITL over 30 inter-token gaps: p50" in proc.stdout
     # a TTFT budget bound to another CPU is shown, not judged: exit 0 with a 1 ms budget
     (p50,) = res["checks"]["ttft"]
     assert p50["percentile"] == "p50" and p50["status"] == "not_judged" and p50["measured_ms"] > 1
@@ -164,8 +177,8 @@ def test_census_catches_a_source_mutant_and_a_tight_ttft_budget_in_one_run(tmp_p
 
     m = MUTANTS["token-item"]
     out = tmp_path / "out"
-    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, ttft_ms={"p50": 1})), "--output", str(out),
-                     "--inject", "mutant:token-item")
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, ttft_ms={"p50": 1}, tpot_ms={"p50": 0.001})),
+                     "--output", str(out), "--inject", "mutant:token-item")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-3000:]
     res = results_of(out)
     assert res["verdict"] == "regression" and res["run"]["injected"] == "mutant:token-item"
@@ -173,6 +186,10 @@ def test_census_catches_a_source_mutant_and_a_tight_ttft_budget_in_one_run(tmp_p
     assert "REGRESSION" in proc.stdout and "TTFT p50" in proc.stdout
     (p50,) = [c for c in res["checks"]["ttft"] if c["percentile"] == "p50"]
     assert p50["status"] == "fail" and p50["measured_ms"] > 1
+    # the TPOT budget, judged on the same requests' decode steps
+    (tpot,) = res["checks"]["tpot"]
+    assert tpot["status"] == "fail" and tpot["samples"] == 2 and 0.001 < tpot["measured_ms"] < 1000
+    assert "TPOT p50" in proc.stdout and "tpot p50" in proc.stdout
     # the census
     (c,) = [c for c in res["checks"]["census"] if c["status"] == "fail"]
     assert c["function"] == m.function and c["image_size"] == [640, 480]

@@ -82,11 +82,13 @@ def kind(step: str) -> str:
     return " ".join([*argv[:2], *(["--only", only] if only else [])]) if argv[0] == "guard" else argv[0]
 
 
-def edited_budgets(tmp: Path, edit: str | None) -> Path:
-    """The thresholds folder the repository holds in this scenario (the same in every checkout)."""
+def edited_budgets(tmp: Path, edit: str | None, fixture: str) -> Path:
+    """The thresholds folder the repository holds in this scenario (the same in every checkout), with
+    the workload the recorded run was measured under."""
     folder = tmp / "budgets"
     shutil.copytree(REPO / "thresholds", folder)
     yml = folder / "deepseek-ocr-2.yaml"
+    engine_as_recorded(yml, FIXTURES / fixture)
     if edit == "loose-ttft":  # a TTFT budget far above what the run measured, on any CPU: stale
         data = yaml.safe_load(yml.read_text())
         data["profiles"]["cpu"]["budgets"].pop("ttft_hardware")
@@ -119,7 +121,7 @@ SCENARIOS = [
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{Path(s.fixture).stem}{'-' + s.edit if s.edit else ''}")
 def test_every_printed_command_works_where_it_is_pasted(scenario, tmp_path, monkeypatch, capsys):
-    budgets = edited_budgets(tmp_path, scenario.edit)
+    budgets = edited_budgets(tmp_path, scenario.edit, scenario.fixture)
     # 1. the runner, as guard-cpu.yml lays it out: guard checked out into guard/ of a workspace that is
     #    no repository, run from the workspace, results in the workspace's guard-results/
     workspace = tmp_path / "runner" / "work"

@@ -137,7 +137,7 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
                 raise _refuse(results_path, f"checks.ttft[{key}]", f"no TTFT {key} measurement in this run")
             if not (math.isfinite(got) and got > 0):
                 raise _refuse(results_path, f"checks.ttft[{key}].measured_ms", f"not a usable TTFT measurement: {got!r}")
-    if only in (None, "ttft"):  # TPOT and ITL move with TTFT: the same timed requests measured them
+    if only in (None, "ttft") and results.run.timed_tokens:  # TPOT and ITL move with TTFT (same requests)
         for metric, budgets in profile.token_ms.items():
             measured = {c.percentile: c.measured_ms for c in results.token_checks if c.metric == metric}
             for key in budgets:
@@ -220,7 +220,8 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
             new = ttft_budget(got, headroom_pct)
             changes.append(Change(base + profile.ttft_ms_key + (key,), ".".join(profile.ttft_ms_key + (key,)), old, new, got,
                                   "ms", applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
-        for metric, budgets in profile.token_ms.items():
+        # a run from before guard timed tokens leaves them as they are (its notice says so)
+        for metric, budgets in (profile.token_ms if results.run.timed_tokens else {}).items():
             got_ms = {c.percentile: c.measured_ms for c in results.token_checks if c.metric == metric}
             where = profile.budget_key(metric)
             for key, old in budgets.items():

@@ -54,7 +54,16 @@ def ttft_checks(profile: Profile, run: RunRecord) -> list[LatencyCheck]:
 
 def token_checks(profile: Profile, run: RunRecord) -> list[LatencyCheck]:
     """TPOT and ITL budgets, judged like TTFT's, by the same statistics and not-judged rules."""
+    if not run.timed_tokens:
+        return []  # a results file from before guard timed tokens: said in a notice, never judged
     return [c for m in TOKEN_METRICS for c in latency_checks(profile, run, m)]
+
+
+def token_times_notice(profile: Profile, run: RunRecord) -> list[str]:
+    if not profile.token_ms or not run.ttft_client_s() or run.timed_tokens:
+        return []
+    return [f"{'/'.join(m.upper() for m in profile.token_ms)} budgets not judged: this run recorded no token "
+            "times (written by a guard from before TPOT and ITL were measured); re-run `guard check`"]
 
 
 def dtype_notices(profile: Profile, env: Environment) -> list[str]:
@@ -174,7 +183,7 @@ def invalid_reasons(profile: Profile, run: RunRecord, stopped: bool | None = Non
             reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, "no TTFT samples were measured"))
         elif got < profile.workload.requests:
             reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, f"too few TTFT samples: {got} of {profile.workload.requests} requested"))
-    if run.ttft_client_s() and not stopped:  # TTFT's own shortfall said above; a token metric's here
+    if run.ttft_client_s() and run.timed_tokens and not stopped:  # TTFT's own shortfall said above
         reasons += [InvalidReason(K.TOO_FEW_SAMPLES, f"no {m.upper()} samples were measured: no request returned "
                                   "a second token") for m in profile.token_ms if not run.latency_s(m)]
     for c in run.op_counts:
@@ -270,6 +279,7 @@ def evaluate(profile: Profile, run: RunRecord, guard_version: str = "", output: 
                             profile.validity.max_slowdown_pct)
         notices += [fast] if fast else []
     notices += dtype_notices(profile, run.environment)
+    notices += token_times_notice(profile, run)
     if profile.match.cuda and not run.environment.gpu_state:
         notices.append("GPU state (other processes, throttling) was not checked: NVML could not be read; "
                        "install it with `uv sync --extra gpu` (package nvidia-ml-py)")

@@ -261,6 +261,11 @@ class RunRecord:
     def itl_s(self) -> list[float]:
         return latency_samples(self.measured, ITL)
 
+    @property
+    def timed_tokens(self) -> bool:
+        """Whether the run recorded its requests' token times (a guard from before TPOT and ITL wrote none)."""
+        return any(o.output_tokens is not None for o in self.measured if o.success)
+
     def latency_s(self, metric: str) -> list[float]:
         """One metric's samples (``LATENCY_METRICS``), seconds: what its budgets are judged on."""
         return latency_samples(self.measured, metric)
