@@ -71,6 +71,7 @@ def _every_key(doc: dict[str, Any]) -> dict[str, Any]:
     scope.setdefault("ops", {})["aten::mm"] = {"exact": 3}
     cpu["budgets"]["ops"]["synthetic_request"] = {"scope": "request", "total_ops": {"exact": 100}}
     cpu["budgets"]["modes"]["server"].update(tpot_ms={"p50": 90}, itl_ms={"p90": 95})
+    cpu["budgets"]["tpot_vs_baseline_pct"] = {"p50": 5}
     cpu["workload"]["profile_mixes"] = {"every-key": {
         "output_tokens": 12, "images": 1, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "seed": 3,
         "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": -0.2, "logprobs": 2, "min_tokens": 4,

@@ -15,13 +15,13 @@ from guard import cli
 from guard.commands import update_thresholds as ut
 from guard.config.loading import load_thresholds
 from guard.errors import ConfigError
-from guard.judge.evaluate import evaluate
+from guard.judge.evaluate import evaluate, evaluate_ab
 from guard.judge.sequential import single_run_rule
 from guard.measure.inprocess import TokenClock
 from guard.measure.server import request_function, run_jobs_http
 from guard.measure.side import Job, plan_jobs
 from guard.model.jsonfiles import results_from_dict, results_to_dict, write_json_atomic
-from guard.model.records import ITL, TPOT, TTFT, RequestOutcome, RunRecord, Status, Verdict, latency_samples
+from guard.model.records import ITL, TPOT, TTFT, ABRecord, RequestOutcome, RunRecord, Status, Verdict, latency_samples
 from guard.model.schema import RESULTS_SCHEMA, validate
 from guard.report.markdown import render_markdown
 from guard.report.terminal import render_terminal
@@ -104,6 +104,7 @@ def test_token_budgets_load_beside_ttft_and_per_mode(tmp_path):
     ("      tpot_ms: {p50: 2.5}\n", "", "budgets.tpot_ms"),
     ("      itl_ms: {p90: 3}\n", "", "budgets.itl_ms"),
     ("", "      modes:\n        server: {ttft_ms: {p50: 14000}, itl_ms: {p50: 30}}\n", "budgets.modes.server.itl_ms"),
+    ("      tpot_vs_baseline_pct: {p50: 5}\n", "", "budgets.tpot_vs_baseline_pct"),
 ])
 def test_a_token_budget_over_one_token_requests_is_refused_by_file_line_and_key(tmp_path, budgets, modes, key):
     path = budget_file(tmp_path, budgets, max_tokens=1, modes=modes)
@@ -191,3 +192,29 @@ def test_a_streamed_request_gives_ttft_tpot_and_itl_as_vllm_bench_serve_does(pre
     assert len(o.itl_s) == 4 and all(0.04 <= g < 0.2 for g in o.itl_s[1:])
     assert math.isclose(o.latency_s, o.ttft_client_s + sum(o.itl_s), rel_tol=1e-6)
     assert 0.05 <= o.tpot_s < 0.12  # (latency - TTFT) / 3: the 4 gaps over 3 tokens after the first
+
+
+# ----------------------------------------------------------------------------- A/B: the paired TPOT ratio
+def ab_record(path: str, slower: float) -> ABRecord:
+    """Both sides' timed requests, the candidate's decode steps ``slower`` times the baseline's, with a
+    small per-pair wobble (synthetic)."""
+    base = [request(i, gap_s=0.002 * (1 + 0.02 * ((i * 7) % 5 - 2))) for i in range(8)]
+    cand = [request(i, gap_s=0.002 * (1 + 0.02 * ((i * 3) % 5 - 2)) * slower) for i in range(8)]
+    return ABRecord(candidate=run_of(cand, path), baseline=run_of(base, path), baseline_python="/base/bin/python",
+                    order=["candidate", "baseline"] * 4)
+
+
+@pytest.mark.parametrize("slower, status", [(1.0, Status.PASS), (1.15, Status.FAIL)])
+def test_ab_judges_each_requests_tpot_against_its_baseline_twin(tmp_path, slower, status):
+    path = budget_file(tmp_path, "      ttft_vs_baseline_pct: {p50: 2.5}\n      tpot_vs_baseline_pct: {p50: 5}\n")
+    cpu = load_thresholds(path).profile("cpu")
+    results = evaluate_ab(cpu, ab_record(path, slower))
+    (tpot,) = [c for c in results.ab_checks if c.metric == TPOT]
+    assert tpot.label == "tpot p50 vs baseline" and tpot.pairs == 8 and tpot.status == status
+    assert (tpot.measured_pct > 10) == (status == Status.FAIL)
+    data = json.loads(json.dumps(results_to_dict(results)))
+    validate(data, tmp_path / "results.json", RESULTS_SCHEMA)
+    assert [c["percentile"] for c in data["checks"]["tpot_vs_baseline"]] == ["p50"]
+    assert results_from_dict(data).ab_checks == results.ab_checks
+    if status == Status.FAIL:
+        assert "TPOT p50 is +15" in render_markdown(results) and "tpot p50 vs baseline" in render_terminal(results)

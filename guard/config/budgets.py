@@ -384,6 +384,8 @@ class Profile:
     yaml_mode: str | None = None  # engine.mode as written in the YAML (before --engine-mode)
     # A/B budgets: percentile key -> allowed slowdown of the candidate vs the baseline, in percent
     ttft_vs_baseline_pct: dict[str, float] = field(default_factory=dict)
+    # A/B budgets of a request's time per output token against its baseline twin's, percent
+    tpot_vs_baseline_pct: dict[str, float] = field(default_factory=dict)
     ab: ABSettings = ABSettings()
     ttft_hardware: TtftHardware | None = None  # None: latency budgets apply wherever `match` fits
     validity: Validity = field(default_factory=Validity)

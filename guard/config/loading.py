@@ -65,8 +65,9 @@ def _profile(r: YamlReader, key: str, name: str, node: yaml.Node) -> Profile:
     p = r.fields(node, key, PROFILE.keys)
     bkey = f"{key}.budgets"
     b = r.fields(p["budgets"], bkey, BUDGETS.keys)
-    if not (b["ttft_ms"] or b["tpot_ms"] or b["itl_ms"] or b["ops"] or b["ttft_vs_baseline_pct"] or b["census"]):
-        raise r.error(b.node, bkey, "no budgets: give ttft_ms, tpot_ms, itl_ms, ttft_vs_baseline_pct, ops and/or census")
+    if not any(b[k] for k in ("ttft_ms", "tpot_ms", "itl_ms", "ops", "ttft_vs_baseline_pct", "tpot_vs_baseline_pct", "census")):
+        raise r.error(b.node, bkey, "no budgets: give ttft_ms, tpot_ms, itl_ms, ttft_vs_baseline_pct, "
+                      "tpot_vs_baseline_pct, ops and/or census")
     engine, statistics = p["engine"], p["statistics"]
     if engine.mode in b["modes"]:
         knode = r.mapping(b.nodes["modes"][1], f"{bkey}.modes", None)[engine.mode][0]
@@ -92,6 +93,7 @@ def _profile(r: YamlReader, key: str, name: str, node: yaml.Node) -> Profile:
         ttft_ms_by_mode={mode: m["ttft_ms"] for mode, m in b["modes"].items()},
         token_ms=_token_budgets(b), token_ms_by_mode={mode: t for mode, m in b["modes"].items() if (t := _token_budgets(m))},
         thresholds_path=str(r.path), yaml_mode=engine.mode, ttft_vs_baseline_pct=b["ttft_vs_baseline_pct"],
+        tpot_vs_baseline_pct=b["tpot_vs_baseline_pct"],
         ab=p["ab"], ttft_hardware=b["ttft_hardware"], validity=p["validity"],
     )
 
@@ -120,7 +122,7 @@ def _per_request_nodes(r: YamlReader, bkey: str, b: Fields) -> list[tuple[str, y
 def _check_token_budgets_measurable(r: YamlReader, bkey: str, b: Fields, workload: Workload) -> None:
     """TPOT and ITL need a request's second token: a budget over one-token requests could never be
     judged."""
-    given = _latency_nodes(r, bkey, b, tuple(f"{m}_ms" for m in TOKEN_METRICS))
+    given = _latency_nodes(r, bkey, b, (*(f"{m}_ms" for m in TOKEN_METRICS), "tpot_vs_baseline_pct"))
     if workload.max_tokens >= 2 or not given:
         return
     where, node = given[0]

@@ -542,7 +542,7 @@ SCOPE_BUDGET = Section({
     "total_ops": optional(OP_BUDGET_TYPE, doc="every op call in the scope together"),
 }, build=_scope_budget, json_extra={"anyOf": [{"required": ["ops"]}, {"required": ["total_ops"]}]})
 SCOPE_BUDGETS = map_of(SCOPE_BUDGET.type)  # name -> scope budget, read as ScopeBudget records by _scope_budgets
-TOKEN_BUDGET_KEYS = ("tpot_ms", "itl_ms")
+TOKEN_BUDGET_KEYS = ("tpot_ms", "itl_ms", "tpot_vs_baseline_pct")
 TPOT_DOC = "percentile -> time per output token budget, ms (needs workload.max_tokens >= 2)"
 ITL_DOC = "percentile -> inter-token latency budget, ms (needs workload.max_tokens >= 2)"
 MODE_BUDGETS = Section({"ttft_ms": required(percentiles(), "percentile -> TTFT budget, ms"),
@@ -572,8 +572,11 @@ BUDGETS = Section({
     "modes": optional(ValueType(_engine_modes, {**map_of(MODE_BUDGETS.type).json, "propertyNames": {"enum": list(ENGINE_MODES)}}),
                       {}, "latency budgets for the other engine mode"),
     "ttft_vs_baseline_pct": optional(percentiles(allow_zero=True), {}, "A/B: allowed slowdown against the baseline, %"),
+    "tpot_vs_baseline_pct": optional(percentiles(allow_zero=True), {}, "A/B: allowed slowdown of a request's time per "
+                                     "output token against the baseline's, % (needs workload.max_tokens >= 2)"),
     "census": optional(CENSUS.type, doc="every function's op calls judged against a committed census"),
-}, json_extra={"anyOf": [{"required": [k]} for k in ("ttft_ms", "tpot_ms", "itl_ms", "ops", "ttft_vs_baseline_pct", "census")],
+}, json_extra={"anyOf": [{"required": [k]} for k in ("ttft_ms", "tpot_ms", "itl_ms", "ops", "ttft_vs_baseline_pct",
+                                                     "tpot_vs_baseline_pct", "census")],
                 "dependentRequired": {"ttft_hardware": ["ttft_ms"]}})
 PROFILE = Section({
     "match": required(MATCH.type, "how the profile recognises its machine"),
@@ -583,7 +586,7 @@ PROFILE = Section({
     "validity": optional(VALIDITY.type, Validity(), "when a run is too disturbed to judge TTFT on"),
     "headroom_pct": optional(number(minimum=0.0), DEFAULT_HEADROOM_PCT, "update-thresholds' headroom over a "
                                                                          "measured TTFT, %"),
-    "budgets": required(later(BUDGETS), "the budgets; at least one of ttft_ms, tpot_ms, itl_ms, ttft_vs_baseline_pct, ops, census"),
+    "budgets": required(later(BUDGETS), "the budgets; at least one of ttft_ms, tpot_ms, itl_ms, ttft_vs_baseline_pct, tpot_vs_baseline_pct, ops, census"),
     "provenance": optional(PROVENANCE, {}, "where the budgets came from (written by update-thresholds)"),
     "ab": optional(AB.type, ABSettings(), "A/B mode: how the two engines share the machine"),
 }, json_extra={"allOf": [

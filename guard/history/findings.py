@@ -35,7 +35,7 @@ from guard.history.store import DATE_EXAMPLE, date_problem, locked_folder
 from guard.model.readings import size
 from guard.model.records import RunRecord, Verdict
 from guard.model.results import Results
-from guard.model.checks import CensusCheck, Check, OpCheck, LatencyCheck, TtftRatioCheck
+from guard.model.checks import CensusCheck, Check, OpCheck, LatencyCheck, RatioCheck
 
 FINDINGS_SCHEMA = "guard/findings"
 FINDINGS_SCHEMA_VERSION = 1
@@ -155,7 +155,7 @@ def finding_of(check: Check, run: RunRecord) -> Finding:
     key, label = finding_key(check), check.label
     if isinstance(check, LatencyCheck):
         return Finding(key, label, None, check.measured_ms, check.budget_ms, None, "ms")
-    if isinstance(check, TtftRatioCheck):
+    if isinstance(check, RatioCheck):
         return Finding(key, label, None, check.measured_pct, check.budget_pct, None, "%")
     if isinstance(check, OpCheck):
         return Finding(key, label, _function_of_scope(run, check), check.measured_calls, check.budget_calls, None, "calls")

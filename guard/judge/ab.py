@@ -51,8 +51,8 @@ from dataclasses import dataclass
 
 from guard.config.budgets import Statistics, percentile_value
 from guard.model import format as fmt
-from guard.model.records import TOTAL_OPS, ScopeCounts, Status, to_ms
-from guard.model.checks import OpDelta, Pair, TtftRatioCheck
+from guard.model.records import TOTAL_OPS, TTFT, ScopeCounts, Status, to_ms
+from guard.model.checks import OpDelta, Pair, RatioCheck
 from guard.judge.rules import interval_status
 from guard.judge.stats import centre_estimate, percentile, percentile_interval
 
@@ -165,7 +165,8 @@ def op_diff(candidate: Sequence[ScopeCounts], baseline: Sequence[ScopeCounts]) -
     return out
 
 
-def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int, stats: Statistics) -> TtftRatioCheck:
+def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int, stats: Statistics,
+                metric: str = TTFT) -> RatioCheck:
     """The final check of one ratio budget, after the run stage measured up to the cap
     (``stats``: ``Profile.ab_statistics``): the interval's decision, or else the point estimate
     (FAIL above the budget, INCONCLUSIVE at or below it) with a note saying so and how many pairs
@@ -192,8 +193,8 @@ def judge_ratio(key: str, budget_pct: float, paired: Sequence[Pair], rounds: int
             note += (f" (at this machine's per-pair spread of {spread:.1f} % about {needed} pairs would settle it: "
                      "a quieter machine decides sooner)")
     p = percentile_value(key)
-    return TtftRatioCheck(percentile=key, budget_pct=budget_pct, measured_pct=d.estimate_pct, interval_pct=d.interval_pct,
+    return RatioCheck(percentile=key, budget_pct=budget_pct, measured_pct=d.estimate_pct, interval_pct=d.interval_pct,
                           pairs=d.pairs, rounds=rounds, confidence=d.confidence, status=status,
                           fail_confidence=d.fail_confidence, candidate_ms=to_ms(percentile([x.candidate_s for x in paired], p)),
                           baseline_ms=to_ms(percentile([x.baseline_s for x in paired], p)), note=note,
-                          pair_spread_pct=spread)
+                          pair_spread_pct=spread, metric=metric)

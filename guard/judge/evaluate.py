@@ -15,7 +15,7 @@ from pathlib import Path
 
 from guard.model import format as fmt
 from guard.config import recipes
-from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile
+from guard.config.budgets import NATIVE_BF16_EXTENSIONS, OpBudget, Profile, Statistics
 from guard.measure.fit import census_against_bf16, ran_bf16_fallback, ttft_not_judged
 from guard.config.census import Baseline
 from guard.files import person_path, recorded_as_person_path
@@ -24,9 +24,9 @@ from guard.judge.gates import gpu_state_problems, recorded_hardware_problems, sp
 from guard.model.changes import unmeasurable
 from guard.model.environment import ContentionReading, Environment, busy
 from guard.model.readings import comparable
-from guard.model.records import TOKEN_METRICS, TOTAL_OPS, TTFT, ABRecord, InvalidReason, ReasonKind as K, RunRecord, ScopeCounts, Status, Verdict, ttft_definition
+from guard.model.records import TOKEN_METRICS, TOTAL_OPS, TPOT, TTFT, ABRecord, InvalidReason, ReasonKind as K, RunRecord, ScopeCounts, Status, Verdict, ttft_definition
 from guard.model.results import ENVIRONMENTS_DIFFER, BudgetSource, PullRequestDiff, Results
-from guard.model.checks import ABComparison, CensusCheck, OpCheck, LatencyCheck, UnmeasuredOpCheck
+from guard.model.checks import ABComparison, CensusCheck, OpCheck, LatencyCheck, RatioCheck, UnmeasuredOpCheck
 from guard.model.verdict import settled
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_latency
@@ -323,12 +323,17 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                 if r not in hardware_reasons(profile, rec.baseline.environment)]  # same machine: said once
     paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes)
     want = profile.workload.requests
-    if profile.ttft_vs_baseline_pct and len(paired) < want and not stopped:
+    if (profile.ttft_vs_baseline_pct or profile.tpot_vs_baseline_pct) and len(paired) < want and not stopped:
         reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, f"too few A/B pairs: {len(paired)} of {want} requested" if paired
                                      else "no A/B pairs were measured (a request succeeded on both sides for none of the images)"))
     stats = profile.ab_statistics
     ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, stats)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
+    ratio += tpot_ratio_checks(profile, rec, stats)
+    if profile.tpot_vs_baseline_pct and paired and not stopped and rec.candidate.timed_tokens \
+            and not pairs(rec.candidate.outcomes, rec.baseline.outcomes, TPOT):
+        reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, "no A/B pairs of TPOT were measured: no request returned "
+                                     "a second token on both sides"))
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
     absolute_tokens = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_TOKENS_NOT_JUDGED)
                        for c in token_checks(profile, rec.candidate)]
@@ -348,6 +353,7 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     # the census rule it was judged by (against the baseline side), as evaluate records it for its committed baseline
     census_rule = {"census": profile.census.as_dict()} if profile.census is not None else {}
     config = {**cand.profile_config, **census_rule, "ab": {"ttft_vs_baseline_pct": dict(profile.ttft_vs_baseline_pct),
+                                            "tpot_vs_baseline_pct": dict(profile.tpot_vs_baseline_pct),
                                             "gpu_memory_utilization": {"candidate": profile.ab.candidate_gpu_memory_utilization,
                                                                        "baseline": profile.ab.baseline_gpu_memory_utilization},
                                             "batch": stats.batch, "confidence": stats.confidence,
@@ -357,6 +363,17 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                        ab_checks=tuple(ratio), ab=ab,
                                        census_checks=tuple(census_checks), judged_invalid_reasons=tuple(reasons),
                                        profile_config=config, notices=notices))
+
+
+def tpot_ratio_checks(profile: Profile, rec: ABRecord, stats: Statistics) -> list[RatioCheck]:
+    """``tpot_vs_baseline_pct``: each request's TPOT against its baseline twin's, by the ratio rule of
+    TTFT's pairs (guard.judge.ab), on the pairs TTFT's rule measured (its stopping rule does not wait for these)."""
+    from guard.judge.ab import judge_ratio
+    from guard.model.checks import pairs
+
+    paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes, TPOT)
+    return [judge_ratio(k, b, paired, rec.candidate.rounds, stats, metric=TPOT)
+            for k, b in profile.tpot_vs_baseline_pct.items()] if paired else []
 
 
 def ab_contention_notices(profile: Profile, reading: ContentionReading | None) -> list[str]:

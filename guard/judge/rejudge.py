@@ -26,7 +26,7 @@ from guard.measure.fit import as_it_ran
 from guard.model.verdict import self_contradiction, settled
 from guard.model.records import RunRecord
 from guard.model.results import Results
-from guard.model.checks import CensusCheck, Check, OpCheck, LatencyCheck, TtftRatioCheck
+from guard.model.checks import CensusCheck, Check, OpCheck, LatencyCheck, RatioCheck
 from guard.sanitize import one_line
 
 
@@ -42,7 +42,7 @@ def _measurement_differs(c: Check, f: Check) -> str | None:
         if not (_same_number(c.measured_ms, f.measured_ms) and c.samples == f.samples):
             return (f"{label} says {c.measured_ms:g} ms over {c.samples} samples; "
                     f"its run record gives {f.measured_ms:g} ms over {f.samples}")
-    elif isinstance(c, TtftRatioCheck) and isinstance(f, TtftRatioCheck):
+    elif isinstance(c, RatioCheck) and isinstance(f, RatioCheck):
         if not (_same_number(c.measured_pct, f.measured_pct) and c.pairs == f.pairs
                 and _same_number(c.candidate_ms, f.candidate_ms) and _same_number(c.baseline_ms, f.baseline_ms)):
             return (f"{label} says {c.measured_pct:+g} % over {c.pairs} pairs; "
@@ -65,7 +65,7 @@ def _same_budget(c: Check, f: Check, stored: Results, fresh: Results) -> bool:
     """Both checks were judged by the same budget, so the same measurement must give the same status."""
     if isinstance(c, LatencyCheck) and isinstance(f, LatencyCheck):
         return _same_number(c.budget_ms, f.budget_ms) and c.confidence == f.confidence
-    if isinstance(c, TtftRatioCheck) and isinstance(f, TtftRatioCheck):
+    if isinstance(c, RatioCheck) and isinstance(f, RatioCheck):
         return (_same_number(c.budget_pct, f.budget_pct) and c.confidence == f.confidence
                 and c.fail_confidence == f.fail_confidence)
     if isinstance(c, OpCheck) and isinstance(f, OpCheck):

@@ -153,8 +153,9 @@ class ABRun(RunStage):
 
     @property
     def timed(self) -> bool:
-        """Whether the run measures TTFT pairs (else it only counts ops on both sides)."""
-        return bool(self.profile.ttft_vs_baseline_pct or self.profile.ttft_ms)
+        """Whether the run measures pairs of timed requests (else it only counts ops on both sides)."""
+        p = self.profile
+        return bool(p.ttft_vs_baseline_pct or p.tpot_vs_baseline_pct or p.ttft_ms or p.token_ms)
 
     def _maybe_needless(self) -> set[str]:
         """The baseline's engine, when the run only counts ops and may find the baseline's pass cached."""

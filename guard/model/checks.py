@@ -1,6 +1,6 @@
 """What the judge found: one typed record per check, and A/B's pairs and op diff.
 
-A check (``LatencyCheck``, ``OpCheck``, ``TtftRatioCheck``, ``CensusCheck``) is identified by its
+A check (``LatencyCheck``, ``OpCheck``, ``RatioCheck``, ``CensusCheck``) is identified by its
 ``key``, built from its fields (percentile; scope, image size and op; function and image size),
 never a string to parse back; its ``label`` is the one short name every view shows. How the rest
 of a check reads to people is ``guard.model.format``'s business.
@@ -82,9 +82,10 @@ class UnmeasuredOpCheck:
 
 
 @dataclass(frozen=True)
-class TtftRatioCheck:
-    """A/B mode: a percentile of the paired ratio candidate TTFT / baseline TTFT, as a slowdown in
-    percent, judged by its confidence interval against ``ttft_vs_baseline_pct`` (guard.judge.ab)."""
+class RatioCheck:
+    """A/B mode: a percentile of the paired ratio candidate / baseline of a request's TTFT (or TPOT:
+    ``metric``), as a slowdown in percent, judged by its confidence interval against
+    ``ttft_vs_baseline_pct`` (``tpot_vs_baseline_pct``) (guard.judge.ab)."""
 
     percentile: str  # "p50"
     budget_pct: float  # allowed slowdown of the candidate, percent
@@ -99,14 +100,15 @@ class TtftRatioCheck:
     note: str | None = None  # how an undecided interval was settled
     fail_confidence: float | None = None  # the interval's lower end is at this stricter level (ab.fail_confidence)
     pair_spread_pct: float | None = None  # SD of the pairs' log ratio x 100: the machine's noise as A/B sees it
+    metric: str = TTFT  # what was paired: TTFT, or TPOT
 
     @property
     def key(self) -> tuple:
-        return ("ttft_vs_baseline", self.percentile)
+        return (f"{self.metric}_vs_baseline", self.percentile)
 
     @property
     def label(self) -> str:
-        return f"ttft {self.percentile} vs baseline"
+        return f"{self.metric} {self.percentile} vs baseline"
 
 
 @dataclass(frozen=True)
@@ -122,11 +124,13 @@ class Pair:
         return self.candidate_s / self.baseline_s
 
 
-def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome]) -> list[Pair]:
-    """Measured requests that succeeded on both sides, matched by job index, in index order."""
+def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome], metric: str = TTFT) -> list[Pair]:
+    """Measured requests that succeeded on both sides, matched by job index, in index order: their
+    TTFTs, or (``metric`` TPOT) their times per output token."""
     def ok(outcomes):
-        return {o.index: o.ttft_client_s for o in outcomes
-                if not o.warmup and o.success and o.ttft_client_s and o.ttft_client_s > 0}
+        seconds = {o.index: o.ttft_client_s if metric == TTFT else o.tpot_s
+                   for o in outcomes if not o.warmup and o.success}
+        return {i: s for i, s in seconds.items() if s and s > 0}
 
     c, b = ok(candidate), ok(baseline)
     return [Pair(i, c[i], b[i]) for i in sorted(c.keys() & b.keys())]
@@ -256,6 +260,6 @@ class CensusCheck:
         return (self.measured_calls or 0) - (self.baseline_calls or 0)
 
 
-Check = LatencyCheck | OpCheck | TtftRatioCheck | CensusCheck
+Check = LatencyCheck | OpCheck | RatioCheck | CensusCheck
 
 

@@ -19,7 +19,7 @@ from guard.model.environment import ContentionReading, SpeedReference
 from guard.model.readings import input_processing_only, size  # noqa: F401 - size: the one writing of an image size
 from guard.model.records import TOTAL_OPS, Rule, Status, to_ms
 from guard.model.results import RevisionInfo
-from guard.model.checks import CensusCheck, Check, GpuCost, OpCheck, OpClass, LatencyCheck, TtftRatioCheck
+from guard.model.checks import CensusCheck, Check, GpuCost, OpCheck, OpClass, LatencyCheck, RatioCheck
 
 STATUS_WORD = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.INCONCLUSIVE: "~ok", Status.NOT_JUDGED: "not judged",
                Status.NOT_MEASURED: "not measured in this mode"}
@@ -295,8 +295,8 @@ def _(c: OpCheck) -> str:
 
 
 @failure.register
-def _(c: TtftRatioCheck) -> str:
-    return (f"TTFT {c.percentile} is {pct(c.measured_pct)} vs the baseline (candidate {ms_unit(c.candidate_ms)}, "
+def _(c: RatioCheck) -> str:
+    return (f"{c.metric.upper()} {c.percentile} is {pct(c.measured_pct)} vs the baseline (candidate {ms_unit(c.candidate_ms)}, "
             f"baseline {ms_unit(c.baseline_ms)}), over its budget of {pct(c.budget_pct)} "
             f"({levels(c.confidence, c.fail_confidence)} interval {pct_interval(c.interval_pct)}, {c.pairs} pairs)")
 

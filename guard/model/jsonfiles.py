@@ -13,10 +13,10 @@ from typing import Any
 
 from guard.errors import ConfigError
 from guard.files import read_input
-from guard.model.records import TOKEN_METRICS, TTFT, TTFT_DEFINITION, ABRecord, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
+from guard.model.records import TOKEN_METRICS, TPOT, TTFT, TTFT_DEFINITION, ABRecord, InvalidReason, Measures, OpSite, RequestOutcome, Rule, RunRecord, ScopeCounts, Status, Verdict
 from guard.model.results import BudgetSource, FunctionChange, PullRequestDiff, Results, RevisionInfo
 from guard.model.checks import (ABComparison, CensusCheck, CensusOpDelta, CostStatus, GpuCost, OpCheck, OpClass, OpDelta, Pair,
-                                PricedClass, LatencyCheck, TtftRatioCheck, UnmeasuredOpCheck)
+                                PricedClass, LatencyCheck, RatioCheck, UnmeasuredOpCheck)
 from guard.model.schema import AB_RUN_SCHEMA, READABLE_SCHEMA_VERSIONS, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, RUN_SCHEMA, validate
 from guard.model.strictjson import first_refused, json_path, parse_strict_json
 from guard.model.upgrade import upgrade_v2
@@ -82,14 +82,17 @@ def _token_checks_to_dict(checks: tuple[LatencyCheck, ...]) -> dict[str, Any]:
             if any(c.metric == m for c in checks)}
 
 
-def _ratio_to_dict(c: TtftRatioCheck) -> dict[str, Any]:
-    return {**asdict(c), "interval_pct": [_finite_or_null(x) for x in c.interval_pct]}
+def _ratio_to_dict(c: RatioCheck) -> dict[str, Any]:
+    """Without its metric: the list it is written in (checks.ttft_vs_baseline, checks.tpot_vs_baseline) says it."""
+    d = {**asdict(c), "interval_pct": [_finite_or_null(x) for x in c.interval_pct]}
+    del d["metric"]
+    return d
 
 
-def _ratio_from_dict(d: dict[str, Any]) -> TtftRatioCheck:
+def _ratio_from_dict(d: dict[str, Any], metric: str = TTFT) -> RatioCheck:
     lo, hi = d["interval_pct"]
-    return TtftRatioCheck(**{**d, "status": Status(d["status"]),
-                             "interval_pct": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
+    return RatioCheck(**{**d, "status": Status(d["status"]), "metric": metric,
+                         "interval_pct": (-math.inf if lo is None else lo, math.inf if hi is None else hi)})
 
 
 def _ab_to_dict(ab: ABComparison | None) -> dict[str, Any] | None:
@@ -135,7 +138,9 @@ def results_to_dict(res: Results) -> dict[str, Any]:
         "checks": {"ttft": [_latency_to_dict(c) for c in res.ttft_checks], **_token_checks_to_dict(res.token_checks),
                    "ops": [asdict(c) for c in res.op_checks],
                    "ops_not_measured": [asdict(c) for c in res.unmeasured_op_checks],
-                   "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks],
+                   "ttft_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks if c.metric == TTFT],
+                   **({"tpot_vs_baseline": [_ratio_to_dict(c) for c in res.ab_checks if c.metric == TPOT]}
+                      if any(c.metric == TPOT for c in res.ab_checks) else {}),
                    "census": [asdict(c) for c in res.census_checks]},
         "ab": _ab_to_dict(res.ab),
         "judged_invalid_reasons": [r.as_dict() for r in res.judged_invalid_reasons],
@@ -181,7 +186,7 @@ def results_from_dict(d: dict[str, Any]) -> Results:
         op_checks=tuple(_op_from_dict(c) for c in checks.get("ops", [])),
         unmeasured_op_checks=tuple(UnmeasuredOpCheck(**{**c, "rule": Rule(c["rule"]), "status": Status(c["status"])})
                                    for c in checks.get("ops_not_measured", [])),
-        ab_checks=tuple(_ratio_from_dict(c) for c in checks.get("ttft_vs_baseline", [])),
+        ab_checks=tuple(_ratio_from_dict(c, m) for m in (TTFT, TPOT) for c in checks.get(f"{m}_vs_baseline", [])),
         ab=_ab_from_dict(d.get("ab")),
         census_checks=tuple(_census_from_dict(c) for c in checks.get("census", [])),
         judged_invalid_reasons=tuple(InvalidReason.from_dict(r) for r in d.get("judged_invalid_reasons", ())),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from guard.model.checks import ABComparison, CensusCheck, Check, OpCheck, LatencyCheck, TtftRatioCheck, UnmeasuredOpCheck
+from guard.model.checks import ABComparison, CensusCheck, Check, OpCheck, LatencyCheck, RatioCheck, UnmeasuredOpCheck
 from guard.model.records import TTFT_DEFINITION, InvalidReason, RunRecord, Status, Verdict
 
 
@@ -95,7 +95,7 @@ class Results:
     token_checks: tuple[LatencyCheck, ...] = ()  # TPOT and ITL budgets (metric "tpot", "itl")
     op_checks: tuple[OpCheck, ...] = ()
     unmeasured_op_checks: tuple[UnmeasuredOpCheck, ...] = ()  # budgets this engine mode cannot measure
-    ab_checks: tuple[TtftRatioCheck, ...] = ()  # A/B mode only
+    ab_checks: tuple[RatioCheck, ...] = ()  # A/B mode only
     ab: ABComparison | None = None  # A/B mode only: the baseline side, the pairs, the op diff
     census_checks: tuple[CensusCheck, ...] = ()  # only the functions that differ from the baseline
     judged_invalid_reasons: tuple[InvalidReason, ...] = ()  # found by evaluation, beside the run's own

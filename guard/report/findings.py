@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from guard.config import models
 from guard.model.records import TOTAL_OPS, ScopeCounts, Status, Verdict
 from guard.model.results import Results
-from guard.model.checks import CensusCheck, OpCheck, LatencyCheck, TtftRatioCheck
+from guard.model.checks import CensusCheck, OpCheck, LatencyCheck, RatioCheck
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Finding:
     name: str  # the function ("file:qualname"), the scope, or "" for ttft / ab / invalid
     census: tuple[CensusCheck, ...] = ()  # every image size of this function
     ops: tuple[OpCheck, ...] = ()  # failed op budgets attributed here
-    ttft: tuple[LatencyCheck | TtftRatioCheck, ...] = ()
+    ttft: tuple[LatencyCheck | RatioCheck, ...] = ()
 
 
 def _split(function: str) -> tuple[str, str]:
@@ -85,7 +85,7 @@ def findings(results: Results) -> list[Finding]:
     ttft = tuple(c for c in failed if isinstance(c, LatencyCheck))
     if ttft:
         out.append(Finding("ttft", "", ttft=ttft))
-    ratio = tuple(c for c in failed if isinstance(c, TtftRatioCheck))
+    ratio = tuple(c for c in failed if isinstance(c, RatioCheck))
     if ratio:
         out.append(Finding("ab", "", ttft=ratio))
 
@@ -143,7 +143,9 @@ def summary_line(results: Results) -> str:
 def _finding_name(f: Finding) -> str:
     if f.kind == "ttft":  # TTFT's, or with TPOT / ITL beside it
         return "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft))
-    return {"ab": "TTFT vs baseline", "invalid": "invalid run"}.get(f.kind) or _split(f.name)[1] or f.name
+    if f.kind == "ab":
+        return "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft)) + " vs baseline"
+    return {"invalid": "invalid run"}.get(f.kind) or _split(f.name)[1] or f.name
 
 
 __all__ = ["Finding", "findings", "has_finding", "summary_line", "added_calls", "code_owner", "owner_text"]

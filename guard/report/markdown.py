@@ -197,7 +197,7 @@ def _ops_finding(results: Results, f: Finding, i: int) -> list[str]:
 
 
 def _ttft_finding(results: Results, f: Finding, i: int) -> list[str]:
-    what = "TTFT vs the baseline" if f.kind == "ab" else "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft))
+    what = "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft)) + (" vs the baseline" if f.kind == "ab" else "")
     return [f"**{i}. {what}**", ""] + [f"- {text(fmt.failure(c))}" for c in f.ttft]
 
 
@@ -320,9 +320,9 @@ def _ab_section(results: Results) -> list[str]:
     if results.ab_checks:
         conf = {(c.confidence, c.fail_confidence) for c in results.ab_checks}
         ci = f"{fmt.levels(*conf.pop())} CI" if len(conf) == 1 else "CI"
-        lines += ["", f"| TTFT vs baseline (paired ratio) | budget | measured | {ci} | pairs | rounds | per-pair spread | status |",
+        lines += ["", f"| {'TTFT' if all(c.metric == TTFT for c in results.ab_checks) else 'latency'} vs baseline (paired ratio) | budget | measured | {ci} | pairs | rounds | per-pair spread | status |",
                   "|---|---:|---:|---:|---:|---:|---:|---|"]
-        lines += [f"| {code(c.percentile, in_table=True)} | {fmt.pct(c.budget_pct)} | {fmt.pct(c.measured_pct)} "
+        lines += [f"| {code(c.percentile if c.metric == TTFT else c.label, in_table=True)} | {fmt.pct(c.budget_pct)} | {fmt.pct(c.measured_pct)} "
                   f"| {fmt.pct_interval(c.interval_pct)} | {c.pairs} | {c.rounds} | {fmt.spread(c.pair_spread_pct)} "
                   f"| {_status(c.status)} |"
                   for c in results.ab_checks]
@@ -350,7 +350,7 @@ def _ab_chart(results: Results, cand: list[float], base: list[float]) -> list[st
     baseline shifted by the first ratio budget as a red line (where the candidate's median may go)."""
     c_dec = [to_ms(percentile(cand, p)) for p in CHART_DECILES]
     b_dec = [to_ms(percentile(base, p)) for p in CHART_DECILES]
-    budget = results.ab_checks[0] if results.ab_checks else None
+    budget = next((c for c in results.ab_checks if c.metric == TTFT), None)  # the chart is TTFT's
     allowed = [b * (1 + budget.budget_pct / 100) for b in b_dec] if budget else []
     values = [*c_dec, *b_dec, *allowed]
     lo, hi = min(values), max(values)

@@ -84,7 +84,8 @@ def ab_lines(results: Results) -> list[str]:
     if results.ab_checks:
         rows = [[fmt.label(c), fmt.pct(c.budget_pct), fmt.pct(c.measured_pct), fmt.pct_interval(c.interval_pct),
                  str(c.pairs), fmt.spread(c.pair_spread_pct), fmt.STATUS_WORD[c.status]] for c in results.ab_checks]
-        lines += _table(["TTFT (paired ratio)", "budget", "measured", "interval", "pairs", "per-pair spread", "status"], rows)
+        tpot = any(c.metric != "ttft" for c in results.ab_checks)
+        lines += _table(["paired ratio" if tpot else "TTFT (paired ratio)", "budget", "measured", "interval", "pairs", "per-pair spread", "status"], rows)
         lines += [f"  {fmt.label(c)}: {c.note}" for c in results.ab_checks if c.note]
         lines.append("")
     if ab.op_diff:
