@@ -113,7 +113,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from guard.judge.evaluate import evaluate
     from guard.config.census import read_baseline
 
-    judged = run.profile if record.measures.ttft else dataclasses.replace(run.profile, ttft_ms={})
+    judged = run.profile if record.measures.ttft else dataclasses.replace(run.profile, ttft_ms={}, token_ms={})
     results = evaluate(judged, record, output=str(run.output), census_baseline=read_baseline(run.profile.census))
     session.config.stash[_RESULTS_KEY] = results
     if results.exit_code and session.exitstatus == 0:

@@ -1112,7 +1112,7 @@ def test_two_sides_run_through_the_one_stage_abba_with_the_idle_side_stopped(tmp
 
 
 def test_an_op_only_run_whose_baseline_pass_is_cached_never_starts_the_baseline_engine(tmp_path, ab_profile, monkeypatch):
-    """Op counts only (no TTFT budgets) and the baseline environment's pass in guard's cache: the
+    """Op counts only (no latency budgets) and the baseline environment's pass in guard's cache: the
     baseline is asked which environment it is while the candidate starts, and never started or
     profiled; its counts come from the cache. With the entry gone, the same run starts it."""
     from guard.measure import opcache
@@ -1122,7 +1122,7 @@ def test_an_op_only_run_whose_baseline_pass_is_cached_never_starts_the_baseline_
     from tests.conftest import SHIPPED_THRESHOLDS
 
     monkeypatch.setenv("GUARD_CACHE_DIR", str(tmp_path / "cache"))
-    profile = dataclasses.replace(ab_profile, ttft_ms={}, ttft_vs_baseline_pct={}, census=None,
+    profile = dataclasses.replace(ab_profile, ttft_ms={}, token_ms={}, ttft_vs_baseline_pct={}, census=None,
                                   workload=dataclasses.replace(ab_profile.workload, profile_image_sizes=((640, 480),)))
 
     def op_only_run():

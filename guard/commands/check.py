@@ -184,7 +184,7 @@ def run_ab_check(args: argparse.Namespace, thresholds, profile, output: Path) ->
     from guard.judge.evaluate import evaluate_ab
     from guard.measure.harness import SidePython, record_ab
 
-    if not profile.ttft_vs_baseline_pct and not profile.ops:
+    if not profile.ttft_vs_baseline_pct and not profile.tpot_vs_baseline_pct and not profile.ops:
         raise ConfigError(str(thresholds.path), profile.line, f"profiles.{profile.name}.budgets.ttft_vs_baseline_pct",
                           "A/B mode has nothing to judge: the profile has no ratio budget and no op budgets",
                           hint="add e.g. `ttft_vs_baseline_pct: {p50: 3}` under the profile's budgets")

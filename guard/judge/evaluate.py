@@ -494,7 +494,8 @@ def evaluate_pr(profile: Profile, rec: ABRecord, pr: PullRequestDiff, *, guard_v
     that grew against base but holds within it was accepted there: the budgets that judge carry head's
     counts (guard.github.budget_files: head's copy, accepted), so it passes with a notice."""
     ops_only = not rec.candidate.measures.ttft  # `--only ops`: the sides were profiled, no pairs timed
-    judged = dataclasses.replace(profile, ttft_ms={}, ttft_vs_baseline_pct={}) if ops_only else profile
+    judged = (dataclasses.replace(profile, ttft_ms={}, token_ms={}, ttft_vs_baseline_pct={}, tpot_vs_baseline_pct={})
+              if ops_only else profile)
     res = evaluate_ab(judged, rec, guard_version=guard_version, output=output)
     base_calls = {(c.scope, tuple(c.image_size)): c for c in rec.baseline.op_counts}
     ops, notices = [], list(res.notices)

@@ -116,7 +116,7 @@ def run_side(run: GuardRun, measures: Measures) -> RunRecord:
     run.record.measures = measures
     try:
         with run:
-            if measures.ttft and run.profile.ttft_ms:
+            if measures.ttft and run.profile.latency_budgets:
                 run.record.invalid_reasons.extend(timing_pass(run))
             if measures.ops and run.profile.has_op_count_pass:
                 run.record.invalid_reasons.extend(profile_pass(run))
