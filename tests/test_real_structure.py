@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -119,3 +120,23 @@ def test_vllm_still_builds_deepseek_ocr2s_vision_tower_full_size():
     assert f"global_attn_indexes={tuple(sam['global_attn_indexes'])}," in ocr2
     encoder = (models / "deepencoder2.py").read_text(encoding="utf-8")
     assert f"decoder_layer={hard['qwen2_encoder']['decoder_layer']}," in encoder
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_real_structured_config_closes_every_not_yet_real_gap_of_its_config(model):
+    """real_structured sets each "not yet real" config field to the recorded real value; what stays
+    different is only what it leaves by design (processor fields, repeating units, values not found)."""
+    folder = structure.tiny_folder(model)
+    processor_file = folder / "processor_config.json"
+    processor = json.loads(processor_file.read_text()) if processor_file.exists() else {}
+    left = compare(model, structure.real_structured(model), processor, structure.real_record(model))
+    gaps = [d for d in left if d.explanation and d.explanation.kind == NOT_YET_REAL]
+    assert all(d.field.startswith(structure.PROCESSOR) or structure.UNIT in d.field or d.real is MISSING for d in gaps), gaps
+    assert len(left) <= len(structure.differences(model))
+
+
+def test_deepseek_ocr2_real_structured_runs_moe_layers_in_config():
+    config = structure.real_structured("deepseek-ocr-2")["language_config"]
+    assert config["num_hidden_layers"] == 12 and config["first_k_dense_replace"] == 1  # 11 MoE layers
+    assert (config["n_routed_experts"], config["num_experts_per_tok"], config["n_shared_experts"]) == (64, 6, 2)
+    assert config["hidden_size"] == 128  # widths stay tiny

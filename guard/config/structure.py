@@ -242,3 +242,23 @@ def unused_explanations(found: list[Difference],
     """Entries of the table no difference needs any more: a gap that was closed must leave the table."""
     needed = {(d.model, d.field) for d in found}
     return sorted(key for key in explained if key not in needed)
+
+
+def real_structured(model: str, explained: dict[tuple[str, str], Explanation] = EXPLAINED) -> dict:
+    """The tiny checkpoint's config.json with every "not yet real" field of its config set to the real
+    model's recorded value: real in structure, tiny in width (issue #58). Processor fields and fields
+    whose real value was not found stay as they are. A checkpoint folder is this config beside the
+    tiny's tokenizer files."""
+    folder = tiny_folder(model)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    for d in differences(model):
+        why = explained.get((model, d.field))
+        if why is None or why.kind != NOT_YET_REAL or d.real is MISSING or d.field.startswith(PROCESSOR) or UNIT in d.field:
+            continue
+        node = config
+        *parents, leaf = d.field.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = d.real
+    return config
+
