@@ -237,11 +237,12 @@ def test_an_ab_worker_is_told_the_whole_mix_with_each_job() -> None:
     assert Job.of_message(*json.loads(json.dumps(Job(8, (800, 400), False).message()))) == Job(8, (800, 400), False)
 
 
-def test_a_float32_machine_without_a_decode_baseline_still_passes_its_clean_run() -> None:
+def test_a_float32_machine_judges_its_decode_steps_and_without_a_baseline_still_passes(tmp_path) -> None:
     """A recorded clean run on an AVX2-only EPYC (float32 engine, tests/fixtures/runs/cpu-float32-clean.json),
-    given the default mixes' decode census (recorded on 0.32.0), judged as guard check judges it: the
-    shipped float32 census file holds no decode section, so each mix is counted and shown, not judged,
-    and the run still passes (exit 0)."""
+    given decode census as guard check judges it. The shipped float32 file holds the default mixes'
+    decode steps (benchmarks/float32_census.py): the same counts pass with nothing to report. A float32
+    file without them (as written before 7 December) counts and shows each mix, not judged, and the
+    run still passes (exit 0)."""
     from guard.config.loading import load_thresholds
     from guard.judge.rejudge import judged_profile, recompute
     from guard.model.jsonfiles import load_results
@@ -250,9 +251,19 @@ def test_a_float32_machine_without_a_decode_baseline_still_passes_its_clean_run(
     stored = load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json")
     profile = judged_profile(stored.run, load_thresholds(SHIPPED_THRESHOLDS), source="x")
     assert profile.census.baseline.name == "deepseek-ocr-2.cpu.float32.census.json"
-    assert load_baseline(profile.census.baseline).decode == {}  # written before decode steps were counted
+    shipped = load_baseline(profile.census.baseline).decode
+    assert set(shipped) == {m.name for m in DEFAULT_MIXES}
+    same = recompute(dataclasses.replace(stored, run=dataclasses.replace(stored.run, decode_census=dict(shipped))), profile)
+    assert same.exit_code == 0 and not [c for c in same.census_checks if c.mix]
+    assert not any("no baseline yet" in n for n in same.notices)
+
+    older_file = tmp_path / profile.census.baseline.name  # the float32 file before its decode steps were counted
+    data = json.loads(profile.census.baseline.read_text())
+    data.pop("decode")
+    older_file.write_text(json.dumps(data))
+    without = dataclasses.replace(profile, census=dataclasses.replace(profile.census, baseline=older_file))
     counted = {m.name: decode("seeded") for m in profile.workload.profile_mixes}
-    fresh = recompute(dataclasses.replace(stored, run=dataclasses.replace(stored.run, decode_census=counted)), profile)
+    fresh = recompute(dataclasses.replace(stored, run=dataclasses.replace(stored.run, decode_census=counted)), without)
     assert fresh.exit_code == 0 and not [c for c in fresh.census_checks if c.mix]
     assert sum("no baseline yet" in n and "counted, not judged" in n for n in fresh.notices) == len(DEFAULT_MIXES)
     older = recompute(stored, profile)  # recorded before decode steps were counted
