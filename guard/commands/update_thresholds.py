@@ -138,14 +138,12 @@ def check_usable(results: Results, results_path: Path, profile: Profile, only: s
             if not (math.isfinite(got) and got > 0):
                 raise _refuse(results_path, f"checks.ttft[{key}].measured_ms", f"not a usable TTFT measurement: {got!r}")
     if only in (None, "ttft") and results.run.timed_tokens:  # TPOT and ITL move with TTFT (same requests)
-        for metric, budgets in profile.token_ms.items():
-            measured = {c.percentile: c.measured_ms for c in results.token_checks if c.metric == metric}
-            for key in budgets:
-                got = measured.get(key)
-                if got is None or not (math.isfinite(got) and got > 0):
-                    raise _refuse(results_path, f"checks.{metric}[{key}]", f"no usable {metric.upper()} {key} "
-                                  f"measurement in this run ({got!r})", hint="re-run `guard check` with the current "
-                                  "thresholds file (its workload.max_tokens must be 2 or more)")
+        measured_ms = {c.key: c.measured_ms for c in results.token_checks}
+        for metric, key in ((m, k) for m, budgets in profile.token_ms.items() for k in budgets):
+            got = measured_ms.get((metric, key))
+            if got is None or not (math.isfinite(got) and got > 0):
+                raise _refuse(results_path, f"checks.{metric}[{key}]", f"no usable {metric.upper()} {key} measurement "
+                              f"in this run ({got!r})", hint="re-run `guard check` with the current thresholds file")
     if only in (None, "ops"):
         measured = _op_measurements(results)
         for sb in profile.ops:

@@ -32,11 +32,11 @@ ALLOWED_TAGS = frozenset(YAML_TAG + t for t in ("str", "int", "float", "bool", "
 
 
 class Key(Protocol):
-    """What the reader needs of a schema key (guard.config.schema.Key): how to read its value,
+    """What the reader needs of a schema key (guard.config.declarations.Key): how to read its value,
     whether the file must give it, its value where absent."""
 
     @property
-    def type(self) -> Any: ...  # a guard.config.schema.ValueType: .read(reader, node, key path)
+    def type(self) -> Any: ...  # a guard.config.declarations.ValueType: .read(reader, node, key path)
     @property
     def required(self) -> bool: ...
     @property
