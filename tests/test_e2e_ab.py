@@ -91,7 +91,7 @@ def test_ab_with_identical_sides_passes_and_shows_both(tmp_path: Path, monkeypat
 
     # ... so a second check against it profiles the candidate only and reads the baseline's back
     data = yaml.safe_load(small_ab_yaml(tmp_path).read_text())
-    for timing in ("ttft_vs_baseline_pct", "ttft_ms", "modes", "ttft_hardware"):  # no pairs: the op-count pass is what is tested
+    for timing in ("ttft_vs_baseline_pct", "ttft_ms", "tpot_ms", "itl_ms", "modes", "ttft_hardware"):  # no pairs: the op-count pass is what is tested
         data["profiles"]["cpu"]["budgets"].pop(timing, None)
     second_yaml = tmp_path / "second.yaml"
     second_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
