@@ -304,7 +304,11 @@ def test_baseline_round_trip_is_sorted_one_line_per_function(tmp_path: Path) -> 
 def test_bad_baseline_names_the_key(tmp_path: Path, patch, key: str) -> None:
     data = json.loads(render_baseline("m", "cpu", ("vllm",), {"640x480": dict(BASE)}, {}, {}))
     patch(data)
-    path = tmp_path / "b.json"
+    assert_refused_naming(tmp_path / "b.json", data, key)
+
+
+def assert_refused_naming(path: Path, data: dict, key: str) -> None:
+    """``data`` written as a census baseline file at ``path`` is refused, naming the file and ``key``."""
     path.write_text(json.dumps(data, indent=1))
     with pytest.raises(ConfigError) as e:
         load_baseline(path)

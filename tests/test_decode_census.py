@@ -14,11 +14,12 @@ import pytest
 
 from guard.config.budgets import DEFAULT_MIXES, CensusRule, RequestMix
 from guard.config.census import Baseline, load_baseline, plan_census, render_baseline
-from guard.errors import ConfigError, UsageError
+from guard.errors import UsageError
 from guard.judge.census import judge, judge_decode
 from guard.measure.probes import STEP_BEGIN, STEP_END, ProfEvent, split_steps
 from guard.model.readings import DecodeCensus, comparable
 from guard.model.records import ReasonKind, Status
+from tests.test_census import assert_refused_naming
 
 RECORDED = json.loads(gzip.open(Path(__file__).parent / "fixtures" / "decode" / "steps-0.32.0.json.gz").read())
 STEPS = RECORDED["steps"]  # mix -> [prefill step's census, decode step 1, ...]
@@ -143,11 +144,7 @@ def test_the_baseline_file_keeps_each_mix_one_line_per_function_and_reads_back(t
 def test_a_bad_decode_section_names_the_key(tmp_path: Path, patch, key: str) -> None:
     data = json.loads(render_baseline("m", "cpu", ("vllm",), {"640x480": {}}, {}, {}, {"seeded": decode("seeded")}))
     patch(data)
-    path = tmp_path / "b.json"
-    path.write_text(json.dumps(data, indent=1))
-    with pytest.raises(ConfigError) as e:
-        load_baseline(path)
-    assert e.value.key == key and str(path) in str(e.value)
+    assert_refused_naming(tmp_path / "b.json", data, key)
 
 
 def _profile(tmp_path: Path):

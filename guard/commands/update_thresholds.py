@@ -35,7 +35,7 @@ from guard.errors import ConfigError, UsageError
 from guard.measure.fit import as_it_ran, census_of_other_kernels, engine_on_cpu, engine_ran_bf16_fallback, ttft_binding_fits
 from guard.measure.hardware import git_commit, ttft_hardware_for
 from guard.model.environment import Environment
-from guard.model.records import TOTAL_OPS, ReasonKind, Verdict, reasons_text
+from guard.model.records import LATENCY_METRICS, TOTAL_OPS, TTFT, ReasonKind, Verdict, reasons_text
 from guard.model.results import Results
 from guard.model.jsonfiles import load_results
 
@@ -208,24 +208,20 @@ def plan_update(profile: Profile, results: Results, *, headroom_pct: float, only
     changes: list[Change] = []
     binding = None
     if only in (None, "ttft"):
-        measured = {c.percentile: c.measured_ms for c in results.ttft_checks}
+        measured = {c.key: c.measured_ms for c in (*results.ttft_checks, *results.token_checks)}
         binding = _rebinding(profile, results.run.environment)
         # Bound to another CPU: that budget says nothing about this one, so rewrite it even within
         # hysteresis. Bound to none yet: the binding is written only when a TTFT budget moves.
         elsewhere = binding is not None and profile.ttft_hardware is not None
-        for key, old in profile.ttft_ms.items():
-            got = measured[key]  # present and positive: check_usable ran first
+        # TPOT and ITL move with TTFT (the same requests); a run from before guard timed tokens leaves
+        # them as they are (its notice says so)
+        metrics = LATENCY_METRICS if results.run.timed_tokens else (TTFT,)
+        for metric, key, old in ((m, k, b) for m in metrics for k, b in profile.latency_ms(m).items()):
+            got = measured[(metric, key)]  # present and positive: check_usable ran first
             new = ttft_budget(got, headroom_pct)
-            changes.append(Change(base + profile.ttft_ms_key + (key,), ".".join(profile.ttft_ms_key + (key,)), old, new, got,
-                                  "ms", applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
-        # a run from before guard timed tokens leaves them as they are (its notice says so)
-        for metric, budgets in (profile.token_ms if results.run.timed_tokens else {}).items():
-            got_ms = {c.percentile: c.measured_ms for c in results.token_checks if c.metric == metric}
-            where = profile.budget_key(metric)
-            for key, old in budgets.items():
-                new = ttft_budget(got_ms[key], headroom_pct)
-                changes.append(Change(base + where + (key,), ".".join(where + (key,)), old, new, got_ms[key], "ms",
-                                      applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
+            where = profile.budget_key(metric) + (key,)
+            changes.append(Change(base + where, ".".join(where), old, new, got, "ms",
+                                  applied=elsewhere or moves(old, new, headroom_pct), rebound=elsewhere))
     if only in (None, "ops"):
         counts = _op_measurements(results)
         for sb in profile.ops:

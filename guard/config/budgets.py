@@ -394,11 +394,6 @@ class Profile:
     # the other engine modes' TPOT and ITL budgets: mode -> "tpot" / "itl" -> percentile -> ms
     token_ms_by_mode: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
-    @property
-    def ttft_ms_key(self) -> tuple[str, ...]:
-        """Where this profile's TTFT budgets sit under ``budgets`` in the YAML."""
-        return self.budget_key(TTFT)
-
     def budget_key(self, metric: str) -> tuple[str, ...]:
         """Where this profile's budgets of a latency metric sit under ``budgets`` in the YAML."""
         if self.engine.mode == (self.yaml_mode or self.engine.mode):

@@ -26,7 +26,7 @@ from guard.model.environment import ContentionReading, Environment, busy
 from guard.model.readings import comparable
 from guard.model.records import TOKEN_METRICS, TOTAL_OPS, TPOT, TTFT, ABRecord, InvalidReason, ReasonKind as K, RunRecord, ScopeCounts, Status, Verdict, ttft_definition
 from guard.model.results import ENVIRONMENTS_DIFFER, BudgetSource, PullRequestDiff, Results
-from guard.model.checks import ABComparison, CensusCheck, OpCheck, LatencyCheck, RatioCheck, UnmeasuredOpCheck
+from guard.model.checks import ABComparison, CensusCheck, OpCheck, LatencyCheck, Pair, RatioCheck, UnmeasuredOpCheck
 from guard.model.verdict import settled
 from guard.judge.opnames import vacuous_budgets
 from guard.judge.rules import judge_latency
@@ -329,9 +329,9 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
     stats = profile.ab_statistics
     ratio = [judge_ratio(k, b, paired, rec.candidate.rounds, stats)
              for k, b in profile.ttft_vs_baseline_pct.items()] if paired else []
-    ratio += tpot_ratio_checks(profile, rec, stats)
-    if profile.tpot_vs_baseline_pct and paired and not stopped and rec.candidate.timed_tokens \
-            and not pairs(rec.candidate.outcomes, rec.baseline.outcomes, TPOT):
+    tpot_paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes, TPOT)
+    ratio += tpot_ratio_checks(profile, tpot_paired, rec.candidate.rounds, stats)
+    if profile.tpot_vs_baseline_pct and paired and not tpot_paired and not stopped and rec.candidate.timed_tokens:
         reasons.append(InvalidReason(K.TOO_FEW_SAMPLES, "no A/B pairs of TPOT were measured: no request returned "
                                      "a second token on both sides"))
     absolute = [dataclasses.replace(c, status=Status.NOT_JUDGED, note=AB_NOT_JUDGED) for c in ttft_checks(profile, rec.candidate)]
@@ -365,14 +365,13 @@ def evaluate_ab(profile: Profile, rec: ABRecord, guard_version: str = "", output
                                        profile_config=config, notices=notices))
 
 
-def tpot_ratio_checks(profile: Profile, rec: ABRecord, stats: Statistics) -> list[RatioCheck]:
-    """``tpot_vs_baseline_pct``: each request's TPOT against its baseline twin's, by the ratio rule of
-    TTFT's pairs (guard.judge.ab), on the pairs TTFT's rule measured (its stopping rule does not wait for these)."""
+def tpot_ratio_checks(profile: Profile, paired: Sequence[Pair], rounds: int, stats: Statistics) -> list[RatioCheck]:
+    """``tpot_vs_baseline_pct``: each request's TPOT against its baseline twin's (``paired``), by the
+    ratio rule of TTFT's pairs (guard.judge.ab), on the pairs TTFT's rule measured (its stopping rule
+    does not wait for these)."""
     from guard.judge.ab import judge_ratio
-    from guard.model.checks import pairs
 
-    paired = pairs(rec.candidate.outcomes, rec.baseline.outcomes, TPOT)
-    return [judge_ratio(k, b, paired, rec.candidate.rounds, stats, metric=TPOT)
+    return [judge_ratio(k, b, paired, rounds, stats, metric=TPOT)
             for k, b in profile.tpot_vs_baseline_pct.items()] if paired else []
 
 

@@ -155,7 +155,7 @@ class ABRun(RunStage):
     def timed(self) -> bool:
         """Whether the run measures pairs of timed requests (else it only counts ops on both sides)."""
         p = self.profile
-        return bool(p.ttft_vs_baseline_pct or p.tpot_vs_baseline_pct or p.ttft_ms or p.token_ms)
+        return bool(p.ttft_vs_baseline_pct or p.tpot_vs_baseline_pct or p.latency_budgets)
 
     def _maybe_needless(self) -> set[str]:
         """The baseline's engine, when the run only counts ops and may find the baseline's pass cached."""

@@ -128,8 +128,7 @@ def pairs(candidate: Sequence[RequestOutcome], baseline: Sequence[RequestOutcome
     """Measured requests that succeeded on both sides, matched by job index, in index order: their
     TTFTs, or (``metric`` TPOT) their times per output token."""
     def ok(outcomes):
-        seconds = {o.index: o.ttft_client_s if metric == TTFT else o.tpot_s
-                   for o in outcomes if not o.warmup and o.success}
+        seconds = {o.index: o.per_request_s(metric) for o in outcomes if not o.warmup and o.success}
         return {i: s for i, s in seconds.items() if s and s > 0}
 
     c, b = ok(candidate), ok(baseline)

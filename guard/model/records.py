@@ -120,6 +120,14 @@ class RequestOutcome:
             return None
         return (self.latency_s - self.ttft_client_s) / (self.output_tokens - 1)
 
+    def per_request_s(self, metric: str) -> float | None:
+        """The request's one sample of a per-request metric: its TTFT or its TPOT (ITL has many)."""
+        if metric == TTFT:
+            return self.ttft_client_s
+        if metric == TPOT:
+            return self.tpot_s
+        raise ValueError(f"{metric!r} has no single value per request")
+
 
 @dataclass(frozen=True)
 class OpSite:
@@ -250,16 +258,10 @@ class RunRecord:
         return [o for o in self.outcomes if not o.warmup]
 
     def ttft_client_s(self) -> list[float]:
-        return [o.ttft_client_s for o in self.measured if o.success and o.ttft_client_s is not None]
+        return self.latency_s(TTFT)
 
     def ttft_engine_s(self) -> list[float]:
         return [o.ttft_engine_s for o in self.measured if o.success and o.ttft_engine_s is not None]
-
-    def tpot_s(self) -> list[float]:
-        return latency_samples(self.measured, TPOT)
-
-    def itl_s(self) -> list[float]:
-        return latency_samples(self.measured, ITL)
 
     @property
     def timed_tokens(self) -> bool:
@@ -275,13 +277,9 @@ def latency_samples(outcomes: Iterable[RequestOutcome], metric: str) -> list[flo
     """A metric's samples over successful requests: a TTFT or a TPOT per request, or every
     request's inter-token gaps pooled (ITL, as `vllm bench serve` pools them)."""
     ok = [o for o in outcomes if o.success]
-    if metric == TTFT:
-        return [o.ttft_client_s for o in ok if o.ttft_client_s is not None]
-    if metric == TPOT:
-        return [t for t in (o.tpot_s for o in ok) if t is not None]
     if metric == ITL:
         return [gap for o in ok for gap in o.itl_s]
-    raise ValueError(f"unknown latency metric {metric!r}")
+    return [s for s in (o.per_request_s(metric) for o in ok) if s is not None]
 
 
 CANDIDATE, BASELINE = "candidate", "baseline"  # the two sides of an A/B run (and of guard pr: head, base)

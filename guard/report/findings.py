@@ -35,6 +35,11 @@ class Finding:
     ops: tuple[OpCheck, ...] = ()  # failed op budgets attributed here
     ttft: tuple[LatencyCheck | RatioCheck, ...] = ()
 
+    @property
+    def metrics(self) -> str:
+        """The latency metrics a "ttft" or "ab" finding's checks judged: ``TTFT``, ``TTFT/ITL``."""
+        return "/".join(dict.fromkeys(c.metric.upper() for c in self.ttft))
+
 
 def _split(function: str) -> tuple[str, str]:
     """"file.py:Outer.<locals>.inner" -> ("file.py", "inner")."""
@@ -141,10 +146,8 @@ def summary_line(results: Results) -> str:
 
 
 def _finding_name(f: Finding) -> str:
-    if f.kind == "ttft":  # TTFT's, or with TPOT / ITL beside it
-        return "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft))
-    if f.kind == "ab":
-        return "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft)) + " vs baseline"
+    if f.kind in ("ttft", "ab"):  # TTFT's, or with TPOT / ITL beside it
+        return f.metrics + " vs baseline" * (f.kind == "ab")
     return {"invalid": "invalid run"}.get(f.kind) or _split(f.name)[1] or f.name
 
 

@@ -197,7 +197,7 @@ def _ops_finding(results: Results, f: Finding, i: int) -> list[str]:
 
 
 def _ttft_finding(results: Results, f: Finding, i: int) -> list[str]:
-    what = "/".join(dict.fromkeys(c.metric.upper() for c in f.ttft)) + (" vs the baseline" if f.kind == "ab" else "")
+    what = f.metrics + (" vs the baseline" if f.kind == "ab" else "")
     return [f"**{i}. {what}**", ""] + [f"- {text(fmt.failure(c))}" for c in f.ttft]
 
 
