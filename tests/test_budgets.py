@@ -317,18 +317,34 @@ def test_an_undecidable_percentile_is_named_whole_in_its_error_and_hint(tmp_path
 
 
 def test_on_cpu_swaps_in_the_amx_census_only_for_bf16_on_an_amx_cpu() -> None:
-    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
-    assert cpu.census.baseline_with_amx.name == "deepseek-ocr-2.cpu.amx.census.json"
-    assert cpu.census.baseline_with_amx.exists()  # committed beside the other two
+    shipped = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    amx_file = shipped.census.baseline.with_name("deepseek-ocr-2.cpu.amx.census.json")
+    cpu = dataclasses.replace(shipped, census=dataclasses.replace(shipped.census, baseline_with_amx=amx_file))
     amx = on_cpu(cpu, native_bf16=True, amx=True)
-    assert amx.census.baseline == cpu.census.baseline_with_amx and amx.engine == cpu.engine
-    assert cpu.census.baselines == (cpu.census.baseline, cpu.census.baseline_without_native_bf16,
-                                    cpu.census.baseline_with_amx)
+    assert amx.census.baseline == amx_file and amx.engine == cpu.engine
+    assert cpu.census.baselines == (cpu.census.baseline, cpu.census.baseline_without_native_bf16, amx_file)
     float32 = dataclasses.replace(cpu, engine=dataclasses.replace(cpu.engine, dtype="float32"))
     assert on_cpu(float32, native_bf16=True, amx=True) is float32  # vLLM's AMX GEMM takes bf16/fp16 only
     without = dataclasses.replace(cpu, census=dataclasses.replace(cpu.census, baseline_with_amx=None))
     unjudged = on_cpu(without, native_bf16=True, amx=True)
     assert unjudged.census.baseline == cpu.census.baseline and "AMX" in unjudged.census.not_judged
+
+
+def test_on_an_amx_cpu_without_its_census_a_scopes_total_is_shown_but_its_named_ops_are_judged() -> None:
+    """The kernels that make the census inapplicable on AMX change a scope's total calls too (vLLM's AMX
+    attention allocates more), so total_ops is not judged there; a watched op (an index write) still is."""
+    from guard.judge.evaluate import op_checks
+    from guard.model.records import TOTAL_OPS, ScopeCounts, Status
+
+    cpu = load_thresholds(SHIPPED_THRESHOLDS).profile("cpu")
+    cpu = dataclasses.replace(cpu, census=dataclasses.replace(cpu.census, baseline_with_amx=None))
+    (scope,) = [sb for sb in cpu.ops if sb.total_ops is not None and "aten::_index_put_impl_" in sb.ops]
+    grown = ScopeCounts(scope.name, (640, 480), entries=1, calls_by_op={"aten::_index_put_impl_": 3},
+                        total_calls=scope.total_ops.count + 50)
+    on_amx = {c.op: c.status for c in op_checks(on_cpu(cpu, native_bf16=True, amx=True), [grown])}
+    assert on_amx[TOTAL_OPS] == Status.NOT_JUDGED and on_amx["aten::_index_put_impl_"] == Status.FAIL
+    plain = {c.op: c.status for c in op_checks(on_cpu(cpu, native_bf16=True, amx=False), [grown])}
+    assert plain[TOTAL_OPS] == Status.FAIL  # counted on the kernels its cap was: judged
 
 
 def test_has_amx_reads_the_recorded_extensions() -> None:

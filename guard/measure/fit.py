@@ -126,8 +126,9 @@ def on_cpu(profile: Profile, native_bf16: bool, amx: bool = False) -> Profile:
         else:
             census = dataclasses.replace(census, not_judged=(
                 f"this CPU has AMX, where vLLM runs small {engine.dtype} GEMMs on AMX kernels, and "
-                f"{census.baseline.name} was counted on a CPU without it (other functions, other calls); "
-                "give the profile `census.baseline_with_amx: FILE` and write it from this run"))
+                f"{census.baseline.name} was counted on a CPU without it (other functions, other calls), and so "
+                "were the op scopes' total_ops caps (shown, not judged); give the profile "
+                "`census.baseline_with_amx: FILE` and write it from this run"))
     if engine is profile.engine and census is profile.census:
         return profile
     return dataclasses.replace(profile, engine=engine, census=census)
