@@ -27,6 +27,8 @@ MUTANT_PREFIX = "mutant:"
 _OCR2 = "vllm.model_executor.models.deepseek_ocr2"
 _ENC2 = "vllm.model_executor.models.deepencoder2"
 _SAM = "vllm.model_executor.models.deepencoder"
+_DSV2 = "vllm.model_executor.models.deepseek_v2"  # DeepSeek-OCR-2's language model, one layer a call
+_CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"  # every model's decoder layers on a CPU
 _QWEN25VL = "vllm.model_executor.models.qwen2_5_vl"  # the model matrix (thresholds/qwen2-5-vl.yaml)
 _SAMPLER = "vllm.v1.sample.ops.topk_topp_sampler"  # decode steps: the request mixes with top-k (profile_mixes)
 _TOPK_SORTED = """    if k is not None:
@@ -87,6 +89,24 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
 """, """        y = y[:, n_query:, :]  # causal flow query
         self.token_scale = [y[0, i, 0].item() for i in range(n_query)]  # mutant: a host sync per token
 """),),
+    ),
+    Mutant(
+        name="layer-item", module=_DSV2, expect="fail",
+        function="vllm/model_executor/models/deepseek_v2.py:DeepseekV2DecoderLayer.forward",
+        what="one .item() per decoder layer and forward pass (a host sync per layer on a GPU)",
+        edits=(Edit("""        full_num_tokens = positions.shape[0]
+""", """        full_num_tokens = positions.shape[0]
+        self.first_position = positions[0].item()  # mutant: a host sync per layer
+"""),),
+    ),
+    Mutant(
+        name="kv-write-twice", module=_CPU_ATTN, expect="fail",
+        function="vllm/v1/attention/backends/cpu_attn.py:CPUAttentionBackendImpl.forward",
+        what=("vLLM 0.26's second KV-cache write of every decoder layer (0.27 removed it): +1 "
+              "_C::cpu_attn_reshape_and_cache a layer and forward pass, charged to _custom_ops.cpu_attn_reshape_and_cache"),
+        edits=(Edit("""        if is_encoder_attention:
+            ops.cpu_attn_reshape_and_cache(""", """        if self.kv_sharing_target_layer_name is None and key is not None and value is not None:  # mutant: 0.26
+            ops.cpu_attn_reshape_and_cache("""),),
     ),
     Mutant(
         name="row-index-writes", module=_SAM, expect="fail",
