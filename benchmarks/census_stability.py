@@ -70,7 +70,11 @@ def main() -> int:
         args.save_events.mkdir(parents=True, exist_ok=True)
         for size in profile.workload.profile_image_sizes:
             jobs = run._jobs(1, warmup=True, sizes=[size])
-            events, _ = profile_request(lambda: run.run_jobs(jobs, "recorded"))
+            # one unprofiled request of the size first, as guard check sends: the request before was a
+            # decode mix's, and the first request after a sampling change moves state (async_tensor_h2d)
+            run.side.run(run._jobs(1, warmup=True, sizes=[size]), "warm-up", lambda o: None, first_token_only=True)
+            # the prefill alone, as guard check profiles an image size (its first token, whatever max_tokens)
+            events, _ = profile_request(lambda: run.side.run(jobs, "recorded", lambda o: None, first_token_only=True))
             ops = [e for e in events if e.is_op]  # the census reads only operator events
             path = args.save_events / f"census-{size[0]}x{size[1]}.events.json.gz"
             save_events(ops, path)

@@ -3,7 +3,8 @@
 vLLM loads it with ``load_format="dummy"`` (random weights), so it is a few KB in git
 yet exercises the real DeepSeek-OCR-2 code path: the vision tower (SAM ViT-B plus the
 24-layer Qwen2 "DeepEncoder-V2", whose attention mask PR #49531 fixed) is hard-coded
-full size in vLLM whatever the config says; only the language model is shrunk.
+full size in vLLM whatever the config says; only the language model is shrunk, in width: its depth,
+MoE layers and experts are the real model's (``make_real_structured``, issue #58).
 
     uv run --extra cpu python scripts/make_tiny_model.py   # rewrites guard/models/tiny-deepseek-ocr2
 """
@@ -14,6 +15,8 @@ import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from guard.config.structure import make_real_structured
 
 OUT = Path(__file__).resolve().parent.parent / "guard" / "models" / "tiny-deepseek-ocr2"
 
@@ -87,6 +90,7 @@ def build_tokenizer() -> Tokenizer:
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "config.json").write_text(json.dumps(CONFIG, indent=2, ensure_ascii=False) + "\n")
+    make_real_structured("deepseek-ocr-2", OUT)  # 12 layers, 11 of them MoE: the real language model's structure
     build_tokenizer().save(str(OUT / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

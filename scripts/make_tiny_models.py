@@ -7,8 +7,11 @@ preprocessor/processor/chat-template files written by ``save_pretrained`` of the
 classes. No weights: vLLM loads them with ``load_format="dummy"`` (random weights). Nothing comes
 from the HuggingFace Hub.
 
-Every model is shrunk to a couple of layers with small hidden sizes, vision towers included, and its
-image processor's pixel limits are kept such that one image's tokens fit ``max_model_len`` 2048.
+Every model is tiny in width (small hidden sizes, heads, vocabulary), vision towers included, and its
+image processor's pixel limits are kept such that one image's tokens fit ``max_model_len`` 2048. In
+structure it is the real model (issue #58): each builder below writes a 2-layer config, then
+``guard.config.structure.make_real_structured`` sets the depth, layer pattern, experts and the other
+code-path-deciding fields to the real model's recorded values (guard/models/real-configs/).
 
     uv run --extra cpu python scripts/make_tiny_models.py                 # all, into guard/models/
     uv run --extra cpu python scripts/make_tiny_models.py --only qwen2.5-vl --out /tmp/m
@@ -24,6 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from guard.config.models import canonical
+from guard.config.structure import make_real_structured
 
 ROOT = Path(__file__).resolve().parent.parent / "guard" / "models"
 
@@ -442,6 +448,7 @@ def main() -> None:
     for name in args.only or REGISTRY:
         out = args.out / f"tiny-{name}"
         prompts[name] = REGISTRY[name](out)
+        make_real_structured(canonical(name), out)  # the real model's depth and layer pattern
         (out / "guard_prompt.txt").write_text(prompts[name])
         check(out, prompts[name])
         print(f"wrote {out}")

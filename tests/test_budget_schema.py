@@ -66,7 +66,8 @@ def _every_key(doc: dict[str, Any]) -> dict[str, Any]:
     cpu = doc["profiles"]["cpu"]
     cpu["engine"]["max_num_batched_tokens"] = 4096
     census = cpu["budgets"]["census"]
-    census.update(watch=["aten::nonzero"], roots=["vllm"], exclude={"vllm/x.py:f": "synthetic: a reason"})
+    census.update(watch=["aten::nonzero"], roots=["vllm"], exclude={"vllm/x.py:f": "synthetic: a reason"},
+                  baseline_with_amx="x.cpu.amx.census.json")
     scope = next(iter(cpu["budgets"]["ops"].values()))
     scope.setdefault("ops", {})["aten::mm"] = {"exact": 3}
     cpu["budgets"]["ops"]["synthetic_request"] = {"scope": "request", "total_ops": {"exact": 100}}

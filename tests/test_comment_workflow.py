@@ -27,7 +27,7 @@ from guard.measure.fit import ran_bf16_fallback
 from guard.judge.rejudge import judged_profile, rejudge
 from guard.model.jsonfiles import load_results
 from guard.model.records import ReasonKind
-from tests.conftest import REPO, clear_github_context
+from tests.conftest import clear_github_context, thresholds_for_recorded_runs
 from tests.fakes.github import FORK, HEAD, FakeGitHub
 from tests.workflow_commands import workflow_argv
 
@@ -62,9 +62,10 @@ def clean_env(monkeypatch):
 @pytest.fixture
 def checkout(tmp_path, monkeypatch) -> Path:
     """The default branch's checkout the workflow runs in: the shipped thresholds folder, YAML and
-    census baselines (bfloat16 and float32) as they are committed."""
+    census baselines (bfloat16 and float32) as the recorded runs were judged against
+    (tests/conftest.thresholds_for_recorded_runs)."""
     root = tmp_path / "checkout"
-    shutil.copytree(REPO / "thresholds", root / "thresholds")
+    thresholds_for_recorded_runs(root / "thresholds")
     monkeypatch.chdir(root)
     return root
 

@@ -243,10 +243,11 @@ def test_a_float32_machine_judges_its_decode_steps_and_without_a_baseline_still_
     from guard.config.loading import load_thresholds
     from guard.judge.rejudge import judged_profile, recompute
     from guard.model.jsonfiles import load_results
-    from tests.conftest import SHIPPED_THRESHOLDS
+    from tests.conftest import thresholds_for_recorded_runs
 
     stored = load_results(Path(__file__).parent / "fixtures" / "runs" / "cpu-float32-clean.json")
-    profile = judged_profile(stored.run, load_thresholds(SHIPPED_THRESHOLDS), source="x")
+    budgets = thresholds_for_recorded_runs(tmp_path / "thresholds") / "deepseek-ocr-2.yaml"
+    profile = judged_profile(stored.run, load_thresholds(budgets), source="x")
     assert profile.census.baseline.name == "deepseek-ocr-2.cpu.float32.census.json"
     shipped = load_baseline(profile.census.baseline).decode
     assert set(shipped) == {m.name for m in DEFAULT_MIXES}

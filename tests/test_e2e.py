@@ -26,7 +26,7 @@ from guard.model.schema import RESULTS_SCHEMA_VERSION, results_schema
 from guard.judge.gates import unsteady
 from guard.model.environment import SpeedReference
 
-from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard
+from tests.conftest import REPO, SHIPPED_THRESHOLDS, run_guard, skip_where_no_census_is_judged
 
 pytestmark = pytest.mark.engine
 
@@ -173,6 +173,7 @@ def test_census_catches_a_source_mutant_and_a_tight_ttft_budget_in_one_run(tmp_p
     """A source-level edit of vLLM's vision path (guard/measure/mutants.py), outside every named scope,
     measured against a 1 ms p50 budget: one valid run over two budgets of different kinds exits 1
     and names both, the census function with its op deltas and the TTFT percentile."""
+    skip_where_no_census_is_judged()
     from guard.measure.mutants import MUTANTS
 
     m = MUTANTS["token-item"]
@@ -201,6 +202,28 @@ def test_census_catches_a_source_mutant_and_a_tight_ttft_budget_in_one_run(tmp_p
     assert all(o["status"] == "pass" for o in res["checks"]["ops"])
 
 
+def test_a_host_sync_per_decoder_layer_counts_once_per_real_layer(tmp_path: Path) -> None:
+    """The tiny DeepSeek-OCR-2 is real in structure (issue #58): an `.item()` added to every decoder
+    layer shows as many host syncs a prefill as the real model has layers (12), where the old
+    2-layer checkpoint showed 2, under the census's growth floor."""
+    skip_where_no_census_is_judged()
+    from guard.measure.mutants import MUTANTS
+
+    m = MUTANTS["layer-item"]
+    config = json.loads((REPO / "guard" / "models" / "tiny-deepseek-ocr2" / "config.json").read_text())
+    layers = config["language_config"]["num_hidden_layers"]
+    out = tmp_path / "out"
+    proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path)), "--output", str(out),
+                     "--inject", "mutant:layer-item", "--only", "ops")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-3000:]
+    res = results_of(out)
+    (c,) = [c for c in res["checks"]["census"] if c["status"] == "fail" and not c.get("mix")]
+    assert c["function"] == m.function and c["image_size"] == [640, 480]
+    grew = {d["op"]: d["delta_calls"] for d in c["op_deltas"]}
+    assert grew["aten::_local_scalar_dense"] == layers == 12  # one forward pass, one sync a layer
+    assert c["watched_ops"] == ["aten::_local_scalar_dense"]
+
+
 def test_the_clean_rewrite_mutant_passes_the_census(tmp_path: Path) -> None:
     """The same vision code rewritten without changing its work (guard/measure/mutants.py): no function
     grows, so the census passes. Op counts only: no TTFT to time for this question."""
@@ -225,6 +248,7 @@ def test_the_decode_census_catches_a_per_request_item_in_the_sampler_and_passes_
     from guard.config.budgets import DEFAULT_MIXES
     from guard.measure.mutants import MUTANTS
 
+    skip_where_no_census_is_judged()
     seeded = next(m for m in DEFAULT_MIXES if m.name == "seeded")
     out = tmp_path / "out"
     proc = run_guard("check", "--thresholds", str(small_cpu_yaml(tmp_path, mixes={"seeded": seeded.as_dict()})),

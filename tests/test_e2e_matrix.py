@@ -17,12 +17,13 @@ import pytest
 
 from guard.measure.mutants import MUTANTS
 from guard.model.schema import results_schema
-from tests.conftest import run_guard
+from tests.conftest import REPO, run_guard, skip_where_no_census_is_judged
 
 pytestmark = pytest.mark.engine
 
 
 def test_a_per_image_item_in_qwen2_5_vl_fails_the_census_naming_the_function(tmp_path: Path) -> None:
+    skip_where_no_census_is_judged(REPO / "thresholds" / "qwen2-5-vl.yaml")
     m = MUTANTS["image-item"]
     out = tmp_path / "out"
     proc = run_guard("check", "--model", "qwen2.5-vl", "--only", "ops", "--output", str(out),

@@ -32,7 +32,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "pr"
 IN_REPO = ".buildkite/guard/deepseek-ocr-2.yaml"
 CENSUS = ".buildkite/guard/deepseek-ocr-2.cpu.census.json"
 CENSUS_F32 = ".buildkite/guard/deepseek-ocr-2.cpu.float32.census.json"
-CENSUS_AMX = ".buildkite/guard/deepseek-ocr-2.cpu.amx.census.json"
 RENAMED_FN = ("vllm/model_executor/models/deepencoder2.py:CustomQwen2Decoder._create_custom_model.<locals>."
               "CustomQwen2ModelInner._build_causal_mask")
 
@@ -69,13 +68,13 @@ def test_the_budget_file_and_its_census_baselines_come_from_the_revision_not_the
     base = git.resolve(small, "main", "--base")
     set_budget(small, 100)  # uncommitted: never read
     thresholds, files = inrepo.load_at(small, base, IN_REPO, "base")
-    assert files == (IN_REPO, CENSUS_AMX, CENSUS, CENSUS_F32)  # sorted
+    assert files == (IN_REPO, CENSUS, CENSUS_F32)  # sorted
     assert thresholds.profiles["cpu"].ops[0].ops["aten::_index_put_impl_"].count == 0  # base's, not the edit's
     census = thresholds.profiles["cpu"].census
     root = thresholds.path.parents[2]  # the copy's repository root
     assert thresholds.path == root / IN_REPO and census.baseline == root / CENSUS
     assert census.baseline.read_bytes() == (small / CENSUS).read_bytes()  # committed, unchanged
-    assert census.baseline_without_native_bf16.is_file() and census.baseline_with_amx.is_file()
+    assert census.baseline_without_native_bf16.is_file() and census.baseline_with_amx is None
 
 
 def test_a_budget_file_missing_at_base_is_a_usage_error_naming_path_and_revision(small: Path, tmp_path: Path) -> None:
@@ -130,7 +129,7 @@ def test_heads_budget_change_is_reported_for_approval_and_never_judges(small: Pa
     assert "needs a maintainer's approval" in done.stdout
     res = load_results(tmp_path / "out" / "results.json")  # validated against the schema
     src = res.pr.budgets
-    assert (src.revision, src.path, src.files) == (base.sha, IN_REPO, (IN_REPO, CENSUS_AMX, CENSUS, CENSUS_F32))
+    assert (src.revision, src.path, src.files) == (base.sha, IN_REPO, (IN_REPO, CENSUS, CENSUS_F32))
     assert src.head_changed_files == (CENSUS, IN_REPO)
     assert "profile cpu: op budget mask_path aten::_index_put_impl_: max 0 → max 100 calls" in src.head_changes
     assert f"{CENSUS} (named by the budget file) is changed in this pull request" in src.head_changes

@@ -34,7 +34,7 @@ from guard.judge.rejudge import rejudge
 from guard.report.output import write_report
 from guard.model.jsonfiles import load_results
 from guard.report.terminal import render_terminal
-from tests.conftest import REPO, engine_as_recorded
+from tests.conftest import REPO, engine_as_recorded, thresholds_for_recorded_runs
 
 FIXTURES = REPO / "tests" / "fixtures"
 BUDGETS = "thresholds/deepseek-ocr-2.yaml"
@@ -85,8 +85,7 @@ def kind(step: str) -> str:
 def edited_budgets(tmp: Path, edit: str | None, fixture: str) -> Path:
     """The thresholds folder the repository holds in this scenario (the same in every checkout), with
     the workload the recorded run was measured under."""
-    folder = tmp / "budgets"
-    shutil.copytree(REPO / "thresholds", folder)
+    folder = thresholds_for_recorded_runs(tmp / "budgets")
     yml = folder / "deepseek-ocr-2.yaml"
     engine_as_recorded(yml, FIXTURES / fixture)
     if edit == "loose-ttft":  # a TTFT budget far above what the run measured, on any CPU: stale
