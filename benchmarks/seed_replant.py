@@ -2,12 +2,11 @@
 structure, at the seed's image size, priced, against what the PR measured (issue #58 item 4).
 
     uv run --extra cpu python benchmarks/seed_replant.py              # ~3 min on 2 cores
-    uv run --extra cpu python benchmarks/seed_replant.py --tiny       # the shipped 2-layer checkpoint instead
     uv run --extra cpu python benchmarks/seed_replant.py --json FILE  # also write the numbers
 
-It builds the checkpoint from guard/models/real-configs/deepseek-ocr-2.json (12 language layers, 11
-of them MoE with 64 experts, 6 a token, 2 shared; widths tiny: guard.config.structure.real_structured),
-writes a budget file from the shipped `cpu` profile with the `a10` profile's image size (the PR's
+It runs the shipped checkpoint, real in structure (12 language layers, 11 of them MoE with 64 experts,
+6 a token, 2 shared, from guard/models/real-configs/deepseek-ocr-2.json; widths tiny), writes a
+budget file from the shipped `cpu` profile with the `a10` profile's image size (the PR's
 measurement), counts one clean request (`guard check --only ops`), writes that census as the
 baseline (`guard update-thresholds --only census`), then counts the request again with the
 pre-#49531 mask injected (`--inject legacy-mask`), all through guard's own commands. It prints the
@@ -43,12 +42,9 @@ PR = {"ttft_p50_ms": (4193.0, 2283.0), "req_per_s": (2.36, 4.31), "concurrency":
 MASK_FUNCTION = "_update_causal_mask"
 
 
-def checkpoint(folder: Path, tiny: bool) -> Path:
-    """The shipped tiny checkpoint, or the same with the real model's structure (its config only)."""
-    source = structure.tiny_folder(MODEL)
-    shutil.copytree(source, folder)
-    if not tiny:
-        (folder / "config.json").write_text(json.dumps(structure.real_structured(MODEL), indent=2) + "\n")
+def checkpoint(folder: Path) -> Path:
+    """A copy of the shipped checkpoint (real in structure, tiny in width)."""
+    shutil.copytree(structure.tiny_folder(MODEL), folder)
     return folder
 
 
@@ -75,8 +71,8 @@ def guard(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *args], capture_output=True, text=True)
 
 
-def replant(folder: Path, tiny: bool) -> dict:
-    model = checkpoint(folder / "checkpoint", tiny)
+def replant(folder: Path) -> dict:
+    model = checkpoint(folder / "checkpoint")
     budgets, size = budget_file(folder, model)
     clean = guard("check", "--thresholds", str(budgets), "--only", "ops", "--output", str(folder / "clean"))
     if clean.returncode not in (0, 3):  # 3: no baseline yet, which the next step writes
@@ -94,7 +90,7 @@ def replant(folder: Path, tiny: bool) -> dict:
     costs = {g["gpu"]: g["ms_per_request"] for g in finding.get("gpu_costs", [])}
     deltas = {d["op"]: d["delta_calls"] for d in finding["op_deltas"]}
     language = json.loads((model / "config.json").read_text())["language_config"]
-    return {"checkpoint": "tiny (shipped)" if tiny else "real in structure", "image_size": size,
+    return {"checkpoint": "shipped: real in structure", "image_size": size,
             "language_layers": language["num_hidden_layers"], "moe_layers": language["num_hidden_layers"]
             - min(language["first_k_dense_replace"], language["num_hidden_layers"]),
             "experts": language["n_routed_experts"], "index_writes": deltas.get("aten::_index_put_impl_"),
@@ -121,11 +117,10 @@ def compare(found: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="the shipped 2-layer checkpoint instead of the real-structured one")
     parser.add_argument("--json", type=Path, help="write the numbers to this file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="guard-seed-") as tmp:
-        found = replant(Path(tmp), args.tiny)
+        found = replant(Path(tmp))
     numbers = {**found, **compare(found)}
     print(json.dumps(numbers, indent=2))
     if args.json:
