@@ -9,6 +9,7 @@ alarms, the catches and the rows that newly fail against today's floors.
 
     .venv/bin/python benchmarks/rule_floors.py
     .venv/bin/python benchmarks/rule_floors.py --min-growth-calls 1 2 4 --new-function-max-calls 0 8 --max-growth-pct 2
+    .venv/bin/python benchmarks/rule_floors.py --real-structure   # the records re-run on the real-structured checkpoints
 
 What the rule needs of a changed function, and what the rows hold: its baseline and measured calls,
 the calls that merely moved in from elsewhere in the request, and whether a watched op made it fail.
@@ -49,6 +50,9 @@ from guard.model.records import Status  # noqa: E402
 BENCH = REPO / "benchmarks"
 REPLAY_FILES = ("replay-models-cpu.json", "replay-decode-cpu.json", "replay-upstream-cpu.json")
 HOLDOUTS_FILE = "holdouts-cpu.json"
+# The same questions asked again on the checkpoints real in structure (issue #58): --real-structure
+REAL_REPLAY_FILES = ("replay-real-structure-cpu.json",)
+REAL_HOLDOUTS_FILE = "holdouts-real-structure-cpu.json"
 GRID = {"min_growth_calls": (4, 8, 12, 16), "new_function_max_calls": (0, 2, 4, 8), "max_growth_pct": (1, 2, 5)}
 
 # What a row is, as docs/replay.md and docs/model-findings.md class it.
@@ -168,14 +172,15 @@ def _replay_runs(name: str, data) -> list[tuple[str, list[dict]]]:
             for budgets in dict.fromkeys(r.get("budgets") for r in data["rows"])]
 
 
-def replay_data() -> Data:
-    """Every census row of the recorded replays. A later run of the same model, mode and pair
+def replay_data(files: Sequence[str] = REPLAY_FILES, documented: bool = True) -> Data:
+    """Every census row of the recorded replays (``documented``: with docs/replay.md's transcribed
+    DeepSeek-OCR-2 rows, counted on the 2-layer checkpoint). A later run of the same model, mode and pair
     replaces an earlier one (the model matrix ran 0.30 -> 0.31 again after the input-processing
     rule; the decode replay judged 0.31 -> 0.32 against two census files, side against side alike)."""
     latest: dict[tuple, tuple[str, str, dict]] = {}
     earlier: list[tuple[str, str, dict]] = []
     limits: list[str] = []
-    for name in REPLAY_FILES:
+    for name in files:
         for label, runs in _replay_runs(name, json.loads((BENCH / name).read_text(encoding="utf-8"))):
             for r in runs:
                 pair = f"{r['base'].lstrip('v')} -> {r['head'].lstrip('v')}"
@@ -197,6 +202,8 @@ def replay_data() -> Data:
                           "no floor can flag anything")
             continue
         rows += _census_rows(name, r)
+    if not documented:
+        return Data(rows, limits, replaced)
     for pair, fn, b, m, moved, watched, status in DOCUMENTED_DEEPSEEK:
         rows.append(Row("docs/replay.md", f"{pair} own", "deepseek-ocr-2", fn, "640x480", b, m, moved, watched, status,
                         None, replay_kind(pair, "deepseek-ocr-2", fn, "640x480")))
@@ -221,20 +228,20 @@ NOTICE = re.compile(r"^census: (?:moved: (?P<moved>\d+) op calls from .*? to )?(
                     r"(?P<fn>\S+) \[(?P<where>[^\]]+)\]: (?P<b>new|\d+) → (?P<m>gone|\d+) op calls")
 
 
-def holdout_data() -> Data:
+def holdout_data(file: str = HOLDOUTS_FILE) -> Data:
     """The holdouts' changed functions: a failed one from ``failed`` (with its reason), one within
     the rule from its notice line (``moved`` holds no counts; the notice has them)."""
     rows: list[Row] = []
     limits: list[str] = []
-    for r in json.loads((BENCH / HOLDOUTS_FILE).read_text(encoding="utf-8")):
+    for r in json.loads((BENCH / file).read_text(encoding="utf-8")):
         run, kind = f"holdout {r['head']}", SLOW_HEAD if r["head"] == "slow" else REFACTOR_HEAD
         for f in r["failed"]:
-            rows.append(Row(HOLDOUTS_FILE, run, r["model"], f["function"], f["image_size"], f["baseline"], f["measured"],
+            rows.append(Row(file, run, r["model"], f["function"], f["image_size"], f["baseline"], f["measured"],
                             moved_of(f["reason"]), watched_of(f["reason"]), "fail", f["reason"], kind))
         for n in r["notices"]:
             found = NOTICE.match(n)
             if found:
-                rows.append(Row(HOLDOUTS_FILE, run, r["model"], found["fn"], found["where"],
+                rows.append(Row(file, run, r["model"], found["fn"], found["where"],
                                 None if found["b"] == "new" else int(found["b"]),
                                 None if found["m"] == "gone" else int(found["m"]), int(found["moved"] or 0), (),
                                 "pass", None, kind))
@@ -428,9 +435,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, values in GRID.items():
         ap.add_argument("--" + name.replace("_", "-"), nargs="+", type=float, default=list(values),
                         help=f"the grid's values (default: {' '.join(map(str, values))})")
+    ap.add_argument("--real-structure", action="store_true",
+                    help="the replay and holdouts re-run on the checkpoints real in structure (issue #58)")
     args = ap.parse_args(argv)
     grid = {name: [int(v) if name != "max_growth_pct" else v for v in getattr(args, name)] for name in GRID}
-    replay, holdouts = replay_data(), holdout_data()
+    if args.real_structure:
+        replay, holdouts = replay_data(REAL_REPLAY_FILES, documented=False), holdout_data(REAL_HOLDOUTS_FILE)
+    else:
+        replay, holdouts = replay_data(), holdout_data()
     rows = replay.rows + holdouts.rows
     print(f"rows judged: {len(replay.rows)} replay, {len(holdouts.rows)} holdout (a changed function at one image "
           f"size or request mix); {len(replay.replaced)} more from runs judged again, cross-checked only")
