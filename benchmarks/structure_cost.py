@@ -81,7 +81,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="the JSON this run writes")
     parser.add_argument("--before", type=Path, help="an earlier run's JSON to compare with")
     args = parser.parse_args()
-    before = {r["model"]: r for r in json.loads(args.before.read_text())["models"]} if args.before else {}
+    earlier = json.loads(args.before.read_text()) if args.before else None
+    before = {r["model"]: r for r in earlier["models"]} if earlier else {}
     rows = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="guard-structure-cost-") as tmp:
@@ -93,8 +94,7 @@ def main() -> int:
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     args.out.write_text(json.dumps({"commit": git, "matrix_wall_s": total, "models": rows}, indent=1) + "\n")
     show(rows, before)
-    print(f"matrix: {total} s" + (f" ({ratio(total, json.loads(args.before.read_text())['matrix_wall_s'])} before)"
-                                  if args.before else ""))
+    print(f"matrix: {total} s" + (f" ({ratio(total, earlier['matrix_wall_s'])} before)" if earlier else ""))
     return 0
 
 

@@ -180,11 +180,15 @@ def compare(model: str, config: dict, processor: dict, real: dict,
     return out
 
 
-def differences(model: str) -> list[Difference]:
-    folder = tiny_folder(model)
+def read_checkpoint(folder: Path) -> tuple[dict, dict]:
+    """A checkpoint folder's config.json and processor_config.json ({} where it has none)."""
     processor_file = folder / "processor_config.json"
     processor = json.loads(processor_file.read_text(encoding="utf-8")) if processor_file.exists() else {}
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return json.loads((folder / "config.json").read_text(encoding="utf-8")), processor
+
+
+def differences(model: str) -> list[Difference]:
+    config, processor = read_checkpoint(tiny_folder(model))
     return compare(model, config, processor, real_record(model))
 
 
@@ -205,13 +209,6 @@ def _set(config: dict, path: str, value: object) -> None:
     for key in parents:
         node = node.setdefault(key, {})
     node[leaf] = value
-
-
-def _node(config: dict, path: str) -> dict:
-    node = config
-    for key in path.split(".")[:-1]:
-        node = node.get(key, {})
-    return node
 
 
 def _repeated(unit: list, n: int) -> list:
@@ -238,10 +235,7 @@ def real_structured(model: str, folder: Path | None = None,
     is repeated to its sibling ``num_hidden_layers``, and a ``layer_types`` list the new depth
     outgrew repeats its own unit. Processor fields are the processor's files' business: a real
     processor value not kept on purpose is refused, not silently left."""
-    folder = folder or tiny_folder(model)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    processor_file = folder / "processor_config.json"
-    processor = json.loads(processor_file.read_text(encoding="utf-8")) if processor_file.exists() else {}
+    config, processor = read_checkpoint(folder or tiny_folder(model))
     found = compare(model, config, processor, real_record(model), explained)
     pending = [d for d in found if d.real is not MISSING and not (d.explanation and d.explanation.kind in KEPT_ON_PURPOSE)]
     refused = [str(d) for d in pending if d.field.startswith(PROCESSOR)]
@@ -253,7 +247,7 @@ def real_structured(model: str, folder: Path | None = None,
     for d in pending:
         if d.field.endswith(UNIT):
             path = d.field.removesuffix(UNIT)
-            layers = _node(config, path).get("num_hidden_layers")
+            layers = value_at(config, processor, ".".join(path.split(".")[:-1] + ["num_hidden_layers"]))
             if not isinstance(layers, int):
                 raise ValueError(f"{model}: {d.field}: no num_hidden_layers beside it to repeat the unit to")
             _set(config, path, _repeated(list(d.real), layers))
